@@ -1,0 +1,68 @@
+"""The engine interface shared by the simulator and the real vLLM engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from batchpilot.envs.metrics import SLO, RequestRecord, aggregate
+from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.workload import Workload
+
+
+@dataclass
+class RunResult:
+    """What a finished (or stopped) run leaves behind."""
+
+    records: list[RequestRecord]
+    itl_s: np.ndarray
+    duration_s: float
+    iterations: int
+    mean_kv_usage: float
+    slo: SLO
+    unfinished: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """Aggregate metrics (``vllm bench serve`` names) plus engine counters."""
+        out = aggregate(self.records, self.itl_s, self.duration_s, self.slo)
+        out |= {
+            "mean_kv_usage": self.mean_kv_usage,
+            "engine_iterations": self.iterations,
+            "unfinished": self.unfinished,
+        }
+        return out | self.extra
+
+
+class Engine(Protocol):
+    """An engine driven one control interval at a time."""
+
+    block_size: int
+    num_total_blocks: int
+    max_model_len: int
+    max_num_seqs: int
+    """Largest `Limits.max_num_seqs` the engine accepts (its creation-time cap)."""
+    max_num_batched_tokens: int
+
+    def reset(self, workload: Workload, limits: Limits) -> Telemetry:
+        """Load a workload (arrival times relative to now) and return the first telemetry."""
+        ...
+
+    def set_limits(self, limits: Limits) -> None:
+        """Limits for the next iterations (clamped to the engine's caps)."""
+        ...
+
+    def advance(self, max_iterations: int | None = None, until_s: float | None = None) -> Telemetry:
+        """Run iterations until either bound is reached or the workload is done."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """Every request of the workload has finished."""
+        ...
+
+    def result(self) -> RunResult:
+        """Per-request records and run totals so far."""
+        ...

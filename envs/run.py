@@ -1,0 +1,123 @@
+"""`run(workload, engine, controller)`: one whole run of the control loop."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from batchpilot.envs.controller import ControlInterval, Controller
+from batchpilot.envs.engine import Engine, RunResult
+from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.workload import Workload
+
+TIMELINE_FIELDS = (
+    "time_s",
+    "max_num_seqs",
+    "num_requests_running",
+    "num_requests_waiting",
+    "kv_cache_usage",
+    "recent_tbt_s",
+    "interval_preemptions",
+)
+
+
+@dataclass
+class Timeline:
+    """The controller's limit and the engine's state at each control decision."""
+
+    rows: list[tuple[float, ...]] = field(default_factory=list)
+
+    def add(self, t: Telemetry, limits: Limits) -> None:
+        self.rows.append(
+            (
+                t.time_s,
+                limits.max_num_seqs,
+                t.num_requests_running,
+                t.num_requests_waiting,
+                t.kv_cache_usage,
+                t.recent_tbt_s,
+                t.interval_preemptions,
+            )
+        )
+
+    def array(self) -> dict[str, np.ndarray]:
+        """Columns by name (see `TIMELINE_FIELDS`)."""
+        data = np.asarray(self.rows, dtype=np.float64).reshape(-1, len(TIMELINE_FIELDS))
+        return {name: data[:, i] for i, name in enumerate(TIMELINE_FIELDS)}
+
+
+@dataclass
+class RunOutput:
+    """A run's result, its metrics, and the timeline of decisions."""
+
+    controller: str
+    workload: str
+    result: RunResult
+    timeline: Timeline
+    wall_seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        m = self.result.metrics()
+        m["simulated_seconds"] = self.result.duration_s
+        m["wall_seconds"] = self.wall_seconds
+        return m
+
+
+def run(
+    workload: Workload,
+    engine: Engine,
+    controller: Controller,
+    interval: ControlInterval | None = None,
+    *,
+    progress: bool = False,
+    max_engine_s: float | None = None,
+) -> RunOutput:
+    """Serve `workload` on `engine`, consulting `controller` every `interval`.
+
+    Stops when every request has finished, or at `max_engine_s` on the engine clock.
+    """
+    interval = interval or ControlInterval()
+    start = time.perf_counter()
+    controller.reset(engine)
+    telemetry = engine.reset(workload, Limits(engine.max_num_seqs))
+    timeline = Timeline()
+    bar = Progress(
+        TextColumn(f"[bold]{controller.name}[/] on {workload.name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("requests  engine {task.fields[clock]:.0f}s"),
+        TimeElapsedColumn(),
+        disable=not progress,
+        transient=False,
+    )
+    with bar:
+        task = bar.add_task("run", total=len(workload), clock=0.0)
+        finished = 0
+        last_draw = start
+        while not engine.done:
+            limits = controller.decide(telemetry)
+            engine.set_limits(limits)
+            timeline.add(telemetry, limits)
+            until = None
+            if interval.seconds is not None:
+                until = telemetry.time_s + interval.seconds
+            if max_engine_s is not None:
+                until = max_engine_s if until is None else min(until, max_engine_s)
+            telemetry = engine.advance(max_iterations=interval.iterations, until_s=until)
+            finished += telemetry.interval_finished
+            if progress and time.perf_counter() - last_draw > 0.2:
+                bar.update(task, completed=finished, clock=telemetry.time_s)
+                last_draw = time.perf_counter()
+            if max_engine_s is not None and telemetry.time_s >= max_engine_s:
+                break
+        bar.update(task, completed=finished, clock=telemetry.time_s)
+    return RunOutput(
+        controller=controller.name,
+        workload=workload.name,
+        result=engine.result(),
+        timeline=timeline,
+        wall_seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,510 @@
+"""A fast simulated vLLM V1 engine (``engine="sim"``).
+
+One iteration follows vLLM V1's scheduler:
+
+1. RUNNING requests in admission order each get their next tokens (a decode takes one;
+   a partial or resumed prefill takes what is left of its prompt, cut to the remaining
+   token budget). KV blocks are allocated on demand; when none is free, the most
+   recently admitted running request is preempted by recompute (blocks freed, back to
+   the front of the queue, all its tokens to prefill again) until the allocation fits.
+2. If nothing was preempted, WAITING requests are admitted first-come first-served while
+   fewer than `max_num_seqs` run, token budget remains and their first chunk's blocks
+   are free.
+
+A request that completes its prompt (or its recompute) samples a token in that step.
+Lowering `max_num_seqs` below the running count preempts nothing: the batch drains.
+
+Runs of identical pure-decode iterations (no admission possible, no finish, no block
+shortage, no control boundary) are advanced in closed form: each iteration's step time,
+KV usage and every token's inter-token latency are still accounted exactly.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+
+import numpy as np
+
+from batchpilot.envs.engine import RunResult
+from batchpilot.envs.metrics import SLO, RequestRecord
+from batchpilot.envs.profiles import EngineProfile
+from batchpilot.envs.telemetry import ArrivalRate, Limits, RunningStats, Telemetry
+from batchpilot.envs.workload import Request, Workload, WorkloadError
+
+NULL_BLOCKS = 1
+"""Blocks vLLM's block pool keeps back (its null block)."""
+
+
+class _Req:
+    """Mutable scheduler state of one request."""
+
+    __slots__ = (
+        "arrival",
+        "blocks",
+        "computed",
+        "first_token",
+        "generated",
+        "last_token",
+        "max_itl",
+        "output",
+        "preemptions",
+        "prompt",
+        "recomputed",
+        "rid",
+    )
+
+    def __init__(self, r: Request) -> None:
+        self.rid = r.request_id
+        self.arrival = r.arrival_s
+        self.prompt = r.prompt_tokens
+        self.output = r.output_tokens
+        self.computed = 0
+        self.generated = 0
+        self.blocks = 0
+        self.first_token = -1.0
+        self.last_token = -1.0
+        self.max_itl = 0.0
+        self.preemptions = 0
+        self.recomputed = 0
+
+
+class _Interval:
+    """Accumulators over one control interval."""
+
+    __slots__ = (
+        "decode_steps",
+        "decode_seqs",
+        "decode_time",
+        "finished",
+        "good_tokens",
+        "iterations",
+        "kv_time",
+        "output_tokens",
+        "preemptions",
+        "prompt_tokens",
+        "start_s",
+        "ttft_n",
+        "ttft_sum",
+    )
+
+    def __init__(self, start_s: float) -> None:
+        self.start_s = start_s
+        self.iterations = 0
+        self.preemptions = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.finished = 0
+        self.good_tokens = 0
+        self.decode_steps = 0
+        self.decode_seqs = 0
+        self.decode_time = 0.0
+        self.kv_time = 0.0
+        self.ttft_n = 0
+        self.ttft_sum = 0.0
+
+
+class SimEngine:
+    """Simulated vLLM V1 engine for an `EngineProfile`.
+
+    `slo` decides which finished requests count as good (goodput); `length_prior` is
+    (prompt mean, prompt variance, output mean, output variance) used by the workload
+    estimates until requests arrive or finish.
+    """
+
+    def __init__(
+        self,
+        profile: EngineProfile,
+        *,
+        slo: SLO | None = None,
+        length_prior: tuple[float, float, float, float] = (512.0, 512.0**2, 256.0, 256.0**2),
+        fast_forward: bool = True,
+    ) -> None:
+        self.profile = profile
+        self.slo = slo or SLO()
+        self.length_prior = length_prior
+        self.fast_forward = fast_forward
+        self.block_size = profile.block_size
+        self.num_total_blocks = profile.num_gpu_blocks
+        self.max_model_len = profile.max_model_len
+        self.max_num_seqs = profile.max_num_seqs
+        self.max_num_batched_tokens = profile.max_num_batched_tokens
+        self._workload: Workload | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def reset(self, workload: Workload, limits: Limits) -> Telemetry:
+        usable = (self.num_total_blocks - NULL_BLOCKS) * self.block_size
+        for r in workload.requests:
+            total = r.prompt_tokens + r.output_tokens
+            if total > self.max_model_len:
+                raise WorkloadError(
+                    f"{workload.name}: request {r.request_id} needs {total} tokens, over the "
+                    f"profile's max_model_len {self.max_model_len}; apply an overlong policy"
+                )
+            if total > usable:
+                raise WorkloadError(
+                    f"{workload.name}: request {r.request_id} needs {total} tokens of KV cache, "
+                    f"more than the engine's {usable}"
+                )
+        self._workload = workload
+        self._pending = deque(_Req(r) for r in workload.requests)
+        self._waiting: deque[_Req] = deque()
+        self._running: list[_Req] = []
+        self._records: list[RequestRecord] = []
+        self._free = self.num_total_blocks - NULL_BLOCKS
+        self._clock = 0.0
+        self._iteration = 0
+        self._kv_integral = 0.0
+        self._preemptions = 0
+        self._recomputed = 0
+        self._itl_single = array("d")
+        self._itl_chunks: list[np.ndarray] = []
+        self._itl_weights: list[np.ndarray] = []
+        pm, pv, om, ov = self.length_prior
+        self._prompt_stats = RunningStats(pm, pv)
+        self._output_stats = RunningStats(om, ov)
+        self._arrivals = ArrivalRate()
+        self._last_step = (0, 0, 0.0)
+        self._recent = (0.0, 0.0, 0.0)
+        self._interval = _Interval(0.0)
+        self.set_limits(limits)
+        self._admit_arrivals()
+        return self._telemetry()
+
+    def set_limits(self, limits: Limits) -> None:
+        self._limit = max(1, min(limits.max_num_seqs, self.max_num_seqs))
+        budget = limits.max_num_batched_tokens or self.max_num_batched_tokens
+        self._budget = max(1, min(budget, self.max_num_batched_tokens))
+
+    @property
+    def done(self) -> bool:
+        return not (self._pending or self._waiting or self._running)
+
+    @property
+    def clock_s(self) -> float:
+        return self._clock
+
+    def remaining_output_tokens(self) -> list[tuple[int, int]]:
+        """(tokens held now, output tokens still to generate) per running request.
+
+        Clairvoyant: only a simulator knows the second number. For the oracle controller.
+        """
+        return [(r.prompt + r.generated, r.output - r.generated) for r in self._running]
+
+    # ------------------------------------------------------------------ running
+    def advance(self, max_iterations: int | None = None, until_s: float | None = None) -> Telemetry:
+        if self._workload is None:
+            raise RuntimeError("call reset(workload, limits) first")
+        stop_iter = None if max_iterations is None else self._iteration + max_iterations
+        while not self.done:
+            if stop_iter is not None and self._iteration >= stop_iter:
+                break
+            if until_s is not None and self._clock >= until_s:
+                break
+            self._admit_arrivals()
+            if not self._running and not self._waiting:
+                nxt = self._pending[0].arrival
+                if until_s is not None and nxt >= until_s:
+                    self._clock = until_s
+                    break
+                self._clock = nxt
+                continue
+            left = None if stop_iter is None else stop_iter - self._iteration
+            if not (self.fast_forward and self._decode_run(left, until_s)):
+                self._step()
+        return self._telemetry()
+
+    def _admit_arrivals(self) -> None:
+        pending, clock = self._pending, self._clock
+        while pending and pending[0].arrival <= clock:
+            r = pending.popleft()
+            self._waiting.append(r)
+            self._prompt_stats.add(r.prompt)
+            self._arrivals.add(r.arrival)
+
+    def _step(self) -> None:
+        """One scheduler iteration, request by request."""
+        bs = self.block_size
+        budget = self._budget
+        running, waiting = self._running, self._waiting
+        scheduled: list[tuple[_Req, int]] = []
+        preempted = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.prompt + req.generated - req.computed, budget)
+            while True:
+                need = -(-(req.computed + n) // bs) - req.blocks
+                if need <= self._free:
+                    self._free -= need
+                    req.blocks += need
+                    ok = True
+                    break
+                victim = running.pop()
+                self._preempt(victim)
+                preempted += 1
+                if victim is req:
+                    ok = False
+                    break
+            if not ok:
+                break
+            scheduled.append((req, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            while waiting and len(running) < self._limit and budget > 0:
+                req = waiting[0]
+                n = min(req.prompt + req.generated - req.computed, budget)
+                need = -(-n // bs)
+                if need > self._free:
+                    break
+                waiting.popleft()
+                self._free -= need
+                req.blocks = need
+                running.append(req)
+                scheduled.append((req, n))
+                budget -= n
+
+        prefill = decode = kv = 0
+        for req, n in scheduled:
+            if n == 1 and req.computed == req.prompt + req.generated - 1 and req.generated:
+                decode += 1
+            else:
+                prefill += n
+            kv += req.computed + n
+        dt = self.profile.step(prefill, decode, kv)
+        self._clock += dt
+        now = self._clock
+        iv = self._interval
+        iv.prompt_tokens += prefill
+        iv.preemptions += preempted
+        self._preemptions += preempted
+        finished = False
+        itl = self._itl_single
+        for req, n in scheduled:
+            req.computed += n
+            if req.computed < req.prompt + req.generated:
+                continue  # partial prefill chunk: no token yet
+            req.generated += 1
+            iv.output_tokens += 1
+            if req.first_token < 0:
+                req.first_token = now
+                iv.ttft_n += 1
+                iv.ttft_sum += now - req.arrival
+            else:
+                gap = now - req.last_token
+                itl.append(gap)
+                if gap > req.max_itl:
+                    req.max_itl = gap
+            req.last_token = now
+            if req.generated >= req.output:
+                finished = True
+        used = self.num_total_blocks - self._free
+        if finished:
+            self._retire()
+        self._last_step = (prefill, decode, dt)
+        self._account(dt, used * dt / self.num_total_blocks, decode, 1)
+
+    def _preempt(self, req: _Req) -> None:
+        self._free += req.blocks
+        req.recomputed += req.computed
+        req.blocks = 0
+        req.computed = 0
+        req.preemptions += 1
+        self._waiting.appendleft(req)
+
+    def _retire(self) -> None:
+        keep: list[_Req] = []
+        iv = self._interval
+        slo = self.slo
+        for req in self._running:
+            if req.generated < req.output:
+                keep.append(req)
+                continue
+            self._free += req.blocks
+            req.blocks = 0
+            rec = RequestRecord(
+                req.rid,
+                req.arrival,
+                req.prompt,
+                req.output,
+                req.first_token,
+                req.last_token,
+                req.preemptions,
+                req.recomputed,
+                req.max_itl,
+            )
+            self._records.append(rec)
+            self._output_stats.add(req.output)
+            self._recomputed += req.recomputed
+            iv.finished += 1
+            if slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s):
+                iv.good_tokens += req.output
+        self._running = keep
+
+    def _account(
+        self, duration: float, usage_time: float, decode_seqs: int, iterations: int
+    ) -> None:
+        """Add `iterations` steps lasting `duration` s in all to the run and interval totals.
+
+        `usage_time` is the KV usage integrated over those steps (fraction x seconds).
+        """
+        self._kv_integral += usage_time
+        iv = self._interval
+        iv.kv_time += usage_time
+        iv.iterations += iterations
+        self._iteration += iterations
+        if decode_seqs:
+            iv.decode_steps += iterations
+            iv.decode_seqs += decode_seqs * iterations
+            iv.decode_time += duration
+
+    def _decode_run(self, max_iterations: int | None, until_s: float | None) -> bool:
+        """Advance k > 1 identical pure-decode iterations in closed form; False if not applicable."""
+        running = self._running
+        n = len(running)
+        if n == 0 or self._budget < n:
+            return False
+        for req in running:
+            if req.computed != req.prompt + req.generated - 1 or not req.generated:
+                return False
+        waiting = self._waiting
+        admission_open = n < self._limit and self._budget > n
+        if waiting and admission_open:
+            return False  # a waiting request may be admitted this very step
+        bs = self.block_size
+        tokens = np.fromiter((r.prompt + r.generated for r in running), np.int64, n)
+        blocks = np.fromiter((r.blocks for r in running), np.int64, n)
+        left = np.fromiter((r.output - r.generated for r in running), np.int64, n)
+        k = int(left.min())
+        if max_iterations is not None:
+            k = min(k, max_iterations)
+        if k < 2:
+            return False
+        step = self.profile.step
+        d1 = step(0, n, int(tokens.sum()))
+        durations = d1 + step.kv_token_s * n * np.arange(k)
+        ends = self._clock + np.cumsum(durations)
+        bound = until_s
+        if admission_open and self._pending:
+            nxt = self._pending[0].arrival
+            bound = nxt if bound is None else min(bound, nxt)
+        if bound is not None:
+            k = min(k, int(np.searchsorted(ends, bound, side="left")) + 1)
+
+        def need(m: int) -> int:
+            return int(np.maximum(0, -(-(tokens + m - 1) // bs) - blocks).sum())
+
+        if need(k) > self._free:
+            lo, hi = 0, k  # need(lo) fits, need(hi) does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if need(mid) <= self._free:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        if k < 2:
+            return False
+        durations = durations[:k]
+        ends = ends[:k]
+        # KV usage after each iteration, for the time-weighted mean
+        per_iter_blocks = np.maximum(
+            blocks[:, None], -(-(tokens[:, None] + np.arange(k)[None, :]) // bs)
+        ).sum(axis=0)
+        used_other = self.num_total_blocks - self._free - int(blocks.sum())
+        usage_time = float(((per_iter_blocks + used_other) * durations).sum()) / self.num_total_blocks
+        new_blocks = np.maximum(blocks, -(-(tokens + k - 1) // bs))
+        self._free -= int((new_blocks - blocks).sum())
+        start = self._clock
+        end = float(ends[-1])
+        first_end = float(ends[0])
+        d1 = float(durations[0])
+        rest_max = float(durations[1:].max())
+        weights = np.full(k, n, dtype=np.int64)
+        itl = self._itl_single
+        for idx, req in enumerate(running):
+            req.computed += k
+            req.generated += k
+            req.blocks = int(new_blocks[idx])
+            first_gap = d1
+            if req.last_token != start:  # it did not run in the previous step
+                first_gap = first_end - req.last_token
+                weights[0] -= 1
+                itl.append(first_gap)
+            req.max_itl = max(req.max_itl, first_gap, rest_max)
+            req.last_token = end
+        self._itl_chunks.append(durations)
+        self._itl_weights.append(weights)
+        self._clock = end
+        self._interval.output_tokens += n * k
+        if int(left.min()) == k:
+            self._retire()
+        self._last_step = (0, n, float(durations[-1]))
+        self._account(float(durations.sum()), usage_time, n, k)
+        return True
+
+    # ------------------------------------------------------------------ reporting
+    def _telemetry(self) -> Telemetry:
+        iv = self._interval
+        now = self._clock
+        span = now - iv.start_s
+        tbt, batch, ttft = self._recent
+        if iv.decode_steps:
+            tbt = iv.decode_time / iv.decode_steps
+            batch = iv.decode_seqs / iv.decode_steps
+        if iv.ttft_n:
+            ttft = iv.ttft_sum / iv.ttft_n
+        self._recent = (tbt, batch, ttft)
+        used = self.num_total_blocks - self._free
+        step_prefill, step_decode, step_time = self._last_step
+        decoding = sum(1 for r in self._running if r.generated and r.computed >= r.prompt)
+        t = Telemetry(
+            time_s=now,
+            iteration=self._iteration,
+            kv_cache_usage=used / self.num_total_blocks,
+            num_free_blocks=self._free,
+            num_total_blocks=self.num_total_blocks,
+            block_size=self.block_size,
+            num_requests_running=len(self._running),
+            num_requests_waiting=len(self._waiting),
+            num_decoding=decoding,
+            step_prefill_tokens=step_prefill,
+            step_decode_tokens=step_decode,
+            step_time_s=step_time,
+            interval_iterations=iv.iterations,
+            interval_s=span,
+            interval_preemptions=iv.preemptions,
+            interval_prompt_tokens=iv.prompt_tokens,
+            interval_output_tokens=iv.output_tokens,
+            interval_finished=iv.finished,
+            interval_good_output_tokens=iv.good_tokens,
+            interval_kv_usage_mean=iv.kv_time / span if span > 0 else used / self.num_total_blocks,
+            recent_tbt_s=tbt,
+            recent_decode_batch=batch,
+            recent_ttft_s=ttft,
+            max_num_seqs=self._limit,
+            max_num_batched_tokens=self._budget,
+            prompt_mean=self._prompt_stats.mean,
+            prompt_var=self._prompt_stats.var,
+            output_mean=self._output_stats.mean,
+            output_var=self._output_stats.var,
+            num_output_samples=self._output_stats.n,
+            arrival_rate=self._arrivals.rate(now),
+        )
+        self._interval = _Interval(now)
+        return t
+
+    def result(self) -> RunResult:
+        chunks = [np.asarray(self._itl_single)]
+        chunks += [np.repeat(d, w) for d, w in zip(self._itl_chunks, self._itl_weights, strict=True)]
+        duration = self._clock
+        return RunResult(
+            records=list(self._records),
+            itl_s=np.concatenate(chunks),
+            duration_s=duration,
+            iterations=self._iteration,
+            mean_kv_usage=self._kv_integral / duration if duration > 0 else 0.0,
+            slo=self.slo,
+            unfinished=len(self._pending) + len(self._waiting) + len(self._running),
+        )

@@ -1,0 +1,150 @@
+"""What an engine reports each control interval, and the limits a controller sets.
+
+Field names follow vLLM: `num_requests_running` is `vllm:num_requests_running`,
+`kv_cache_usage` is `vllm:kv_cache_usage_perc` (as a fraction), and so on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, fields
+
+
+class TelemetryError(ValueError):
+    """Telemetry with a missing, non-finite or out-of-range value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Batching limits for the next engine iterations.
+
+    `max_num_seqs` caps requests admitted to RUNNING (vLLM's ``max_num_seqs``);
+    `max_num_batched_tokens` is the per-step token budget (chunk size); None keeps the
+    engine's configured budget.
+    """
+
+    max_num_seqs: int
+    max_num_batched_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
+        if self.max_num_batched_tokens is not None and (
+            not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens must be an int >= 1 or None, "
+                f"got {self.max_num_batched_tokens!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """Engine state at the end of a control interval, plus the interval's aggregates."""
+
+    # clock
+    time_s: float
+    """Engine clock (s since the workload's start)."""
+    iteration: int
+    """Engine iterations (scheduler steps) so far."""
+    # KV cache (vllm:kv_cache_usage_perc, block pool)
+    kv_cache_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    block_size: int
+    # queues (vllm:num_requests_running / _waiting)
+    num_requests_running: int
+    num_requests_waiting: int
+    num_decoding: int
+    """Running requests whose prefill is complete."""
+    # last iteration
+    step_prefill_tokens: int
+    step_decode_tokens: int
+    step_time_s: float
+    # the control interval just ended
+    interval_iterations: int
+    interval_s: float
+    interval_preemptions: int
+    interval_prompt_tokens: int
+    interval_output_tokens: int
+    interval_finished: int
+    interval_good_output_tokens: int
+    """Output tokens of requests that finished in the interval meeting the SLOs."""
+    interval_kv_usage_mean: float
+    """Time-weighted mean KV usage over the interval."""
+    recent_tbt_s: float
+    """Mean time between tokens (decode step time) over the interval; last value if none."""
+    recent_decode_batch: float
+    """Mean decode requests per step over the interval; last value if none."""
+    recent_ttft_s: float
+    """Mean TTFT of first tokens produced in the interval; last value if none."""
+    # limits in effect
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    # workload estimates
+    prompt_mean: float
+    prompt_var: float
+    output_mean: float
+    output_var: float
+    num_output_samples: int
+    """Finished requests behind `output_mean`/`output_var` (0: the prior is used)."""
+    arrival_rate: float
+    """Arrivals per second over the last `ArrivalRate.window_s` of engine time."""
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV cache capacity in tokens (blocks x block size)."""
+        return self.num_total_blocks * self.block_size
+
+    def validate(self) -> Telemetry:
+        """Raise `TelemetryError` naming the first non-finite or negative field."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or not math.isfinite(value) or value < 0:
+                raise TelemetryError(f"telemetry field {f.name} is {value!r}")
+        if not 0.0 <= self.kv_cache_usage <= 1.0 + 1e-9:
+            raise TelemetryError(f"telemetry field kv_cache_usage is {self.kv_cache_usage!r}")
+        return self
+
+
+class RunningStats:
+    """Welford running mean and variance, starting from a prior until samples arrive."""
+
+    def __init__(self, prior_mean: float, prior_var: float) -> None:
+        self.prior_mean, self.prior_var = prior_mean, prior_var
+        self.n = 0
+        self._mean = 0.0
+        self._m2 = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        delta = x - self._mean
+        self._mean += delta / self.n
+        self._m2 += delta * (x - self._mean)
+
+    @property
+    def mean(self) -> float:
+        return self._mean if self.n else self.prior_mean
+
+    @property
+    def var(self) -> float:
+        return self._m2 / (self.n - 1) if self.n > 1 else self.prior_var
+
+
+class ArrivalRate:
+    """Arrival rate over a sliding window of engine time."""
+
+    window_s = 30.0
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque()
+
+    def add(self, t: float) -> None:
+        self._times.append(t)
+
+    def rate(self, now: float) -> float:
+        while self._times and self._times[0] < now - self.window_s:
+            self._times.popleft()
+        span = min(self.window_s, now) if now > 0 else 0.0
+        return len(self._times) / span if span > 0 else 0.0

@@ -1,0 +1,109 @@
+"""Requests and workloads: what arrives at the engine, when, and how long it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be served as given (bad lengths, context overflow, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request: arrival time (s from the workload's start) and token lengths."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+class OverlongPolicy(str, Enum):
+    """What to do with a request whose prompt + output exceeds the model's context."""
+
+    ERROR = "error"
+    """Raise a `WorkloadError` naming the first such request (the default)."""
+    DROP = "drop"
+    """Leave such requests out; the count is reported in `Workload.dropped`."""
+    TRUNCATE = "truncate"
+    """Cut the prompt from the left, then the output, until it fits; counted in `truncated`."""
+
+
+@dataclass
+class Workload:
+    """A named, time-ordered list of requests."""
+
+    name: str
+    requests: list[Request]
+    dropped: int = 0
+    truncated: int = 0
+    source: str = field(default="")
+
+    def __post_init__(self) -> None:
+        for r in self.requests:
+            if r.prompt_tokens < 1 or r.output_tokens < 1:
+                raise WorkloadError(
+                    f"{self.name}: request {r.request_id} has prompt_tokens={r.prompt_tokens}, "
+                    f"output_tokens={r.output_tokens}; both must be >= 1"
+                )
+            if not np.isfinite(r.arrival_s) or r.arrival_s < 0:
+                raise WorkloadError(
+                    f"{self.name}: request {r.request_id} has arrival_s={r.arrival_s}; "
+                    "must be finite and >= 0"
+                )
+        self.requests = sorted(self.requests, key=lambda r: r.arrival_s)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def duration_s(self) -> float:
+        """Time from the first to the last arrival."""
+        if not self.requests:
+            return 0.0
+        return self.requests[-1].arrival_s - self.requests[0].arrival_s
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt and output lengths as integer arrays."""
+        p = np.fromiter((r.prompt_tokens for r in self.requests), dtype=np.int64)
+        o = np.fromiter((r.output_tokens for r in self.requests), dtype=np.int64)
+        return p, o
+
+    def head(self, n: int) -> Workload:
+        """The first `n` requests by arrival."""
+        return Workload(f"{self.name}[:{n}]", self.requests[:n], source=self.source)
+
+    def fit_context(self, max_model_len: int, policy: OverlongPolicy | str) -> Workload:
+        """Apply `policy` to requests longer than `max_model_len` tokens in total."""
+        policy = OverlongPolicy(policy)
+        kept: list[Request] = []
+        dropped = truncated = 0
+        for r in self.requests:
+            total = r.prompt_tokens + r.output_tokens
+            if total <= max_model_len:
+                kept.append(r)
+                continue
+            if policy is OverlongPolicy.ERROR:
+                raise WorkloadError(
+                    f"{self.name}: request {r.request_id} needs {total} tokens "
+                    f"(prompt {r.prompt_tokens} + output {r.output_tokens}) but the model's "
+                    f"context is {max_model_len}; choose overlong='drop' or 'truncate'"
+                )
+            if policy is OverlongPolicy.DROP:
+                dropped += 1
+                continue
+            output = min(r.output_tokens, max_model_len - 1)
+            prompt = min(r.prompt_tokens, max_model_len - output)
+            kept.append(Request(r.request_id, r.arrival_s, prompt, output))
+            truncated += 1
+        return Workload(
+            self.name,
+            kept,
+            dropped=self.dropped + dropped,
+            truncated=self.truncated + truncated,
+            source=self.source,
+        )

@@ -1,0 +1,70 @@
+"""Build a `Workload` from a trace file or an embedded length table plus an arrival process."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batchpilot.envs.arrivals import Arrival
+from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
+from batchpilot.envs.traces import load_trace
+from batchpilot.envs.workload import OverlongPolicy, Request, Workload
+
+DEFAULT_SOURCE = "embedded:azure-conv"
+"""The workload used when none is given: Azure 2023 conversation lengths, no file needed."""
+
+
+def make_workload(
+    source: str = DEFAULT_SOURCE,
+    arrival: str | Arrival = "replay",
+    *,
+    num_requests: int | None = None,
+    seed: int = 0,
+    max_model_len: int | None = None,
+    overlong: OverlongPolicy | str = OverlongPolicy.ERROR,
+) -> Workload:
+    """A workload from `source`: a trace path or ``embedded:NAME``.
+
+    `arrival` is an `Arrival` spec; ``replay`` on an embedded table replays its fitted
+    Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the
+    first N requests of a trace (all of it by default) or draws N from an embedded table
+    (1,000 by default). `max_model_len` with `overlong` applies the context policy.
+    """
+    process = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
+    rng = np.random.default_rng(seed)
+    if source.startswith(EMBEDDED_PREFIX):
+        name = source.removeprefix(EMBEDDED_PREFIX)
+        n = num_requests or 1000
+        table = embedded_lengths(name)
+        prompt, output = table.sample(n, rng)
+        if process.kind == "replay":
+            process = Arrival("gamma", rate=table.rate * process.scale, cv=table.cv)
+        times = process.times(n, rng)
+        label = f"{name} ({process_label(process)})"
+    else:
+        trace = load_trace(source)
+        n = min(num_requests or len(trace), len(trace))
+        prompt, output = trace.prompt_tokens[:n], trace.output_tokens[:n]
+        times = process.times(n, rng, trace.arrival_s)
+        label = f"{trace.name} ({process_label(process)})"
+    requests = [
+        Request(f"{i}", float(t), int(p), int(o))
+        for i, (t, p, o) in enumerate(zip(times, prompt, output, strict=True))
+    ]
+    workload = Workload(label, requests, source=source)
+    if max_model_len is not None:
+        workload = workload.fit_context(max_model_len, overlong)
+    return workload
+
+
+def process_label(process: Arrival) -> str:
+    """Short human label for an arrival process."""
+    if process.kind == "poisson":
+        return f"poisson {process.rate:g}/s"
+    if process.kind == "gamma":
+        return f"gamma {process.rate:g}/s cv {process.cv:g}"
+    if process.kind == "replay":
+        return "replay" if process.scale == 1.0 else f"replay x{process.scale:g}"
+    return "all at once"
+
+
+__all__ = ["DEFAULT_SOURCE", "embedded_names", "make_workload", "process_label"]

@@ -1,0 +1,101 @@
+"""Run a workload through the simulated vLLM engine with one controller, print the
+metrics (``vllm bench serve`` names) and optionally write them as JSON.
+
+examples:
+  batchpilot simulate                                   # embedded Azure-conversation lengths
+  batchpilot simulate --trace ../shared/traces/azure2023/AzureLLMInferenceTrace_conv.csv \\
+      --profile llama-7b-a100 --controller static:256 --json out/conv.json
+  batchpilot simulate --trace embedded:gsm8k --arrival all-at-once --num-requests 1319 \\
+      --profile llama-65b-8xa100 --controller static:256
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from batchpilot.training.commands.common import add_workload_arguments, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_workload_arguments(parser)
+    parser.add_argument(
+        "--profile",
+        default="llama-7b-a100",
+        help="engine profile name (llama-7b-a100, llama-65b-8xa100, llama3-70b-8xa100, "
+        "cpu-tiny-llama) or a profile JSON from `batchpilot calibrate`. Default: %(default)s",
+    )
+    parser.add_argument(
+        "--controller",
+        default="static:256",
+        help="controller spec, e.g. static:256. Default: %(default)s",
+    )
+    parser.add_argument(
+        "--interval",
+        default="1it",
+        help="how often the controller decides: Nit (engine iterations) or Nms / Ns "
+        "(engine time). Default: %(default)s",
+    )
+    parser.add_argument(
+        "--slo",
+        default="ttft:2000,tpot:100",
+        help="goodput SLOs in ms, as for `vllm bench serve --goodput`. Default: %(default)s",
+    )
+    parser.add_argument("--json", type=Path, help="write the aggregate metrics to this file")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from batchpilot.baselines.specs import make_controller
+    from batchpilot.envs.controller import ControlInterval
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.profiles import get_profile
+    from batchpilot.envs.run import run
+    from batchpilot.envs.sim_engine import SimEngine
+    from batchpilot.envs.workloads import make_workload
+
+    profile = get_profile(args.profile)
+    workload = make_workload(
+        args.trace,
+        args.arrival,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        max_model_len=profile.max_model_len,
+        overlong=args.overlong,
+    )
+    controller = make_controller(args.controller)
+    engine = SimEngine(profile, slo=SLO.parse(args.slo))
+    out = run(
+        workload,
+        engine,
+        controller,
+        ControlInterval.parse(args.interval),
+        progress=not args.no_progress,
+    )
+    metrics = out.metrics()
+    metrics["dropped_requests"] = workload.dropped
+    metrics["truncated_requests"] = workload.truncated
+
+    table = Table(title=f"{controller.name} on {workload.name}, profile {profile.name}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in sorted(metrics):
+        value = metrics[key]
+        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
+    Console().print(table)
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "workload": workload.name,
+                "profile": profile.name,
+                "controller": controller.name,
+                "slo": str(engine.slo),
+                "metrics": metrics,
+            },
+        )
+        print(f"wrote {args.json}")
+    return 0
