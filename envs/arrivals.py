@@ -34,7 +34,9 @@ class Arrival:
             try:
                 value = float(text)
             except ValueError:
-                raise ArrivalSpecError(f"arrival {spec!r}: {what} {text!r} is not a number") from None
+                raise ArrivalSpecError(
+                    f"arrival {spec!r}: {what} {text!r} is not a number"
+                ) from None
             if not np.isfinite(value) or value <= 0:
                 raise ArrivalSpecError(f"arrival {spec!r}: {what} must be > 0, got {text}")
             return value

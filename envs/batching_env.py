@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -179,7 +179,7 @@ class BatchingEnv(gym.Env):
     ```
     """
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(
         self,
@@ -316,7 +316,7 @@ class BatchingEnv(gym.Env):
         if self.control_token_budget:
             top = self._engine.max_num_batched_tokens
             low = min(self.min_token_budget, top)
-            budget = int(round(low + (a[1] + 1.0) / 2.0 * (top - low)))
+            budget = round(low + (a[1] + 1.0) / 2.0 * (top - low))
         return Limits(limit, budget)
 
     # ------------------------------------------------------------------ gym API

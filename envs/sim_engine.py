@@ -25,7 +25,6 @@ from array import array
 from collections import deque
 
 import numpy as np
-
 from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO, RequestRecord
 from batchpilot.envs.profiles import EngineProfile
@@ -73,8 +72,8 @@ class _Interval:
     """Accumulators over one control interval."""
 
     __slots__ = (
-        "decode_steps",
         "decode_seqs",
+        "decode_steps",
         "decode_time",
         "finished",
         "good_tokens",
@@ -360,7 +359,7 @@ class SimEngine:
             iv.decode_time += duration
 
     def _decode_run(self, max_iterations: int | None, until_s: float | None) -> bool:
-        """Advance k > 1 identical pure-decode iterations in closed form; False if not applicable."""
+        """Advance k > 1 identical pure-decode iterations in closed form; False if none apply."""
         running = self._running
         n = len(running)
         if n == 0 or self._budget < n:
@@ -413,7 +412,8 @@ class SimEngine:
             blocks[:, None], -(-(tokens[:, None] + np.arange(k)[None, :]) // bs)
         ).sum(axis=0)
         used_other = self.num_total_blocks - self._free - int(blocks.sum())
-        usage_time = float(((per_iter_blocks + used_other) * durations).sum()) / self.num_total_blocks
+        usage_time = float(((per_iter_blocks + used_other) * durations).sum())
+        usage_time /= self.num_total_blocks
         new_blocks = np.maximum(blocks, -(-(tokens + k - 1) // bs))
         self._free -= int((new_blocks - blocks).sum())
         start = self._clock
@@ -497,7 +497,9 @@ class SimEngine:
 
     def result(self) -> RunResult:
         chunks = [np.asarray(self._itl_single)]
-        chunks += [np.repeat(d, w) for d, w in zip(self._itl_chunks, self._itl_weights, strict=True)]
+        chunks += [
+            np.repeat(d, w) for d, w in zip(self._itl_chunks, self._itl_weights, strict=True)
+        ]
         duration = self._clock
         return RunResult(
             records=list(self._records),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 
@@ -22,7 +22,7 @@ class Request:
     output_tokens: int
 
 
-class OverlongPolicy(str, Enum):
+class OverlongPolicy(StrEnum):
     """What to do with a request whose prompt + output exceeds the model's context."""
 
     ERROR = "error"

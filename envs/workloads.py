@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
 from batchpilot.envs.traces import load_trace
@@ -37,7 +36,8 @@ def make_workload(
         table = embedded_lengths(name)
         prompt, output = table.sample(n, rng)
         if process.kind == "replay":
-            process = Arrival("gamma", rate=table.rate * process.scale, cv=table.cv)
+            rate, cv = table.arrival
+            process = Arrival("gamma", rate=rate * process.scale, cv=cv)
         times = process.times(n, rng)
         label = f"{name} ({process_label(process)})"
     else:

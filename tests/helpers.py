@@ -1,0 +1,21 @@
+"""Helpers shared by tests (importable as `helpers`: pytest puts tests/ on the path)."""
+
+from __future__ import annotations
+
+from batchpilot.envs.profiles import EngineProfile, StepTimeModel
+
+
+def unit_profile(
+    num_gpu_blocks: int = 64, block_size: int = 4, budget: int = 100, max_num_seqs: int = 64
+) -> EngineProfile:
+    """Every step lasts exactly 1 s: times in tests count steps."""
+    return EngineProfile(
+        name="unit",
+        description="unit-time test profile",
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        max_model_len=4096,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        step=StepTimeModel(base_s=1.0, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0),
+    )

@@ -1,0 +1,172 @@
+"""Trace readers, arrival processes, embedded tables and the overlong policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
+from batchpilot.envs.embedded import derive, embedded_lengths, embedded_names
+from batchpilot.envs.traces import TraceError, load_trace
+from batchpilot.envs.workload import Request, Workload, WorkloadError
+from batchpilot.envs.workloads import make_workload
+
+
+@pytest.mark.parametrize(
+    ("rel", "fmt", "rows", "timed"),
+    [
+        ("azure2023/AzureLLMInferenceTrace_conv.csv", "azure", 19366, True),
+        ("azure2023/AzureLLMInferenceTrace_code.csv", "azure", 8819, True),
+        ("sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv", "sharegpt", 30731, False),
+        ("gsm8k/gsm8k_test_token_lengths.csv", "gsm8k", 1319, False),
+    ],
+)
+def test_shared_traces_load(traces: Path, rel: str, fmt: str, rows: int, timed: bool) -> None:
+    trace = load_trace(traces / rel)
+    assert (trace.format, len(trace)) == (fmt, rows)
+    assert (trace.arrival_s is not None) == timed
+    assert trace.prompt_tokens.min() >= 1 and trace.output_tokens.min() >= 1
+    if timed:
+        assert trace.arrival_s[0] == 0 and np.all(np.diff(trace.arrival_s) >= 0)
+
+
+def test_azure_conv_matches_its_published_statistics(traces: Path) -> None:
+    trace = load_trace(traces / "azure2023/AzureLLMInferenceTrace_conv.csv")
+    assert trace.prompt_tokens.mean() == pytest.approx(1155, abs=1)
+    assert trace.output_tokens.mean() == pytest.approx(211, abs=1)
+    assert len(trace) / trace.arrival_s[-1] == pytest.approx(5.53, abs=0.01)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,x\n", ":2: GeneratedTokens is 'x', not a number"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,0\n", ":2: GeneratedTokens is 0"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n", ":2: TIMESTAMP is 'yesterday', not a time"),
+        ("num_prefill_tokens,num_decode_tokens\n5,6\n7\n", ":3: row has the wrong number of fields"),
+        ("num_prefill_tokens,num_decode_tokens\n5,6.5\n", ":2: num_decode_tokens is '6.5', not a whole number"),
+        ("a,b\n1,2\n", "unknown trace format"),
+        ("num_prefill_tokens,num_decode_tokens\n", "no requests in the file"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"timestamp": 1,\n', ":2: not valid JSON"),
+        ('{"timestamp": 0, "input_length": 5}\n', ":1: missing field(s) ['output_length']"),
+    ],
+)
+def test_bad_rows_name_file_line_and_problem(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, "bad.jsonl" if text.startswith("{") else "bad.csv", text)
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_skip_bad_rows_counts_them(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "burst.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5.0,ChatGPT,100,20,120,Conversation log\n"
+        "6.5,ChatGPT,50,0,50,Conversation log\n"
+        "7.0,GPT-4,30,10,40,API log\n",
+    )
+    with pytest.raises(TraceError, match=":3: Response tokens is 0"):
+        load_trace(path)
+    trace = load_trace(path, skip_bad_rows=True)
+    assert (trace.format, len(trace), trace.skipped_rows) == ("burstgpt", 2, 1)
+    assert trace.arrival_s.tolist() == [0.0, 2.0]
+
+
+def test_mooncake_jsonl(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 2000, "input_length": 10, "output_length": 3, "hash_ids": [1]},
+        {"timestamp": 500, "input_length": 20, "output_length": 4, "hash_ids": [2, 3]},
+    ]
+    path = write(tmp_path, "m.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    trace = load_trace(path)
+    assert trace.format == "mooncake"
+    assert trace.arrival_s.tolist() == [0.0, 1.5]  # ms -> s, sorted by time
+    assert trace.prompt_tokens.tolist() == [20, 10]
+
+
+def test_missing_file() -> None:
+    with pytest.raises(TraceError, match="no such trace file"):
+        load_trace("/nonexistent/trace.csv")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("poisson", "takes 1 argument"),
+        ("poisson:-1", "must be > 0"),
+        ("gamma:2", "takes 2 argument"),
+        ("gamma:2:x", "CV 'x' is not a number"),
+        ("uniform:3", "unknown process 'uniform'"),
+        ("replay:1:2", "at most one SCALE"),
+    ],
+)
+def test_bad_arrival_specs(spec: str, message: str) -> None:
+    with pytest.raises(ArrivalSpecError, match=message):
+        Arrival.parse(spec)
+
+
+def test_arrival_processes_have_their_rates_and_cv() -> None:
+    rng = np.random.default_rng(0)
+    n = 20000
+    t = Arrival.parse("poisson:4").times(n, rng)
+    assert (n - 1) / t[-1] == pytest.approx(4, rel=0.03)
+    gaps = np.diff(Arrival.parse("gamma:2:3").times(n, rng))
+    assert 1 / gaps.mean() == pytest.approx(2, rel=0.08)
+    assert gaps.std() / gaps.mean() == pytest.approx(3, rel=0.1)
+    assert Arrival.parse("all-at-once").times(5, rng).tolist() == [0] * 5
+    replay = Arrival.parse("replay:2").times(3, rng, np.array([10.0, 12.0, 16.0]))
+    assert replay.tolist() == [0.0, 1.0, 3.0]
+    with pytest.raises(ArrivalSpecError, match="needs a trace with timestamps"):
+        Arrival.parse("replay").times(3, rng, None)
+
+
+def test_embedded_tables_reproduce_the_traces(traces: Path) -> None:
+    assert embedded_names() == ["azure-code", "azure-conv", "gsm8k", "sharegpt"]
+    shipped = json.loads(
+        (Path(__file__).parents[1] / "envs/data/embedded_workloads.json").read_text()
+    )
+    assert derive(traces) == shipped  # the committed file is what the script derives
+    table = embedded_lengths("azure-conv")
+    prompt, output = table.sample(50000, np.random.default_rng(1))
+    assert np.median(prompt) == pytest.approx(1020, rel=0.05)
+    assert np.median(output) == pytest.approx(129, rel=0.05)
+    assert prompt.mean() == pytest.approx(1155, rel=0.05)
+
+
+def test_make_workload_is_deterministic_per_seed() -> None:
+    a = make_workload("embedded:sharegpt", "poisson:3", num_requests=50, seed=7)
+    b = make_workload("embedded:sharegpt", "poisson:3", num_requests=50, seed=7)
+    c = make_workload("embedded:sharegpt", "poisson:3", num_requests=50, seed=8)
+    assert a.requests == b.requests and a.requests != c.requests
+    with pytest.raises(ArrivalSpecError, match="no timestamps"):
+        make_workload("embedded:gsm8k", "replay")
+    with pytest.raises(ValueError, match="unknown embedded workload"):
+        make_workload("embedded:nope")
+
+
+def test_overlong_policy_is_explicit() -> None:
+    w = Workload("w", [Request("a", 0, 100, 50), Request("b", 1, 10, 5)])
+    with pytest.raises(WorkloadError, match="request a needs 150 tokens"):
+        w.fit_context(64, "error")
+    dropped = w.fit_context(64, "drop")
+    assert [r.request_id for r in dropped.requests] == ["b"] and dropped.dropped == 1
+    cut = w.fit_context(64, "truncate")
+    assert (cut.requests[0].prompt_tokens, cut.requests[0].output_tokens) == (14, 50)
+    assert cut.truncated == 1
+
+
+def test_bad_requests_are_rejected() -> None:
+    with pytest.raises(WorkloadError, match="prompt_tokens=0"):
+        Workload("w", [Request("a", 0, 0, 5)])
+    with pytest.raises(WorkloadError, match="arrival_s=nan"):
+        Workload("w", [Request("a", float("nan"), 3, 5)])
