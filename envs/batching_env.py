@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
+
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
@@ -15,7 +17,6 @@ from batchpilot.envs.profiles import EngineProfile, get_profile
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Request, Workload
 from batchpilot.envs.workloads import DEFAULT_SOURCE, make_workload
-from gymnasium import spaces
 
 OBSERVATION_FIELDS = (
     "kv_cache_usage",

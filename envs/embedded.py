@@ -19,6 +19,7 @@ from math import erf, pi, sin, sqrt
 from pathlib import Path
 
 import numpy as np
+
 from batchpilot.envs.arrivals import ArrivalSpecError
 
 EMBEDDED_PREFIX = "embedded:"

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+
 from batchpilot.envs.metrics import SLO, RequestRecord, aggregate
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Workload

@@ -6,11 +6,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.engine import Engine, RunResult
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Workload
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 TIMELINE_FIELDS = (
     "time_s",

@@ -25,6 +25,7 @@ from array import array
 from collections import deque
 
 import numpy as np
+
 from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO, RequestRecord
 from batchpilot.envs.profiles import EngineProfile
@@ -362,24 +363,22 @@ class SimEngine:
         """Advance k > 1 identical pure-decode iterations in closed form; False if none apply."""
         running = self._running
         n = len(running)
-        if n == 0 or self._budget < n:
-            return False
+        admission_open = n < self._limit and self._budget > n
+        if n == 0 or self._budget < n or (self._waiting and admission_open):
+            return False  # nothing to run, decodes cut by the budget, or an admission due
+        first_finish = 1 << 62  # iterations until the first running request finishes
         for req in running:
             if req.computed != req.prompt + req.generated - 1 or not req.generated:
+                return False  # a prefill chunk is due
+            first_finish = min(first_finish, req.output - req.generated)
+            if first_finish < 2:
                 return False
-        waiting = self._waiting
-        admission_open = n < self._limit and self._budget > n
-        if waiting and admission_open:
-            return False  # a waiting request may be admitted this very step
+        k = first_finish if max_iterations is None else min(first_finish, max_iterations)
+        if k < 2:
+            return False
         bs = self.block_size
         tokens = np.fromiter((r.prompt + r.generated for r in running), np.int64, n)
         blocks = np.fromiter((r.blocks for r in running), np.int64, n)
-        left = np.fromiter((r.output - r.generated for r in running), np.int64, n)
-        k = int(left.min())
-        if max_iterations is not None:
-            k = min(k, max_iterations)
-        if k < 2:
-            return False
         step = self.profile.step
         d1 = step(0, n, int(tokens.sum()))
         durations = d1 + step.kv_token_s * n * np.arange(k)
@@ -438,7 +437,7 @@ class SimEngine:
         self._itl_weights.append(weights)
         self._clock = end
         self._interval.output_tokens += n * k
-        if int(left.min()) == k:
+        if k == first_finish:
             self._retire()
         self._last_step = (0, n, float(durations[-1]))
         self._account(float(durations.sum()), usage_time, n, k)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
 from batchpilot.envs.traces import load_trace

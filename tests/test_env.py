@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import batchpilot.envs
 import gymnasium as gym
 import numpy as np
 import pytest
-from batchpilot.envs.batching_env import OBSERVATION_FIELDS
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import batchpilot.envs
+from batchpilot.envs.batching_env import OBSERVATION_FIELDS
 
 SMALL = {"source": "embedded:azure-conv", "num_requests": 60}
 

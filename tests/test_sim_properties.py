@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from helpers import unit_profile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from batchpilot.envs.profiles import EngineProfile, StepTimeModel
 from batchpilot.envs.sim_engine import NULL_BLOCKS, SimEngine
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.workload import Request, Workload
-from helpers import unit_profile
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 requests = st.lists(
     st.tuples(

@@ -7,11 +7,12 @@ with the closed-form decode fast path on and off: both must give the same answer
 from __future__ import annotations
 
 import pytest
+from helpers import unit_profile
+
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.workload import Request, Workload, WorkloadError
-from helpers import unit_profile
 
 FAST = pytest.mark.parametrize("fast", [True, False], ids=["fast-forward", "per-step"])
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
 from batchpilot.envs.embedded import derive, embedded_lengths, embedded_names
 from batchpilot.envs.traces import TraceError, load_trace
