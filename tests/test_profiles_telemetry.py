@@ -1,0 +1,94 @@
+"""Engine profiles (vLLM's KV capacity arithmetic, JSON files) and telemetry checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from batchpilot.envs.profiles import (
+    A100_80G,
+    GIB,
+    LLAMA_7B,
+    PROFILES,
+    EngineProfile,
+    get_profile,
+    roofline_profile,
+)
+from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.telemetry import Limits, TelemetryError
+from batchpilot.envs.workloads import make_workload
+
+
+def test_kv_capacity_follows_vllms_arithmetic() -> None:
+    p = roofline_profile(LLAMA_7B, A100_80G, tp=1, gpu_memory_utilization=0.9)
+    kv_token = 2 * 32 * 32 * 128 * 2  # K and V, 32 layers, 32 heads x 128, fp16: 512 KiB
+    assert kv_token == 512 * 1024
+    free = 80 * GIB * 0.9 - 6.74e9 * 2 - 3 * GIB
+    assert p.num_gpu_blocks == math.floor(free / (kv_token * 16))
+    tp8 = roofline_profile(LLAMA_7B, A100_80G, tp=8)
+    assert tp8.num_gpu_blocks > 8 * p.num_gpu_blocks  # weights shard too, so more than 8x
+    assert tp8.step.decode_seq_s == pytest.approx(p.step.decode_seq_s / 8)
+
+
+def test_shipped_profiles_are_sane() -> None:
+    for p in PROFILES.values():
+        assert p.kv_capacity_tokens >= p.max_model_len
+        assert p.step(0, 1, 100) < p.step(0, 64, 100) < p.step(0, 64, 100_000)
+        assert p.step(512, 0, 512) > p.step(0, 1, 512)
+
+
+def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(PROFILES["cpu-tiny-llama"].to_json())
+    assert get_profile(str(path)) == PROFILES["cpu-tiny-llama"]
+    bad = json.loads(path.read_text())
+    bad["step"]["kv_token_s"] = -1
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="coefficients must be >= 0"):
+        get_profile(str(path))
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        get_profile(str(path))
+    path.write_text(json.dumps({"name": "x"}))
+    with pytest.raises(ValueError, match="not an engine profile"):
+        get_profile(str(path))
+    with pytest.raises(ValueError, match="no such profile file"):
+        get_profile(str(tmp_path / "missing.json"))
+
+
+def test_telemetry_reports_engine_state_and_estimates() -> None:
+    profile = PROFILES["llama-7b-a100"]
+    engine = SimEngine(profile)
+    work = make_workload("embedded:gsm8k", "poisson:20", num_requests=300, seed=0)
+    t = engine.reset(work, Limits(32))
+    t = engine.advance(until_s=5.0)
+    assert t.validate() is t
+    assert t.num_requests_running <= 32
+    assert t.kv_cache_usage == pytest.approx(1 - t.num_free_blocks / t.num_total_blocks)
+    assert t.kv_capacity_tokens == profile.kv_capacity_tokens
+    arrived = [r for r in work.requests if r.arrival_s <= t.time_s]
+    assert t.prompt_mean == pytest.approx(sum(r.prompt_tokens for r in arrived) / len(arrived))
+    assert t.arrival_rate == pytest.approx(len(arrived) / t.time_s)
+    assert 0 < t.recent_tbt_s < 0.2 and t.recent_decode_batch > 1
+    assert t.num_output_samples == t.interval_finished > 0
+
+
+def test_nan_telemetry_is_named() -> None:
+    engine = SimEngine(PROFILES["llama-7b-a100"])
+    t = engine.reset(make_workload("embedded:gsm8k", "poisson:5", num_requests=5), Limits(4))
+    with pytest.raises(TelemetryError, match="recent_tbt_s is nan"):
+        dataclasses.replace(t, recent_tbt_s=float("nan")).validate()
+    with pytest.raises(TelemetryError, match=r"kv_cache_usage is 1\.5"):
+        dataclasses.replace(t, kv_cache_usage=1.5).validate()
+
+
+def test_limits_reject_bad_values() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs must be an int >= 1"):
+        Limits(0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        Limits(4, -1)
+    assert isinstance(PROFILES["cpu-tiny-llama"], EngineProfile)
