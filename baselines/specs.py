@@ -1,11 +1,23 @@
-"""Controller specs as written on the CLI: ``static:256``, ``alg1:eps=0.05``, ``policy:PATH``."""
+"""Controller specs as written on the CLI: ``static:256``, ``alg1:eps=0.05``, ``policy:PATH``.
+
+``A+B`` combines controllers (each limit is the minimum of theirs), e.g. ``alg1+alg2``.
+Keyword arguments are ``:``-separated: ``alg2:sla_ms=40:alpha=10``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from batchpilot.baselines.alg1 import MemoryAwareController
+from batchpilot.baselines.alg2 import SLAController
+from batchpilot.baselines.combined import MinController
+from batchpilot.baselines.oracle import OracleController
 from batchpilot.baselines.static import StaticController
 from batchpilot.envs.controller import Controller
+
+BEST_STATIC = "best-static"
+"""Not a controller but a search over static limits, resolved by the evaluation harness."""
 
 
 class ControllerSpecError(ValueError):
@@ -24,15 +36,93 @@ def _static(args: list[str]) -> Controller:
     return StaticController(n)
 
 
-FACTORIES: dict[str, Callable[[list[str]], Controller]] = {"static": _static}
+def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str, Any]:
+    """Parse ``key=value`` spec arguments into typed keywords, naming any bad one."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, text = arg.partition("=")
+        if not sep or key not in types:
+            raise ControllerSpecError(
+                f"{name}: bad argument {arg!r}; use key=value with key one of {', '.join(types)}"
+            )
+        kind = types[key]
+        try:
+            if kind is bool:
+                if text not in ("0", "1", "true", "false"):
+                    raise ValueError
+                out[key] = text in ("1", "true")
+            else:
+                out[key] = kind(text)
+        except ValueError:
+            raise ControllerSpecError(
+                f"{name}: {key}={text!r} is not a valid {kind.__name__}"
+            ) from None
+    return out
+
+
+def _keyword_factory(
+    name: str, cls: Callable[..., Controller], types: dict[str, type]
+) -> Callable[[list[str]], Controller]:
+    def factory(args: list[str]) -> Controller:
+        try:
+            return cls(**keyword_args(name, args, types))
+        except ControllerSpecError:
+            raise
+        except ValueError as exc:
+            raise ControllerSpecError(f"{name}: {exc}") from None
+
+    return factory
+
+
+ALG1_ARGS = {
+    "eps": float,
+    "bound": str,
+    "refresh": int,
+    "min_samples": int,
+    "prior_output_mean": float,
+    "prior_output_std": float,
+    "blocks": bool,
+    "b_min": int,
+    "b_max": int,
+}
+ALG2_ARGS = {
+    "sla_ms": float,
+    "eps_ms": float,
+    "alpha": int,
+    "delta": int,
+    "b_min": int,
+    "b_max": int,
+    "chunk": bool,
+    "chunk_min": int,
+    "chunk_alpha": int,
+    "chunk_delta": int,
+}
+
+FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
+    "static": _static,
+    "alg1": _keyword_factory("alg1", MemoryAwareController, ALG1_ARGS),
+    "alg2": _keyword_factory("alg2", SLAController, ALG2_ARGS),
+    "oracle": _keyword_factory("oracle", OracleController, {"slack_blocks": int}),
+}
 """Spec name -> factory taking the spec's ':'-separated arguments."""
 
 
 def make_controller(spec: str) -> Controller:
-    """Build the controller a spec names."""
-    name, *args = spec.strip().split(":")
+    """Build the controller a spec names; ``A+B`` is the minimum of A and B."""
+    parts = [p.strip() for p in spec.split("+")]
+    if len(parts) > 1:
+        return MinController([make_controller(p) for p in parts])
+    name, *args = parts[0].split(":")
+    if name == BEST_STATIC:
+        raise ControllerSpecError(
+            f"{spec!r} is a grid search over static:N on a workload, not a controller: "
+            "`batchpilot compare` resolves it to the best static:N before running"
+        )
     if name not in FACTORIES:
         raise ControllerSpecError(
-            f"unknown controller {spec!r}; known: {', '.join(sorted(FACTORIES))}"
+            f"unknown controller {spec!r}; known: {', '.join(sorted(FACTORIES))}, "
+            f"{BEST_STATIC}, and A+B combinations"
         )
-    return FACTORIES[name](args)
+    controller = FACTORIES[name](args)
+    controller.name = parts[0]
+    return controller

@@ -191,6 +191,10 @@ class SimEngine:
         """
         return [(r.prompt + r.generated, r.output - r.generated) for r in self._running]
 
+    def waiting_output_tokens(self) -> list[tuple[int, int]]:
+        """The same pairs for waiting requests, in admission order (clairvoyant, oracle only)."""
+        return [(r.prompt + r.generated, r.output - r.generated) for r in self._waiting]
+
     # ------------------------------------------------------------------ running
     def advance(self, max_iterations: int | None = None, until_s: float | None = None) -> Telemetry:
         if self._workload is None:

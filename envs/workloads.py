@@ -7,8 +7,10 @@ import numpy as np
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
 from batchpilot.envs.traces import load_trace
-from batchpilot.envs.workload import OverlongPolicy, Request, Workload
+from batchpilot.envs.workload import OverlongPolicy, Request, Workload, WorkloadError
 
+FIXED_PREFIX = "fixed:"
+"""``fixed:PROMPT:OUTPUT``: every request has these lengths (the paper's 128/128 setting)."""
 DEFAULT_SOURCE = "embedded:azure-conv"
 """The workload used when none is given: Azure 2023 conversation lengths, no file needed."""
 
@@ -22,16 +24,23 @@ def make_workload(
     max_model_len: int | None = None,
     overlong: OverlongPolicy | str = OverlongPolicy.ERROR,
 ) -> Workload:
-    """A workload from `source`: a trace path or ``embedded:NAME``.
+    """A workload from `source`: a trace path, ``embedded:NAME`` or ``fixed:PROMPT:OUTPUT``.
 
     `arrival` is an `Arrival` spec; ``replay`` on an embedded table replays its fitted
     Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the
-    first N requests of a trace (all of it by default) or draws N from an embedded table
-    (1,000 by default). `max_model_len` with `overlong` applies the context policy.
+    first N requests of a trace (all of it by default) or draws N from an embedded table or
+    a fixed source (1,000 by default). `max_model_len` with `overlong` applies the context
+    policy.
     """
     process = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
     rng = np.random.default_rng(seed)
-    if source.startswith(EMBEDDED_PREFIX):
+    if source.startswith(FIXED_PREFIX):
+        n = num_requests or 1000
+        prompt_len, output_len = fixed_lengths(source)
+        prompt, output = np.full(n, prompt_len), np.full(n, output_len)
+        times = process.times(n, rng)
+        label = f"{prompt_len}/{output_len} tokens ({process_label(process)})"
+    elif source.startswith(EMBEDDED_PREFIX):
         name = source.removeprefix(EMBEDDED_PREFIX)
         n = num_requests or 1000
         table = embedded_lengths(name)
@@ -57,6 +66,20 @@ def make_workload(
     return workload
 
 
+def fixed_lengths(source: str) -> tuple[int, int]:
+    """(prompt, output) tokens of a ``fixed:PROMPT:OUTPUT`` source."""
+    parts = source.removeprefix(FIXED_PREFIX).split(":")
+    try:
+        prompt, output = (int(p) for p in parts)
+    except ValueError:
+        raise WorkloadError(
+            f"workload {source!r}: use fixed:PROMPT:OUTPUT with whole token counts"
+        ) from None
+    if prompt < 1 or output < 1:
+        raise WorkloadError(f"workload {source!r}: both token counts must be >= 1")
+    return prompt, output
+
+
 def process_label(process: Arrival) -> str:
     """Short human label for an arrival process."""
     if process.kind == "poisson":
@@ -68,4 +91,11 @@ def process_label(process: Arrival) -> str:
     return "all at once"
 
 
-__all__ = ["DEFAULT_SOURCE", "embedded_names", "make_workload", "process_label"]
+__all__ = [
+    "DEFAULT_SOURCE",
+    "FIXED_PREFIX",
+    "embedded_names",
+    "fixed_lengths",
+    "make_workload",
+    "process_label",
+]

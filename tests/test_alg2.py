@@ -1,0 +1,135 @@
+"""Algorithm 2 (SLA-constrained search): each branch, the clamp, the bound invariants."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from telemetry_builder import make_telemetry
+
+from batchpilot.baselines.alg2 import SLAController, SLASearch
+from batchpilot.baselines.static import StaticController
+from batchpilot.envs.controller import ControlInterval
+from batchpilot.envs.profiles import get_profile
+from batchpilot.envs.run import run
+from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.workloads import make_workload
+
+ENGINE = SimpleNamespace(max_num_seqs=100, max_num_batched_tokens=4096)
+
+
+def search() -> SLASearch:
+    """D_SLA 50 ms, eps_D 10 ms, alpha 20, delta 5, B_min 1, B_max 100."""
+    return SLASearch(0.050, 0.010, 20, 5, 1, 100)
+
+
+def test_too_slow_pulls_the_upper_bound_down() -> None:
+    s = search()
+    assert s.update(0.070, 60) == 30  # b_high = max(60, 1 + 20), b_low = max(1 - 5, 1)
+    assert (s.b_low, s.b_high) == (1, 60)
+    assert s.update(0.070, 10) == 11  # b_high = max(10, 1 + 20) = 21
+    assert (s.b_low, s.b_high) == (1, 21)
+
+
+def test_headroom_pushes_the_lower_bound_up() -> None:
+    s = search()
+    assert s.update(0.020, 60) == 80  # b_low = min(60, 100 - 20), b_high = min(105, 100)
+    assert (s.b_low, s.b_high) == (60, 100)
+    assert s.update(0.020, 95) == 90  # b_low = min(95, 100 - 20) = 80
+    assert (s.b_low, s.b_high) == (80, 100)
+
+
+def test_inside_the_band_recentres_on_the_recent_batch() -> None:
+    s = search()
+    assert s.update(0.050, 60) == 60  # [60 - 10, 60 + 10]
+    assert (s.b_low, s.b_high) == (50, 70)
+    assert s.update(0.041, 95) == 92  # b_high capped at B_max: [85, 100] -> 92
+    assert (s.b_low, s.b_high) == (85, 100)
+
+
+def test_band_edges_count_as_inside() -> None:
+    for tau in (0.040, 0.060):
+        s = search()
+        s.update(tau, 30)
+        assert (s.b_low, s.b_high) == (20, 40)
+
+
+def test_limit_never_below_running_decodes() -> None:
+    c = SLAController()
+    c.reset(ENGINE)
+    slow = make_telemetry(recent_tbt_s=0.2, recent_decode_batch=60, num_decoding=90)
+    assert c.decide(slow).max_num_seqs == 90
+
+
+def test_b_max_defaults_to_the_engine_cap() -> None:
+    c = SLAController()
+    c.reset(ENGINE)
+    assert (c.search.lo, c.search.hi) == (1, 100)
+    c = SLAController(b_max=40, b_min=8)
+    c.reset(ENGINE)
+    assert (c.search.lo, c.search.hi) == (8, 40)
+
+
+def test_chunk_search_sets_a_token_budget_at_least_the_limit() -> None:
+    c = SLAController(chunk=True)
+    c.reset(ENGINE)
+    slow = make_telemetry(
+        recent_tbt_s=0.2,
+        interval_iterations=2,
+        interval_prompt_tokens=3000,
+        interval_output_tokens=40,
+    )
+    limits = c.decide(slow)  # tokens/step = 1520: c_high = max(1520, 256 + 512) = 1520
+    assert limits.max_num_batched_tokens == (256 + 1520) // 2
+    assert limits.max_num_batched_tokens >= limits.max_num_seqs
+
+
+def test_bad_parameters_are_named() -> None:
+    with pytest.raises(ValueError, match="eps_D"):
+        SLAController(sla_ms=10, eps_ms=20)
+    with pytest.raises(ValueError, match="alpha"):
+        SLAController(alpha=-1)
+    with pytest.raises(ValueError, match="B_min"):
+        SLAController(b_min=50, b_max=10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lo=st.integers(1, 50),
+    span=st.integers(0, 300),
+    alpha=st.integers(0, 400),
+    delta=st.integers(0, 50),
+    steps=st.lists(
+        st.tuples(st.floats(0, 1.0), st.floats(0, 2000), st.integers(0, 2000)), max_size=40
+    ),
+)
+def test_bounds_stay_ordered_inside_the_range(lo, span, alpha, delta, steps) -> None:
+    hi = lo + span
+    c = SLAController(alpha=alpha, delta=delta, b_min=lo, b_max=hi)
+    c.reset(SimpleNamespace(max_num_seqs=10_000, max_num_batched_tokens=8192))
+    for tau, batch, decoding in steps:
+        t = make_telemetry(recent_tbt_s=tau, recent_decode_batch=batch, num_decoding=decoding)
+        b = c.decide(t).max_num_seqs
+        assert lo <= c.search.b_low <= c.search.b_high <= hi
+        assert min(max(decoding, lo), hi) <= b <= hi
+
+
+def test_settles_tbt_inside_the_band_on_a_steady_load() -> None:
+    """7B/A100, 512/256 tokens at 15 req/s (over capacity): static:256 decodes at ~63 ms."""
+    profile = get_profile("llama-7b-a100")
+    workload = make_workload("fixed:512:256", "poisson:15", num_requests=800, seed=0)
+
+    def steady_tbt_ms(controller) -> np.ndarray:
+        tl = run(workload, SimEngine(profile), controller, ControlInterval(1)).timeline.array()
+        end = tl["time_s"][-1]
+        keep = (tl["time_s"] > 0.3 * end) & (tl["time_s"] < 0.8 * end)
+        return tl["recent_tbt_s"][keep] * 1e3
+
+    tbt = steady_tbt_ms(SLAController(sla_ms=50, eps_ms=10))
+    in_band = np.mean((tbt >= 40) & (tbt <= 60))
+    assert 40 <= np.median(tbt) <= 60 and in_band >= 0.6
+    static = steady_tbt_ms(StaticController(256))
+    assert np.median(static) > 60 and np.mean((static >= 40) & (static <= 60)) < 0.3

@@ -1,0 +1,115 @@
+"""Controller specs, the min-combination, the oracle and the fixed-length workload source."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from telemetry_builder import make_telemetry
+
+from batchpilot.baselines.alg1 import MemoryAwareController
+from batchpilot.baselines.alg2 import SLAController
+from batchpilot.baselines.combined import MinController
+from batchpilot.baselines.oracle import OracleController, peak_blocks
+from batchpilot.baselines.specs import ControllerSpecError, make_controller
+from batchpilot.baselines.static import StaticController
+from batchpilot.envs.profiles import get_profile
+from batchpilot.envs.run import run
+from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.telemetry import Limits
+from batchpilot.envs.workload import WorkloadError
+from batchpilot.envs.workloads import make_workload
+
+
+def test_specs_build_their_controllers() -> None:
+    assert isinstance(make_controller("static:256"), StaticController)
+    a1 = make_controller("alg1:eps=0.01:bound=exact:blocks=0")
+    assert isinstance(a1, MemoryAwareController)
+    assert (a1.eps, a1.bound, a1.blocks, a1.name) == (
+        0.01,
+        "exact",
+        False,
+        "alg1:eps=0.01:bound=exact:blocks=0",
+    )
+    a2 = make_controller("alg2:sla_ms=40:alpha=10")
+    assert isinstance(a2, SLAController) and a2.params[:3] == (0.040, 0.010, 10)
+    both = make_controller("alg1 + alg2:sla_ms=40")
+    assert isinstance(both, MinController) and both.name == "alg1+alg2:sla_ms=40"
+    assert isinstance(make_controller("oracle"), OracleController)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("alg1:eps=x", "eps='x' is not a valid float"),
+        ("alg1:eps", "bad argument 'eps'"),
+        ("alg1:gamma=2", "key one of eps, bound"),
+        ("alg1:eps=0.7", "eps must be in"),
+        ("alg1:blocks=yes", "blocks='yes' is not a valid bool"),
+        ("alg2:alpha=1.5", "alpha='1.5' is not a valid int"),
+        ("alg2:sla_ms=5", "eps_D < D_SLA"),
+        ("alg1+nope", "unknown controller 'nope'"),
+        ("best-static", "grid search"),
+        ("static:x", "N must be an integer"),
+    ],
+)
+def test_bad_specs_name_the_problem(spec: str, message: str) -> None:
+    with pytest.raises(ControllerSpecError, match=message.replace("(", r"\(")):
+        make_controller(spec)
+
+
+class Fixed:
+    def __init__(self, name: str, limits: Limits) -> None:
+        self.name, self.limits, self.engine = name, limits, None
+
+    def reset(self, engine) -> None:
+        self.engine = engine
+
+    def decide(self, telemetry) -> Limits:
+        return self.limits
+
+
+def test_min_combination_takes_the_smaller_of_each_limit() -> None:
+    a, b = Fixed("a", Limits(50, 2048)), Fixed("b", Limits(80))
+    c = MinController([a, b])
+    c.reset("engine")
+    assert (a.engine, b.engine) == ("engine", "engine")
+    assert c.decide(make_telemetry()) == Limits(50, 2048)
+    c = MinController(
+        [Fixed("a", Limits(90)), Fixed("b", Limits(80, 4096)), Fixed("c", Limits(85, 1024))]
+    )
+    assert c.decide(make_telemetry()) == Limits(80, 1024)
+
+
+def test_peak_blocks_is_just_before_the_first_finishes() -> None:
+    # block size 4. A holds 4 tokens with 2 to go: 5 tokens (2 blocks) one step on, then
+    # leaves; B holds 1 with 10 to go: 2 tokens then, 10 (3 blocks) at its end. Peak 3.
+    assert peak_blocks(np.array([4, 1]), np.array([2, 10]), 4) == 3
+    assert peak_blocks(np.array([8, 8]), np.array([5, 5]), 4) == 6  # 12 tokens each = 3 blocks
+    assert peak_blocks(np.array([], dtype=np.int64), np.array([], dtype=np.int64), 4) == 0
+
+
+def test_oracle_needs_a_clairvoyant_engine() -> None:
+    with pytest.raises(TypeError, match="lacks remaining_output_tokens, waiting_output_tokens"):
+        OracleController().reset(SimpleNamespace(max_num_seqs=8))
+
+
+def test_oracle_packs_without_preemption() -> None:
+    profile = get_profile("llama-7b-a100")
+    workload = make_workload("embedded:azure-conv", "all-at-once", num_requests=300, seed=1)
+    oracle = run(workload, SimEngine(profile), OracleController()).metrics()
+    static = run(workload, SimEngine(profile), StaticController(256)).metrics()
+    assert oracle["num_preemptions"] == 0 < static["num_preemptions"]
+    assert oracle["mean_kv_usage"] > 0.8
+    assert oracle["output_throughput"] > static["output_throughput"]
+
+
+def test_fixed_source_gives_every_request_the_same_lengths() -> None:
+    w = make_workload("fixed:128:64", "poisson:2", num_requests=50, seed=3)
+    prompt, output = w.lengths()
+    assert len(w) == 50 and set(prompt) == {128} and set(output) == {64}
+    assert w.name == "128/64 tokens (poisson 2/s)"
+    for bad in ("fixed:128", "fixed:a:1", "fixed:0:5"):
+        with pytest.raises(WorkloadError, match="fixed"):
+            make_workload(bad, "all-at-once")
