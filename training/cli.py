@@ -8,6 +8,7 @@ import sys
 
 SUBCOMMANDS = {
     "simulate": "Run a workload through the simulated engine with one controller.",
+    "compare": "Compare controllers on workloads and seeds; write a report with plots.",
 }
 """Subcommand -> one-line help. Each lives in `batchpilot.training.commands.<name>` with
 ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside ``main``."""

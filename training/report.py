@@ -1,0 +1,303 @@
+"""Comparison report from `evaluate()` results: report.md, self-contained report.html, PNGs.
+
+Per scenario: a metrics table (mean ± std across seeds), gains over static and over each
+algorithm, and plots of the limit / running requests / KV usage over time, the ITL
+distribution, and throughput and goodput against the Poisson arrival rate.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+TABLE_METRICS = (
+    ("output_throughput", "out tok/s", "{:,.0f}"),
+    ("output_goodput", "goodput tok/s", "{:,.0f}"),
+    ("median_ttft_ms", "TTFT p50 ms", "{:,.0f}"),
+    ("p99_ttft_ms", "TTFT p99 ms", "{:,.0f}"),
+    ("median_tpot_ms", "TPOT p50 ms", "{:,.1f}"),
+    ("p99_tpot_ms", "TPOT p99 ms", "{:,.1f}"),
+    ("p90_itl_ms", "ITL p90 ms", "{:,.1f}"),
+    ("slo_attainment", "SLO att.", "{:.1%}"),
+    ("num_preemptions", "preempt.", "{:,.0f}"),
+    ("recomputed_tokens", "recomp. tok", "{:,.0f}"),
+    ("mean_kv_usage", "KV use", "{:.1%}"),
+)
+GAIN_METRICS = (("output_throughput", "throughput"), ("output_goodput", "goodput"))
+
+
+def references(labels: list[str]) -> list[str]:
+    """Controllers gains are measured against: the first static one and each single algorithm."""
+    refs = [next((c for c in labels if c.startswith("static")), None)]
+    refs += [c for c in labels if "+" not in c and re.match(r"alg[12]\b", c)]
+    return [r for r in refs if r is not None]
+
+
+def _cell(entry: dict[str, Any], key: str, fmt: str) -> str:
+    mean, std = entry["mean"][key], entry["std"][key]
+    text = fmt.format(mean)
+    return text if std == 0 else f"{text} ± {fmt.format(std).rstrip('%')}"
+
+
+def _capacity_cell(entry: dict[str, Any]) -> str:
+    cap = entry["capacity"]
+    if cap is None:
+        return "—"
+    mark = "" if cap["bracketed"] else " (≥)"
+    return f"{cap['mean']:.2f} ± {cap['std']:.2f}{mark}"
+
+
+def _capacity_throughput_cell(entry: dict[str, Any]) -> str:
+    cap = entry["capacity"]
+    mean, std = cap["output_throughput_at_capacity"], cap["output_throughput_at_capacity_std"]
+    return f"{mean:,.0f} ± {std:,.0f}"
+
+
+def _gain(entry: dict[str, Any], ref: dict[str, Any], key: str) -> str:
+    if key in ("mean", "output_throughput_at_capacity"):  # capacity figures
+        if entry["capacity"] is None or ref["capacity"] is None:
+            return "—"
+        a, b = entry["capacity"][key], ref["capacity"][key]
+    else:
+        a, b = entry["mean"][key], ref["mean"][key]
+    return "—" if b == 0 else f"{(a / b - 1) * 100:+.1f}%"
+
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def scenario_tables(sc: dict[str, Any], labels: list[str]) -> tuple[Table, Table]:
+    """(header, rows) of the metrics table and of the gains table, rows in `labels` order."""
+    res = sc["results"]
+    has_cap = any(e["capacity"] for e in res.values())
+    head = ["controller", *(t for _, t, _ in TABLE_METRICS)]
+    head += ["capacity req/s", "out tok/s at capacity"] if has_cap else []
+    rows = []
+    for c in labels:
+        e = res[c]
+        name = c if e["spec"] == c else f"{c} ({e['spec']})"
+        row = [name, *(_cell(e, k, f) for k, _, f in TABLE_METRICS)]
+        cap_cells = [_capacity_cell(e), _capacity_throughput_cell(e)] if has_cap else []
+        rows.append(row + cap_cells)
+    refs = references(labels)
+    gain_keys = list(GAIN_METRICS)
+    if has_cap:
+        gain_keys += [("mean", "capacity"), ("output_throughput_at_capacity", "tok/s at cap.")]
+    ghead = ["controller"] + [f"{t} vs {r}" for r in refs for _, t in gain_keys]
+    grows = [
+        [c] + [_gain(res[c], res[r], k) for r in refs for k, _ in gain_keys]
+        for c in labels
+        if c not in refs[:1]
+    ]
+    return (head, rows), (ghead, grows)
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def _md_block_html(lines: Sequence[str]) -> str:
+    """HTML for simple markdown: ``#`` headings, pipe tables and paragraphs."""
+    out, table = [], []
+    for line in [*lines, ""]:
+        if line.startswith("|"):
+            if not set(line) <= set("|-: "):
+                table.append([c.strip() for c in line.strip("|").split("|")])
+            continue
+        if table:
+            out.append(_html_table(table[0], table[1:]))
+            table = []
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
+        elif line.strip():
+            out.append(f"<p>{html.escape(line)}</p>")
+    return "".join(out)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def plot_scenario(
+    sc: dict[str, Any], labels: list[str], out_dir: Path, capacity_slo: dict | None
+) -> list[Path]:
+    """Write this scenario's PNGs (one colour per controller in `labels`); returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = []
+    colors = {c: plt.cm.tab10(i % 10) for i, c in enumerate(labels)}
+    base = slug(sc["name"])
+
+    fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
+    for c in labels:
+        tl = sc["timelines"][c]
+        t = np.asarray(tl["time_s"])
+        axes[0].step(t, tl["max_num_seqs"], where="post", color=colors[c], label=c, lw=1.3)
+        axes[1].plot(t, tl["num_requests_running"], color=colors[c], lw=1.3)
+        axes[2].plot(t, np.asarray(tl["kv_cache_usage"]) * 100, color=colors[c], lw=1.3)
+    axes[0].set_ylabel("limit (max_num_seqs)")
+    axes[0].set_yscale("log", base=2)
+    axes[1].set_ylabel("running requests")
+    axes[2].set_ylabel("KV cache used (%)")
+    axes[2].set_ylim(0, 105)
+    axes[2].set_xlabel("engine time (s), first seed")
+    axes[0].legend(fontsize=8, ncol=3, loc="best")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{sc['name']}: limit, running requests and KV usage over time")
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / f"{base}-timeline.png"))
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    q = np.linspace(0, 1, 201)
+    for c in labels:
+        values = sc["itl_ms_quantiles"][c]
+        if values:
+            ax.plot(values, q, color=colors[c], label=c, lw=1.5)
+    tpot = _slo_ms(sc["scenario"]["slo"], "tpot")
+    if tpot:
+        ax.axvline(tpot, color="k", ls="--", lw=1, label=f"TPOT SLO {tpot:g} ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("inter-token latency (ms, log)")
+    ax.set_ylabel("fraction of tokens ≤ x")
+    ax.set_title(f"{sc['name']}: ITL / TBT distribution (first seed)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / f"{base}-itl.png"))
+
+    if capacity_slo and any(e["capacity"] for e in sc["results"].values()):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for c in labels:
+            cap = sc["results"][c]["capacity"]
+            by_rate: dict[float, list[dict]] = {}
+            for p in cap["probes"]:  # seeds share the probe rates until their searches part
+                by_rate.setdefault(round(p["rate"], 6), []).append(p)
+            rates = sorted(by_rate)
+            for ax, key in zip(axes, ("output_throughput", "output_goodput"), strict=True):
+                vals = [[p[key] for p in by_rate[r]] for r in rates]
+                ax.errorbar(
+                    rates,
+                    [np.mean(v) for v in vals],
+                    yerr=[np.std(v) for v in vals],
+                    fmt="-o",
+                    ms=3,
+                    capsize=2,
+                    color=colors[c],
+                    label=c,
+                )
+                ax.axvline(cap["mean"], color=colors[c], ls=":", lw=1)
+        for ax, title in zip(axes, ("output throughput", "output goodput"), strict=True):
+            ax.set_xlabel("Poisson arrival rate (req/s)")
+            ax.set_ylabel(f"{title} (tok/s)")
+            ax.grid(alpha=0.3, which="both")
+        axes[0].legend(fontsize=8)
+        bounds = ", ".join(f"{k} ≤ {v:g}" for k, v in capacity_slo["bounds"])
+        fig.suptitle(
+            f"{sc['name']}: vs arrival rate (capacity probes, mean ± std over seeds)\n"
+            f"dotted: each controller's capacity ({bounds})"
+        )
+        fig.tight_layout()
+        paths.append(_save(fig, out_dir / f"{base}-rate.png"))
+    return paths
+
+
+def _slo_ms(spec: str, key: str) -> float | None:
+    m = re.search(rf"{key}:([0-9.]+)", spec)
+    return float(m.group(1)) if m else None
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    results: dict[str, Any],
+    out_dir: Path,
+    *,
+    title: str,
+    command: str,
+    preamble: Sequence[str] = (),
+) -> Path:
+    """Write report.md and report.html (plots embedded) under `out_dir`; returns report.md.
+
+    `preamble`: markdown lines (paragraphs and pipe tables) placed before the scenarios.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    intro = [
+        f"Command: `{command}`",
+        f"Seeds: {', '.join(map(str, results['seeds']))}; values are mean ± std across seeds "
+        f"(std omitted when 0). Harness wall time: {results['wall_s']:.1f} s on "
+        f"{results['workers']} worker process(es).",
+    ]
+    md = [f"# {title}", "", *(f"{line}  " for line in intro), "", *preamble]
+    body = [f"<h1>{html.escape(title)}</h1>"] + [f"<p>{html.escape(x)}</p>" for x in intro]
+    body += [_md_block_html(preamble)]
+    for sc in results["scenarios"]:
+        s = sc["scenario"]
+        cap = sc["capacity_target"]
+        desc = (
+            f"Workload {sc['workload']}, profile {s['profile']} ({s['engine']} engine), "
+            f"goodput SLO {s['slo']}, control interval {s['interval']}."
+        )
+        if cap:
+            bounds = ", ".join(f"{k} ≤ {v:g}" for k, v in cap["bounds"])
+            desc += (
+                f" Capacity: highest Poisson rate (req/s) with {bounds} and every request "
+                f"finished, {cap['num_requests']} requests per probe, bisection to "
+                f"{cap['rel_tol']:.0%}; (≥): never bracketed from above."
+            )
+        labels = results["controllers"]
+        (head, rows), (ghead, grows) = scenario_tables(sc, labels)
+        md += [f"## {sc['name']}", "", desc, "", _md_table(head, rows), ""]
+        body += [f"<h2>{html.escape(sc['name'])}</h2>", f"<p>{html.escape(desc)}</p>"]
+        body.append(_html_table(head, rows))
+        if grows and len(ghead) > 1:
+            md += ["Gains (mean over mean):", "", _md_table(ghead, grows), ""]
+            body += ["<p>Gains (mean over mean):</p>", _html_table(ghead, grows)]
+        if sc["best_static"]:
+            bs = sc["best_static"]
+            line = f"best-static: static:{bs['best']} maximised mean {bs['score']} over the grid"
+            md += [line + ".", ""]
+            body.append(f"<p>{html.escape(line)}.</p>")
+        for path in plot_scenario(sc, labels, out_dir, cap):
+            md += [f"![{path.stem}]({path.name})", ""]
+            data = base64.b64encode(path.read_bytes()).decode()
+            body.append(f'<img alt="{path.stem}" src="data:image/png;base64,{data}">')
+    (out_dir / "report.md").write_text("\n".join(md) + "\n")
+    style = (
+        "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
+        "table{border-collapse:collapse;margin:1em 0;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+        "td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block}"
+    )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n"
+    )
+    (out_dir / "report.html").write_text(page)
+    return out_dir / "report.md"
