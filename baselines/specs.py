@@ -98,11 +98,19 @@ ALG2_ARGS = {
     "chunk_delta": int,
 }
 
+
+def _policy(args: list[str]) -> Controller:
+    from batchpilot.agents.policy import load_policy  # lazy: agents depend on baselines
+
+    return load_policy(":".join(args))
+
+
 FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
     "static": _static,
     "alg1": _keyword_factory("alg1", MemoryAwareController, ALG1_ARGS),
     "alg2": _keyword_factory("alg2", SLAController, ALG2_ARGS),
     "oracle": _keyword_factory("oracle", OracleController, {"slack_blocks": int}),
+    "policy": _policy,
 }
 """Spec name -> factory taking the spec's ':'-separated arguments."""
 

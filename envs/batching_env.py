@@ -38,6 +38,42 @@ OBSERVATION_FIELDS = (
 """Names of the observation vector's entries, in order (see `BatchingEnv`)."""
 
 
+def observe(
+    t: Telemetry, *, b_max: int, max_model_len: int, engine_token_budget: int, slo: SLO
+) -> np.ndarray:
+    """The observation vector (`OBSERVATION_FIELDS`) for telemetry `t`; see `BatchingEnv`.
+
+    Pure, so that a deployed policy sees exactly what the environment showed it.
+    """
+    B = b_max
+    L = max_model_len
+    tpot = (slo.tpot_ms or 100.0) / 1e3
+    ttft = (slo.ttft_ms or 2000.0) / 1e3
+    mean_len = max(1.0, t.prompt_mean + t.output_mean)
+    per_step = t.interval_output_tokens / t.interval_iterations if t.interval_iterations else 0
+    obs = np.array(
+        [
+            t.kv_cache_usage,
+            t.num_requests_running / B,
+            t.num_requests_waiting / B,
+            t.num_decoding / B,
+            t.max_num_seqs / B,
+            t.recent_tbt_s / tpot,
+            t.recent_ttft_s / ttft,
+            per_step / B,
+            t.interval_preemptions / max(1, t.num_requests_running),
+            t.prompt_mean / L,
+            t.output_mean / L,
+            math.sqrt(max(0.0, t.prompt_var + t.output_var)) / L,
+            math.log1p(t.arrival_rate) / 5.0,
+            t.kv_capacity_tokens / mean_len / B,
+            t.max_num_batched_tokens / engine_token_budget,
+        ],
+        dtype=np.float64,
+    )
+    return np.clip(np.nan_to_num(obs, nan=0.0), 0.0, 10.0).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """How to draw an episode's workload: a source, an arrival process and randomisation.
@@ -263,33 +299,13 @@ class BatchingEnv(gym.Env):
         return b / profile.step(0, b, b * 512)
 
     def _observe(self, t: Telemetry) -> np.ndarray:
-        B = self._b_max
-        L = self._engine.max_model_len
-        tpot = (self.slo.tpot_ms or 100.0) / 1e3
-        ttft = (self.slo.ttft_ms or 2000.0) / 1e3
-        mean_len = max(1.0, t.prompt_mean + t.output_mean)
-        per_step = t.interval_output_tokens / t.interval_iterations if t.interval_iterations else 0
-        obs = np.array(
-            [
-                t.kv_cache_usage,
-                t.num_requests_running / B,
-                t.num_requests_waiting / B,
-                t.num_decoding / B,
-                t.max_num_seqs / B,
-                t.recent_tbt_s / tpot,
-                t.recent_ttft_s / ttft,
-                per_step / B,
-                t.interval_preemptions / max(1, t.num_requests_running),
-                t.prompt_mean / L,
-                t.output_mean / L,
-                math.sqrt(max(0.0, t.prompt_var + t.output_var)) / L,
-                math.log1p(t.arrival_rate) / 5.0,
-                t.kv_capacity_tokens / mean_len / B,
-                t.max_num_batched_tokens / self._engine.max_num_batched_tokens,
-            ],
-            dtype=np.float64,
+        return observe(
+            t,
+            b_max=self._b_max,
+            max_model_len=self._engine.max_model_len,
+            engine_token_budget=self._engine.max_num_batched_tokens,
+            slo=self.slo,
         )
-        return np.clip(np.nan_to_num(obs, nan=0.0), 0.0, 10.0).astype(np.float32)
 
     def _reward(self, t: Telemetry) -> tuple[float, dict[str, float]]:
         w = self.reward_weights

@@ -1,0 +1,291 @@
+"""The learned controller: config parsing, warm start, training, export and loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("onnxruntime")
+
+from batchpilot.agents.policy import (
+    PolicyController,
+    PolicyFileError,
+    load_policy,
+    sidecar_path,
+)
+from batchpilot.agents.residual import ResidualSpec
+from batchpilot.baselines.specs import make_controller
+from batchpilot.envs.controller import ControlInterval
+from batchpilot.envs.metrics import SLO
+from batchpilot.envs.profiles import get_profile
+from batchpilot.envs.run import run
+from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.workloads import make_workload
+from batchpilot.training.train import load_config
+
+SLO_SPEC = "ttft:2000,tpot:50"
+TINY = {
+    "batchpilot/Batching-v0": {
+        "algo": "ppo",
+        "seed": 3,
+        "n_envs": 1,
+        "n_timesteps": 256,
+        "normalize": True,
+        "residual": {"baseline": "alg1+alg2", "max_log2_step": 2.0, "hold": 4},
+        "env_kwargs": {
+            "profile": ["llama-7b-a100"],
+            "workload": [
+                {"source": "embedded:azure-conv", "arrival": "replay", "num_requests": 60}
+            ],
+            "slo": SLO_SPEC,
+            "control_interval_s": None,
+            "control_interval_iters": 1,
+        },
+        "eval": {
+            "freq": 128,
+            "profile": "llama-7b-a100",
+            "workload": {"source": "embedded:azure-conv", "arrival": "replay", "num_requests": 40},
+            "seeds": [7],
+        },
+        "checkpoint_freq": 128,
+        "n_steps": 64,
+        "batch_size": 32,
+        "n_epochs": 1,
+        "policy_kwargs": {"net_arch": [16, 16]},
+    }
+}
+
+
+def write_config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_metrics(controller, num_requests: int = 150, seed: int = 5) -> dict[str, float]:
+    profile = get_profile("llama-7b-a100")
+    w = make_workload(
+        "embedded:azure-conv",
+        "replay",
+        num_requests=num_requests,
+        seed=seed,
+        max_model_len=profile.max_model_len,
+        overlong="truncate",
+    )
+    engine = SimEngine(profile, slo=SLO.parse(SLO_SPEC))
+    return run(w, engine, controller, ControlInterval.parse("1it")).metrics()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("[1, 2]", "one top-level key"),
+        ("other/Env-v0: {}", "batchpilot trains on"),
+        ("batchpilot/Batching-v0: {algo: dqn}", "algo 'dqn'"),
+        ("batchpilot/Batching-v0: {n_timesteps: 0}", "n_timesteps must be >= 1"),
+        ("batchpilot/Batching-v0: {residual: {bogus: 1}}", "residual"),
+        ("batchpilot/Batching-v0: {residual: {hold: 0}}", "hold >= 1"),
+        ("batchpilot/Batching-v0: {env_kwargs: {action_mode: delta}}", "action_mode"),
+        ("batchpilot/Batching-v0: [unclosed", "not valid YAML"),
+    ],
+)
+def test_bad_config_is_named(tmp_path: Path, body: str, message: str) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=message):
+        load_config(path)
+
+
+def test_untrained_policy_is_exactly_the_baseline() -> None:
+    """Warm start: a zero residual reproduces alg1+alg2 decision for decision."""
+    zero = PolicyController(
+        lambda obs: np.zeros(1, np.float32), ResidualSpec(), SLO.parse(SLO_SPEC)
+    )
+    baseline = run_metrics(make_controller("alg1+alg2"))
+    policy = run_metrics(zero)
+    for key in ("output_throughput", "num_preemptions", "mean_kv_usage", "engine_iterations"):
+        assert policy[key] == pytest.approx(baseline[key], rel=1e-12), key
+
+
+def test_residual_action_scales_the_limit() -> None:
+    """a = +1 quadruples the baseline's limit (max_log2_step 2), changing the run."""
+    up = PolicyController(lambda obs: np.ones(1, np.float32), ResidualSpec(), SLO.parse(SLO_SPEC))
+    down = PolicyController(
+        lambda obs: -np.ones(1, np.float32), ResidualSpec(), SLO.parse(SLO_SPEC)
+    )
+    assert run_metrics(down)["p50_tpot_ms"] < run_metrics(up)["p50_tpot_ms"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from batchpilot.training.train import train
+
+    root = tmp_path_factory.mktemp("train")
+    config = write_config(root / "tiny.yml", TINY)
+    train(load_config(config), config, root / "run", resume=False, progress=False)
+    return root / "run"
+
+
+def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for name in ("best", "final"):
+        assert (trained_run / name / "model.zip").is_file()
+        assert (trained_run / name / "vecnormalize.pkl").is_file()
+    assert list((trained_run / "checkpoints").glob("ckpt_*_steps.zip"))
+    (events,) = list((trained_run / "tb").rglob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in (
+        "domain/goodput_tps",
+        "domain/limit_mean",
+        "eval/output_goodput",
+        "eval/alg1_goodput",
+        "eval/gain_vs_best_baseline",
+        "train/value_loss",
+    ):
+        assert tag in tags, tag
+    record = json.loads((trained_run / "best" / "eval.json").read_text())
+    assert set(record["baselines"]) == {"alg1", "alg2", "alg1+alg2"}
+
+
+def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from stable_baselines3 import PPO
+
+    from batchpilot.training.train import train
+
+    data = json.loads(json.dumps(TINY))
+    data["batchpilot/Batching-v0"]["n_timesteps"] = 384
+    config = write_config(tmp_path / "longer.yml", data)
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    train(load_config(config), config, run_dir, resume=True, progress=False)
+    assert PPO.load(run_dir / "final" / "model.zip").num_timesteps >= 384
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(load_config(config), config, run_dir, resume=False, progress=False)
+
+
+@pytest.fixture(scope="module")
+def exported(trained_run: Path) -> Path:
+    from batchpilot.agents.export import export
+
+    out = trained_run.parent / "policy.onnx"
+    export(trained_run, out, "final")
+    return out
+
+
+def test_onnx_matches_the_sb3_policy(trained_run: Path, exported: Path) -> None:
+    """The exported graph (normalisation included) acts as SB3's predict does."""
+    import pickle
+
+    import onnxruntime as ort
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    model = PPO.load(trained_run / "final" / "model.zip", device="cpu")
+    with (trained_run / "final" / "vecnormalize.pkl").open("rb") as f:
+        vn = pickle.load(f)
+    rng = np.random.default_rng(0)
+    obs = rng.uniform(0, 2, size=(64, model.observation_space.shape[0])).astype(np.float32)
+    expected = np.clip(model.predict(vn.normalize_obs(obs), deterministic=True)[0], -1, 1)
+    session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"observation": obs})[0]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert isinstance(vn, VecNormalize)
+
+
+def test_sidecar_describes_the_policy(exported: Path) -> None:
+    meta = json.loads(sidecar_path(exported).read_text())
+    assert meta["observation"][-2:] == ["alg1_limit_frac", "alg2_limit_frac"]
+    assert meta["slo"] == SLO_SPEC
+    assert meta["residual"]["hold"] == 4
+    assert meta["control_interval"] == "1it"
+    assert {"batchpilot", "stable_baselines3", "torch", "onnx"} <= set(meta["versions"])
+
+
+def test_policy_spec_runs_as_a_controller(exported: Path) -> None:
+    controller = make_controller(f"policy:{exported}")
+    m = run_metrics(controller, num_requests=60)
+    assert m["completed"] == 60
+
+
+def copy_policy(src: Path, dst_dir: Path) -> Path:
+    dst = dst_dir / "p.onnx"
+    dst.write_bytes(src.read_bytes())
+    sidecar_path(dst).write_text(sidecar_path(src).read_text())
+    return dst
+
+
+def edit_sidecar(path: Path, **changes) -> None:
+    meta = json.loads(sidecar_path(path).read_text()) | changes
+    sidecar_path(path).write_text(json.dumps(meta))
+
+
+def test_missing_policy_file(tmp_path: Path) -> None:
+    with pytest.raises(PolicyFileError, match="does not exist"):
+        load_policy(tmp_path / "nope.onnx")
+
+
+def test_tampered_onnx_is_refused(exported: Path, tmp_path: Path) -> None:
+    p = copy_policy(exported, tmp_path)
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+    with pytest.raises(PolicyFileError, match="sha256 does not match"):
+        load_policy(p)
+
+
+def test_corrupt_sidecar_is_refused(exported: Path, tmp_path: Path) -> None:
+    p = copy_policy(exported, tmp_path)
+    sidecar_path(p).write_text("{not json")
+    with pytest.raises(PolicyFileError, match="not valid JSON"):
+        load_policy(p)
+
+
+def test_other_version_is_refused(exported: Path, tmp_path: Path) -> None:
+    p = copy_policy(exported, tmp_path)
+    edit_sidecar(p, format_version=99)
+    with pytest.raises(PolicyFileError, match="format version 99"):
+        load_policy(p)
+
+
+def test_other_observation_layout_is_refused(exported: Path, tmp_path: Path) -> None:
+    p = copy_policy(exported, tmp_path)
+    meta = json.loads(sidecar_path(p).read_text())
+    edit_sidecar(p, observation=meta["observation"][1:])
+    with pytest.raises(PolicyFileError, match="observation layout"):
+        load_policy(p)
+
+
+def test_non_onnx_file_with_matching_checksum_is_refused(exported: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    p = copy_policy(exported, tmp_path)
+    p.write_bytes(b"not an onnx graph")
+    edit_sidecar(p, sha256=hashlib.sha256(b"not an onnx graph").hexdigest())
+    with pytest.raises(PolicyFileError, match="not a loadable ONNX model"):
+        load_policy(p)
+
+
+def test_cli_reports_bad_policy_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from batchpilot.training.cli import main
+
+    code = main(
+        [
+            "simulate",
+            "--controller",
+            f"policy:{tmp_path / 'x.onnx'}",
+            "--no-progress",
+            "--num-requests",
+            "5",
+        ]
+    )
+    assert code == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,35 @@
+"""Export a trained run's policy as ONNX with a JSON sidecar (observation layout,
+normalisation, action mapping, SLO and profile assumptions, versions, sha256). Load it
+anywhere a controller spec is taken as ``policy:PATH`` (onnxruntime only at serve time).
+
+examples:
+  batchpilot export runs/quick --out runs/quick/policy.onnx
+  batchpilot export runs/7b --checkpoint final --out policies/7b.onnx
+  batchpilot simulate --controller policy:runs/quick/policy.onnx
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, help="a `batchpilot train` run directory")
+    parser.add_argument("--out", type=Path, required=True, help="ONNX file to write")
+    parser.add_argument(
+        "--checkpoint",
+        choices=["best", "final"],
+        default="best",
+        help="best evaluation or last step. Default: %(default)s",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from batchpilot.agents.export import export
+    from batchpilot.agents.policy import load_policy, sidecar_path
+
+    sidecar = export(args.run_dir, args.out, args.checkpoint)
+    load_policy(args.out)  # the file just written must load as a controller
+    print(f"wrote {args.out} and {sidecar_path(args.out)} (sha256 {sidecar['sha256'][:12]}…)")
+    return 0

@@ -1,0 +1,39 @@
+"""Train a learned batch-size controller (PPO, a residual on Algorithms 1+2) from an
+rl-zoo3-style YAML config: parallel simulated envs, tensorboard logs (SB3's and
+domain/*, episode/*, eval/*), periodic evaluation against the baselines on a held-out
+workload keeping the best checkpoint in OUT/best, periodic checkpoints for --resume.
+
+examples:
+  batchpilot train --config training/configs/quick.yml --out runs/quick
+  batchpilot train --config training/configs/llama-7b.yml --out runs/7b --resume
+  tensorboard --logdir runs/7b/tb
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, required=True, help="YAML config (rl-zoo3 style)")
+    parser.add_argument("--out", type=Path, required=True, help="run directory")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in --out"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    import time
+
+    from batchpilot.training.train import load_config, train
+
+    if not args.config.is_file():
+        raise ValueError(f"config {args.config} does not exist")
+    cfg = load_config(args.config)
+    start = time.perf_counter()
+    best = train(cfg, args.config, args.out, resume=args.resume, progress=not args.no_progress)
+    print(f"trained {cfg.n_timesteps} steps in {time.perf_counter() - start:.0f} s; policy: {best}")
+    print(f"export it: batchpilot export {args.out} --out {args.out / 'policy.onnx'}")
+    return 0
