@@ -289,3 +289,30 @@ def test_cli_reports_bad_policy_cleanly(tmp_path: Path, capsys: pytest.CaptureFi
     )
     assert code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_quickstart_trains_exports_and_reports(tmp_path: Path) -> None:
+    """The main job end to end on a tiny config: the policy is a row of the report."""
+    from batchpilot.training.cli import main
+
+    config = write_config(tmp_path / "tiny.yml", TINY)
+    out = tmp_path / "qs"
+    argv = [
+        "quickstart",
+        "--config",
+        str(config),
+        "--workload",
+        "fixed:256:64@poisson:8",
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = json.dumps(results)
+    assert f"policy:{out / 'policy.onnx'}" in rows
+    assert "alg1+alg2" in rows
+    assert "policy:" in (out / "report.md").read_text()
+    assert (out / "run" / "best" / "model.zip").is_file()
