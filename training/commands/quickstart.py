@@ -2,9 +2,9 @@
 it, and compare it with static batching, best-static, Algorithms 1 and 2, their
 combination and the oracle (DIR/report.md, DIR/report.html, DIR/results.json).
 
-Runs on the simulated engine with no trace files and no GPU; about 10 minutes on 2 CPU
-cores. DIR/run holds the training run (tensorboard logs in DIR/run/tb), DIR/policy.onnx
-the exported policy.
+Runs on the simulated engine with no trace files and no GPU; 2-3 minutes on 2 CPU cores.
+DIR/run holds the training run (tensorboard logs in DIR/run/tb), DIR/policy.onnx the
+exported policy.
 
 examples:
   batchpilot quickstart --out out/quickstart
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workload",
         action="append",
         help="comparison workload SOURCE@ARRIVAL, repeatable. Default: the config's "
-        "evaluation workload and embedded:azure-code@replay (never seen in training)",
+        "evaluation workload and embedded:sharegpt@poisson:1.3 (never seen in training)",
     )
     parser.add_argument("--seeds", type=int, default=3, help="comparison seeds. Default: 3")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
         f"{ev['workload']['source']}@{ev['workload'].get('arrival', 'replay')}"
         if ev
         else "embedded:azure-conv@replay",
-        "embedded:azure-code@replay",
+        "embedded:sharegpt@poisson:1.3",
     ]
     profile = ev.get("profile") or cfg.env_kwargs.get("profile", ["llama-7b-a100"])[0]
     argv = [
