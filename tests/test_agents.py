@@ -316,3 +316,16 @@ def test_quickstart_trains_exports_and_reports(tmp_path: Path) -> None:
     assert "alg1+alg2" in rows
     assert "policy:" in (out / "report.md").read_text()
     assert (out / "run" / "best" / "model.zip").is_file()
+
+
+@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml"])
+def test_shipped_configs_build_their_envs(name: str) -> None:
+    from importlib.resources import files
+
+    from batchpilot.training.train import make_env
+
+    cfg = load_config(Path(str(files("batchpilot.training") / "configs" / name)))
+    env = make_env(cfg)
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    env.close()
