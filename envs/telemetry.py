@@ -133,9 +133,11 @@ class RunningStats:
 
 
 class ArrivalRate:
-    """Arrival rate over a sliding window of engine time."""
+    """Arrival rate over a sliding window of engine time (at least `min_span_s` long, so
+    a burst at start-up reads as a count per second, not a spike over microseconds)."""
 
     window_s = 30.0
+    min_span_s = 1.0
 
     def __init__(self) -> None:
         self._times: deque[float] = deque()
@@ -146,5 +148,4 @@ class ArrivalRate:
     def rate(self, now: float) -> float:
         while self._times and self._times[0] < now - self.window_s:
             self._times.popleft()
-        span = min(self.window_s, now) if now > 0 else 0.0
-        return len(self._times) / span if span > 0 else 0.0
+        return len(self._times) / min(self.window_s, max(now, self.min_span_s))

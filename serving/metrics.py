@@ -1,0 +1,65 @@
+"""Prometheus metrics of the controller's decisions, served beside vLLM's ``vllm:*``.
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (``batchpilot serve`` sets it), the values written in
+vLLM's engine-core process reach the API server's ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LIMIT = Gauge(
+    "batchpilot:max_num_seqs",
+    "Batch-size limit (max running requests) set by the controller for the next step.",
+    ["controller"],
+    multiprocess_mode="mostrecent",
+)
+_BUDGET = Gauge(
+    "batchpilot:max_num_batched_tokens",
+    "Per-step token budget set by the controller for the next step.",
+    ["controller"],
+    multiprocess_mode="mostrecent",
+)
+_DECISION = Histogram(
+    "batchpilot:decision_time_seconds",
+    "Time the controller took to decide one step's limits.",
+    ["controller"],
+    buckets=(1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2),
+)
+_FALLBACKS = Counter(
+    "batchpilot:controller_fallbacks",
+    "Times the controller failed and static batching took over.",
+    ["controller"],
+)
+
+
+class DecisionMetrics:
+    """The metrics' children for one controller name (one per name per process)."""
+
+    _cache: ClassVar[dict[str, DecisionMetrics]] = {}
+
+    def __init__(self, name: str) -> None:
+        self.limit = _LIMIT.labels(name)
+        self.budget = _BUDGET.labels(name)
+        self.decision = _DECISION.labels(name)
+        self.fallbacks = _FALLBACKS.labels(name)
+        self.decisions = 0
+        self.decision_s = 0.0
+
+    @classmethod
+    def get(cls, name: str) -> DecisionMetrics:
+        if name not in cls._cache:
+            cls._cache[name] = cls(name)
+        return cls._cache[name]
+
+    def record(self, max_num_seqs: int, max_num_batched_tokens: int, seconds: float) -> None:
+        self.limit.set(max_num_seqs)
+        self.budget.set(max_num_batched_tokens)
+        self.decision.observe(seconds)
+        self.decisions += 1
+        self.decision_s += seconds
+
+    def fell_back(self) -> None:
+        self.fallbacks.inc()

@@ -1,0 +1,221 @@
+"""Step-by-step bookkeeping inside vLLM's scheduler: per-request latencies and telemetry.
+
+`StepTracker` is fed by `BatchpilotScheduler` (request arrivals, each `schedule()` output,
+each `update_from_output()`), and turns what vLLM's own scheduler knows into the same
+`Telemetry` and `RequestRecord`s the simulator reports. Times are `time.monotonic()`
+seconds since `start()`.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from batchpilot.envs.metrics import SLO, RequestRecord
+from batchpilot.envs.telemetry import ArrivalRate, RunningStats, Telemetry
+
+LENGTH_PRIOR = (512.0, 512.0**2, 256.0, 256.0**2)
+"""(prompt mean, var, output mean, var) until requests arrive or finish, as the simulator."""
+
+
+@dataclass(slots=True)
+class _Track:
+    arrival_s: float
+    prompt_tokens: int
+    first_token_s: float = -1.0
+    last_token_s: float = -1.0
+    output_tokens: int = 0
+    preemptions: int = 0
+    recomputed: int = 0
+    max_itl_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Interval:
+    start_s: float
+    iterations: int = 0
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finished: int = 0
+    good_tokens: int = 0
+    decode_steps: int = 0
+    decode_seqs: int = 0
+    decode_time: float = 0.0
+    kv_time: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+
+
+class StepTracker:
+    """Per-request and per-interval accounting of a vLLM scheduler's steps."""
+
+    def __init__(self, slo: SLO | None = None) -> None:
+        self.slo = slo or SLO()
+        self.start()
+
+    def start(self) -> None:
+        """Forget everything; the engine clock restarts at 0."""
+        self.t0 = time.monotonic()
+        self.tracks: dict[str, _Track] = {}
+        self.records: list[RequestRecord] = []
+        self.itl = array("d")
+        self.iterations = 0
+        self.kv_integral = 0.0
+        self.prompt_stats = RunningStats(*LENGTH_PRIOR[:2])
+        self.output_stats = RunningStats(*LENGTH_PRIOR[2:])
+        self.arrivals = ArrivalRate()
+        self.interval = _Interval(0.0)
+        self.last_step = (0, 0, 0.0)
+        self.recent = (0.0, 0.0, 0.0)
+        self._step_start = 0.0
+        self._step_decode = 0
+        self.last_added = ""
+        """vLLM's internal id of the newest request (it appends a random suffix)."""
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # ------------------------------------------------------------------ hooks
+    def on_arrival(self, request_id: str, prompt_tokens: int) -> None:
+        now = self.now()
+        self.last_added = request_id
+        self.tracks[request_id] = _Track(now, prompt_tokens)
+        self.prompt_stats.add(prompt_tokens)
+        self.arrivals.add(now)
+
+    def on_schedule(self, out: Any, requests: dict[str, Any]) -> None:
+        """After `schedule()`: classify the step's tokens, count preemptions."""
+        self._step_start = self.now()
+        prefill = decode = 0
+        for rid, n in out.num_scheduled_tokens.items():
+            req = requests.get(rid)
+            if req is None:
+                continue
+            before = req.num_computed_tokens - n  # schedule() already advanced it
+            if n == 1 and req.num_output_tokens > 0 and before == req.num_tokens - 1:
+                decode += 1
+            else:
+                prefill += n
+        for rid in out.preempted_req_ids or ():
+            track, req = self.tracks.get(rid), requests.get(rid)
+            if track is not None:
+                track.preemptions += 1
+                track.recomputed += req.num_tokens if req is not None else track.prompt_tokens
+            self.interval.preemptions += 1
+        self.interval.prompt_tokens += prefill
+        self._step_decode = decode
+        self.last_step = (prefill, decode, 0.0)
+
+    def on_update(self, new_tokens: dict[str, int], finished: set[str], kv_usage: float) -> None:
+        """After `update_from_output()`: tokens produced per request, requests finished."""
+        now = self.now()
+        duration = max(0.0, now - self._step_start)
+        iv = self.interval
+        iv.iterations += 1
+        self.iterations += 1
+        iv.kv_time += kv_usage * duration
+        self.kv_integral += kv_usage * duration
+        prefill, decode, _ = self.last_step
+        self.last_step = (prefill, decode, duration)
+        if decode:
+            iv.decode_steps += 1
+            iv.decode_seqs += decode
+            iv.decode_time += duration
+        for rid, n in new_tokens.items():
+            track = self.tracks.get(rid)
+            if track is None or n <= 0:
+                continue
+            if track.first_token_s < 0:
+                track.first_token_s = now
+                iv.ttft.append(now - track.arrival_s)
+            elif track.last_token_s >= 0:
+                gap = now - track.last_token_s
+                self.itl.append(gap)
+                track.max_itl_s = max(track.max_itl_s, gap)
+            track.last_token_s = now
+            track.output_tokens += n
+            iv.output_tokens += n
+        for rid in finished:
+            track = self.tracks.pop(rid, None)
+            if track is None:
+                continue
+            rec = RequestRecord(
+                rid,
+                track.arrival_s,
+                track.prompt_tokens,
+                track.output_tokens,
+                track.first_token_s,
+                now,
+                track.preemptions,
+                track.recomputed,
+                track.max_itl_s,
+            )
+            self.records.append(rec)
+            self.output_stats.add(track.output_tokens)
+            iv.finished += 1
+            if self.slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s):
+                iv.good_tokens += track.output_tokens
+
+    # ------------------------------------------------------------------ reporting
+    def telemetry(
+        self, scheduler: Any, max_num_seqs: int, max_num_batched_tokens: int
+    ) -> Telemetry:
+        """The interval's telemetry from `scheduler`'s state; starts a new interval."""
+        iv = self.interval
+        now = self.now()
+        span = now - iv.start_s
+        tbt, batch, ttft = self.recent
+        if iv.decode_steps:
+            tbt, batch = iv.decode_time / iv.decode_steps, iv.decode_seqs / iv.decode_steps
+        if iv.ttft:
+            ttft = float(np.mean(iv.ttft))
+        self.recent = (tbt, batch, ttft)
+        pool = scheduler.kv_cache_manager.block_pool
+        total = pool.num_gpu_blocks
+        usage = float(scheduler.kv_cache_manager.usage)
+        running, waiting = scheduler.get_request_counts()
+        decoding = sum(
+            1
+            for r in scheduler.running
+            if r.num_output_tokens > 0 and r.num_computed_tokens >= r.num_prompt_tokens
+        )
+        prefill, decode, step_time = self.last_step
+        t = Telemetry(
+            time_s=now,
+            iteration=self.iterations,
+            kv_cache_usage=min(1.0, max(0.0, usage)),
+            num_free_blocks=pool.get_num_free_blocks(),
+            num_total_blocks=total,
+            block_size=scheduler.block_size,
+            num_requests_running=running,
+            num_requests_waiting=waiting,
+            num_decoding=decoding,
+            step_prefill_tokens=prefill,
+            step_decode_tokens=decode,
+            step_time_s=step_time,
+            interval_iterations=iv.iterations,
+            interval_s=span,
+            interval_preemptions=iv.preemptions,
+            interval_prompt_tokens=iv.prompt_tokens,
+            interval_output_tokens=iv.output_tokens,
+            interval_finished=iv.finished,
+            interval_good_output_tokens=iv.good_tokens,
+            interval_kv_usage_mean=iv.kv_time / span if span > 0 else usage,
+            recent_tbt_s=tbt,
+            recent_decode_batch=batch,
+            recent_ttft_s=ttft,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            prompt_mean=self.prompt_stats.mean,
+            prompt_var=self.prompt_stats.var,
+            output_mean=self.output_stats.mean,
+            output_var=self.output_stats.var,
+            num_output_samples=self.output_stats.n,
+            arrival_rate=self.arrivals.rate(now),
+        )
+        self.interval = _Interval(now)
+        return t

