@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,8 @@ import numpy as np
 from batchpilot.envs.metrics import SLO, RequestRecord
 from batchpilot.envs.telemetry import ArrivalRate, RunningStats, Telemetry
 
+STEP_LOG_LEN = 200_000
+"""Steps kept in `StepTracker.step_log` (calibration reads it)."""
 LENGTH_PRIOR = (512.0, 512.0**2, 256.0, 256.0**2)
 """(prompt mean, var, output mean, var) until requests arrive or finish, as the simulator."""
 
@@ -72,7 +75,9 @@ class StepTracker:
         self.last_step = (0, 0, 0.0)
         self.recent = (0.0, 0.0, 0.0)
         self._step_start = 0.0
-        self._step_decode = 0
+        self._step_kv = 0
+        self.step_log: deque[tuple[int, int, int, float]] = deque(maxlen=STEP_LOG_LEN)
+        """(prefill tokens, decode requests, KV tokens attended, seconds) of recent steps."""
         self.last_added = ""
         """vLLM's internal id of the newest request (it appends a random suffix)."""
 
@@ -90,7 +95,7 @@ class StepTracker:
     def on_schedule(self, out: Any, requests: dict[str, Any]) -> None:
         """After `schedule()`: classify the step's tokens, count preemptions."""
         self._step_start = self.now()
-        prefill = decode = 0
+        prefill = decode = kv = 0
         for rid, n in out.num_scheduled_tokens.items():
             req = requests.get(rid)
             if req is None:
@@ -100,6 +105,7 @@ class StepTracker:
                 decode += 1
             else:
                 prefill += n
+            kv += req.num_computed_tokens
         for rid in out.preempted_req_ids or ():
             track, req = self.tracks.get(rid), requests.get(rid)
             if track is not None:
@@ -107,7 +113,7 @@ class StepTracker:
                 track.recomputed += req.num_tokens if req is not None else track.prompt_tokens
             self.interval.preemptions += 1
         self.interval.prompt_tokens += prefill
-        self._step_decode = decode
+        self._step_kv = kv
         self.last_step = (prefill, decode, 0.0)
 
     def on_update(self, new_tokens: dict[str, int], finished: set[str], kv_usage: float) -> None:
@@ -121,6 +127,7 @@ class StepTracker:
         self.kv_integral += kv_usage * duration
         prefill, decode, _ = self.last_step
         self.last_step = (prefill, decode, duration)
+        self.step_log.append((prefill, decode, self._step_kv, duration))
         if decode:
             iv.decode_steps += 1
             iv.decode_seqs += decode

@@ -48,6 +48,8 @@ class Scenario:
     profile: str = "llama-7b-a100"
     engine: str = "sim"
     model: str | None = None
+    engine_args: tuple[tuple[str, Any], ...] = ()
+    """Keyword arguments of the real engine (`VLLMEngine`), e.g. num_gpu_blocks."""
     slo: str = "ttft:2000,tpot:50"
     """Goodput SLOs (``vllm bench serve --goodput``)."""
     interval: str = "1it"
@@ -115,7 +117,13 @@ class Task:
 def run_task(task: Task) -> dict[str, Any]:
     """Run one task (in a worker process); metrics, plus plot data when `detail`."""
     sc = task.scenario
-    engine = make_engine(sc.engine, profile=sc.profile, model=sc.model, slo=SLO.parse(sc.slo))
+    engine = make_engine(
+        sc.engine,
+        profile=sc.profile,
+        model=sc.model,
+        slo=SLO.parse(sc.slo),
+        engine_args=sc.engine_args,
+    )
     workload = make_workload(
         sc.source,
         task.arrival or sc.arrival,
@@ -346,7 +354,9 @@ def _resolve_best_static(
         return resolved, grids
     sizes = {}
     for sc in scenarios:
-        cap = make_engine(sc.engine, profile=sc.profile, model=sc.model, slo=SLO()).max_num_seqs
+        cap = make_engine(
+            sc.engine, profile=sc.profile, model=sc.model, slo=SLO(), engine_args=sc.engine_args
+        ).max_num_seqs
         sizes[sc.name] = [g for g in grid if g <= cap]
     calls = [
         (run_task, (Task(sc, f"static:{n}", s),))

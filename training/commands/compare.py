@@ -48,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     parser.add_argument("--model", help="model directory for --engine vllm")
     parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="real-engine setting, repeatable: num_gpu_blocks (KV pressure), max_num_seqs, "
+        "max_model_len, max_num_batched_tokens, time_scale",
+    )
+    parser.add_argument(
         "--profile", default="llama-7b-a100", help="sim engine profile. Default: %(default)s"
     )
     parser.add_argument(
@@ -84,6 +92,7 @@ def parse_workload(text: str) -> tuple[str, str]:
 
 def main(args: argparse.Namespace) -> int:
     from batchpilot.training.commands.common import write_json
+    from batchpilot.training.engines import parse_engine_args
     from batchpilot.training.evaluate import CapacityTarget, Scenario, evaluate
     from batchpilot.training.report import write_report
 
@@ -102,6 +111,7 @@ def main(args: argparse.Namespace) -> int:
                 profile=args.profile,
                 engine=args.engine,
                 model=args.model,
+                engine_args=parse_engine_args(args.engine_arg),
                 slo=args.slo,
                 interval=args.interval,
                 overlong=args.overlong,
