@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "export": "Export a trained policy as ONNX + JSON sidecar, loadable as policy:PATH.",
     "quickstart": "Main job: train a small policy on the embedded default, export, compare.",
     "serve": "Start vLLM's OpenAI server with a batchpilot controller inside its scheduler.",
+    "calibrate": "Fit the simulator's step-time model to a real vLLM engine; write a profile.",
 }
 """Subcommand -> one-line help. Each lives in `batchpilot.training.commands.<name>` with
 ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside ``main``."""
