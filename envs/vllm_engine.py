@@ -75,7 +75,7 @@ class VLLMEngine:
             scheduler_cls=SCHEDULER_CLS,
             async_scheduling=False,
             seed=seed,
-            **engine_args,
+            **{"disable_log_stats": True} | engine_args,  # batchpilot reports the stats
         )
         spec = os.environ.pop(CONTROLLER_ENV, None)  # this engine's caller is the controller
         try:
