@@ -235,6 +235,14 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def engine_label(scenario: dict[str, Any]) -> str:
+    """``profile NAME (sim engine)`` or ``model DIR (vllm engine, num_gpu_blocks=40)``."""
+    if scenario["engine"] == "sim":
+        return f"profile {scenario['profile']} (sim engine)"
+    args = ", ".join(f"{k}={v}" for k, v in scenario.get("engine_args") or ())
+    return f"model {scenario['model']} (vllm engine{', ' + args if args else ''})"
+
+
 def write_report(
     results: dict[str, Any],
     out_dir: Path,
@@ -261,7 +269,7 @@ def write_report(
         s = sc["scenario"]
         cap = sc["capacity_target"]
         desc = (
-            f"Workload {sc['workload']}, profile {s['profile']} ({s['engine']} engine), "
+            f"Workload {sc['workload']}, {engine_label(s)}, "
             f"goodput SLO {s['slo']}, control interval {s['interval']}."
         )
         if cap:
