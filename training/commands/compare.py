@@ -23,6 +23,9 @@ from pathlib import Path
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
 
 
+DEFAULT_WORKLOAD = "embedded:azure-conv@replay:0.7"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--controllers",
@@ -33,8 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         action="append",
-        help="SOURCE@ARRIVAL, repeatable; one table per workload. "
-        "Default: embedded:azure-conv@replay",
+        help="SOURCE@ARRIVAL, repeatable; one table per workload. Default: "
+        f"{DEFAULT_WORKLOAD} (Azure conversation at 0.7x its rate: near the 7B profile's "
+        "capacity, where the limit matters)",
     )
     parser.add_argument(
         "--num-requests", type=int, help="requests per run (default: whole trace, or 1000)"
@@ -100,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise ValueError("--seeds must be >= 1")
     scenarios = []
-    for text in args.workload or ["embedded:azure-conv@replay"]:
+    for text in args.workload or [DEFAULT_WORKLOAD]:
         source, arrival = parse_workload(text)
         scenarios.append(
             Scenario(

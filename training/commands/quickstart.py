@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     workloads = args.workload or [
         f"{ev['workload']['source']}@{ev['workload'].get('arrival', 'replay')}"
         if ev
-        else "embedded:azure-conv@replay",
+        else compare.DEFAULT_WORKLOAD,
         "embedded:sharegpt@poisson:1.3",
     ]
     profile = ev.get("profile") or cfg.env_kwargs.get("profile", ["llama-7b-a100"])[0]
