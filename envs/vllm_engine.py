@@ -85,6 +85,7 @@ class VLLMEngine:
                 os.environ[CONTROLLER_ENV] = spec
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.scheduler.tracker.slo = slo or SLO()
+        self.scheduler.tracker.keep_records = True
         self.slo = self.scheduler.tracker.slo
         self.time_scale = time_scale
         self.block_size = int(self.scheduler.block_size)

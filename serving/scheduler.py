@@ -145,6 +145,13 @@ class BatchpilotScheduler(Scheduler):
             self.tracker.on_arrival(request.request_id, request.num_prompt_tokens)
         super().add_request(request)
 
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        finished = super().finish_requests(request_ids, finished_status)
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        self.tracker.on_abort(None if request_ids is None else list(request_ids))
+        return finished
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self.controller is not None:
             self._decide()

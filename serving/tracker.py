@@ -56,8 +56,11 @@ class _Interval:
 class StepTracker:
     """Per-request and per-interval accounting of a vLLM scheduler's steps."""
 
-    def __init__(self, slo: SLO | None = None) -> None:
+    def __init__(self, slo: SLO | None = None, keep_records: bool = False) -> None:
         self.slo = slo or SLO()
+        self.keep_records = keep_records
+        """Keep every finished request's record and every ITL (a run's `RunResult`); off
+        in a long-running server, where they would grow without bound."""
         self.start()
 
     def start(self) -> None:
@@ -141,7 +144,8 @@ class StepTracker:
                 iv.ttft.append(now - track.arrival_s)
             elif track.last_token_s >= 0:
                 gap = now - track.last_token_s
-                self.itl.append(gap)
+                if self.keep_records:
+                    self.itl.append(gap)
                 track.max_itl_s = max(track.max_itl_s, gap)
             track.last_token_s = now
             track.output_tokens += n
@@ -161,11 +165,19 @@ class StepTracker:
                 track.recomputed,
                 track.max_itl_s,
             )
-            self.records.append(rec)
+            if self.keep_records:
+                self.records.append(rec)
             self.output_stats.add(track.output_tokens)
             iv.finished += 1
             if self.slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s):
                 iv.good_tokens += track.output_tokens
+
+    def on_abort(self, request_ids: list[str] | None) -> None:
+        """Requests finished from outside (client gone, abort): forget them; None: all."""
+        if request_ids is None:
+            self.tracks.clear()
+        for rid in request_ids or ():
+            self.tracks.pop(rid, None)
 
     # ------------------------------------------------------------------ reporting
     def telemetry(

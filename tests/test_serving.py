@@ -148,3 +148,21 @@ def test_nan_telemetry_is_a_controller_failure(llm, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(s.tracker, "telemetry", broken)
     serve(llm, 3)
     assert "recent_tbt_s" in s.fallback_reason
+
+
+def test_aborted_requests_are_forgotten(llm) -> None:
+    from vllm import SamplingParams
+
+    s = scheduler(llm)
+    s.set_controller("static:4")
+    params = SamplingParams(max_tokens=50, ignore_eos=True, detokenize=False)
+    ids = [f"abort-{i}" for i in range(3)]
+    for rid in ids:
+        llm.add_request(rid, {"prompt_token_ids": [1] * 32}, params)
+    llm.step()
+    assert len(s.tracker.tracks) == 3
+    llm.abort_request(ids)
+    while llm.has_unfinished_requests():
+        llm.step()
+    assert s.tracker.tracks == {}
+    assert s.tracker.records == [] and len(s.tracker.itl) == 0  # a server keeps no history
