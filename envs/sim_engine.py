@@ -29,8 +29,14 @@ import numpy as np
 from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO, RequestRecord
 from batchpilot.envs.profiles import EngineProfile
-from batchpilot.envs.telemetry import ArrivalRate, Limits, RunningStats, Telemetry
-from batchpilot.envs.workload import Request, Workload, WorkloadError
+from batchpilot.envs.telemetry import (
+    ArrivalRate,
+    IntervalTotals,
+    Limits,
+    RunningStats,
+    Telemetry,
+)
+from batchpilot.envs.workload import Request, Workload
 
 NULL_BLOCKS = 1
 """Blocks vLLM's block pool keeps back (its null block)."""
@@ -69,41 +75,6 @@ class _Req:
         self.recomputed = 0
 
 
-class _Interval:
-    """Accumulators over one control interval."""
-
-    __slots__ = (
-        "decode_seqs",
-        "decode_steps",
-        "decode_time",
-        "finished",
-        "good_tokens",
-        "iterations",
-        "kv_time",
-        "output_tokens",
-        "preemptions",
-        "prompt_tokens",
-        "start_s",
-        "ttft_n",
-        "ttft_sum",
-    )
-
-    def __init__(self, start_s: float) -> None:
-        self.start_s = start_s
-        self.iterations = 0
-        self.preemptions = 0
-        self.prompt_tokens = 0
-        self.output_tokens = 0
-        self.finished = 0
-        self.good_tokens = 0
-        self.decode_steps = 0
-        self.decode_seqs = 0
-        self.decode_time = 0.0
-        self.kv_time = 0.0
-        self.ttft_n = 0
-        self.ttft_sum = 0.0
-
-
 class SimEngine:
     """Simulated vLLM V1 engine for an `EngineProfile`.
 
@@ -133,19 +104,9 @@ class SimEngine:
 
     # ------------------------------------------------------------------ set-up
     def reset(self, workload: Workload, limits: Limits) -> Telemetry:
-        usable = (self.num_total_blocks - NULL_BLOCKS) * self.block_size
-        for r in workload.requests:
-            total = r.prompt_tokens + r.output_tokens
-            if total > self.max_model_len:
-                raise WorkloadError(
-                    f"{workload.name}: request {r.request_id} needs {total} tokens, over the "
-                    f"profile's max_model_len {self.max_model_len}; apply an overlong policy"
-                )
-            if total > usable:
-                raise WorkloadError(
-                    f"{workload.name}: request {r.request_id} needs {total} tokens of KV cache, "
-                    f"more than the engine's {usable}"
-                )
+        workload.check_fits(
+            self.max_model_len, (self.num_total_blocks - NULL_BLOCKS) * self.block_size
+        )
         self._workload = workload
         self._pending = deque(_Req(r) for r in workload.requests)
         self._waiting: deque[_Req] = deque()
@@ -166,7 +127,7 @@ class SimEngine:
         self._arrivals = ArrivalRate()
         self._last_step = (0, 0, 0.0)
         self._recent = (0.0, 0.0, 0.0)
-        self._interval = _Interval(0.0)
+        self._interval = IntervalTotals(0.0)
         self.set_limits(limits)
         self._admit_arrivals()
         return self._telemetry()
@@ -451,21 +412,15 @@ class SimEngine:
     def _telemetry(self) -> Telemetry:
         iv = self._interval
         now = self._clock
-        span = now - iv.start_s
-        tbt, batch, ttft = self._recent
-        if iv.decode_steps:
-            tbt = iv.decode_time / iv.decode_steps
-            batch = iv.decode_seqs / iv.decode_steps
-        if iv.ttft_n:
-            ttft = iv.ttft_sum / iv.ttft_n
-        self._recent = (tbt, batch, ttft)
+        tbt, batch, ttft = self._recent = iv.recent(self._recent)
         used = self.num_total_blocks - self._free
+        usage = used / self.num_total_blocks
         step_prefill, step_decode, step_time = self._last_step
         decoding = sum(1 for r in self._running if r.generated and r.computed >= r.prompt)
         t = Telemetry(
             time_s=now,
             iteration=self._iteration,
-            kv_cache_usage=used / self.num_total_blocks,
+            kv_cache_usage=usage,
             num_free_blocks=self._free,
             num_total_blocks=self.num_total_blocks,
             block_size=self.block_size,
@@ -475,14 +430,7 @@ class SimEngine:
             step_prefill_tokens=step_prefill,
             step_decode_tokens=step_decode,
             step_time_s=step_time,
-            interval_iterations=iv.iterations,
-            interval_s=span,
-            interval_preemptions=iv.preemptions,
-            interval_prompt_tokens=iv.prompt_tokens,
-            interval_output_tokens=iv.output_tokens,
-            interval_finished=iv.finished,
-            interval_good_output_tokens=iv.good_tokens,
-            interval_kv_usage_mean=iv.kv_time / span if span > 0 else used / self.num_total_blocks,
+            **iv.telemetry_fields(now, usage),
             recent_tbt_s=tbt,
             recent_decode_batch=batch,
             recent_ttft_s=ttft,
@@ -495,7 +443,7 @@ class SimEngine:
             num_output_samples=self._output_stats.n,
             arrival_rate=self._arrivals.rate(now),
         )
-        self._interval = _Interval(now)
+        self._interval = IntervalTotals(now)
         return t
 
     def result(self) -> RunResult:

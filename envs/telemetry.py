@@ -108,6 +108,50 @@ class Telemetry:
         return self
 
 
+@dataclass(slots=True)
+class IntervalTotals:
+    """An engine's running totals over one control interval (both engines keep one)."""
+
+    start_s: float
+    iterations: int = 0
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finished: int = 0
+    good_tokens: int = 0
+    decode_steps: int = 0
+    decode_seqs: int = 0
+    decode_time: float = 0.0
+    kv_time: float = 0.0
+    """KV usage integrated over the interval (fraction x seconds)."""
+    ttft_n: int = 0
+    ttft_sum: float = 0.0
+
+    def recent(self, last: tuple[float, float, float]) -> tuple[float, float, float]:
+        """(mean TBT, mean decode batch, mean TTFT) over the interval; `last`'s where none."""
+        tbt, batch, ttft = last
+        if self.decode_steps:
+            tbt = self.decode_time / self.decode_steps
+            batch = self.decode_seqs / self.decode_steps
+        if self.ttft_n:
+            ttft = self.ttft_sum / self.ttft_n
+        return tbt, batch, ttft
+
+    def telemetry_fields(self, now: float, kv_usage: float) -> dict[str, float | int]:
+        """The ``interval_*`` fields of `Telemetry` for an interval ending at `now`."""
+        span = now - self.start_s
+        return {
+            "interval_iterations": self.iterations,
+            "interval_s": span,
+            "interval_preemptions": self.preemptions,
+            "interval_prompt_tokens": self.prompt_tokens,
+            "interval_output_tokens": self.output_tokens,
+            "interval_finished": self.finished,
+            "interval_good_output_tokens": self.good_tokens,
+            "interval_kv_usage_mean": self.kv_time / span if span > 0 else kv_usage,
+        }
+
+
 class RunningStats:
     """Welford running mean and variance, starting from a prior until samples arrive."""
 

@@ -22,7 +22,7 @@ import numpy as np
 from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
-from batchpilot.envs.workload import Request, Workload, WorkloadError
+from batchpilot.envs.workload import Request, Workload
 
 SCHEDULER_CLS = "batchpilot.serving.scheduler.BatchpilotScheduler"
 
@@ -100,20 +100,14 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ Engine
     def reset(self, workload: Workload, limits: Limits) -> Telemetry:
-        for r in workload.requests:
-            total = r.prompt_tokens + r.output_tokens
-            if total > self.max_model_len:
-                raise WorkloadError(
-                    f"{workload.name}: request {r.request_id} needs {total} tokens, over the "
-                    f"engine's max_model_len {self.max_model_len}; apply an overlong policy"
-                )
+        workload.check_fits(self.max_model_len)
         unfinished = list(self.scheduler.requests)
         if unfinished:
             self.llm.abort_request(unfinished)
             while self.llm.has_unfinished_requests():
                 self.llm.step()
         self._runs += 1
-        self._pending = deque(sorted(workload.requests, key=lambda r: r.arrival_s))
+        self._pending = deque(workload.requests)  # sorted by arrival
         self.scheduler.tracker.start()
         self.set_limits(limits)
         self._admit()

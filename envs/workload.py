@@ -77,6 +77,22 @@ class Workload:
         """The first `n` requests by arrival."""
         return Workload(f"{self.name}[:{n}]", self.requests[:n], source=self.source)
 
+    def check_fits(self, max_model_len: int, kv_tokens: int | None = None) -> None:
+        """Raise `WorkloadError` for the first request longer than the engine's context
+        (or, given `kv_tokens`, than its whole KV cache)."""
+        for r in self.requests:
+            total = r.prompt_tokens + r.output_tokens
+            if total > max_model_len:
+                raise WorkloadError(
+                    f"{self.name}: request {r.request_id} needs {total} tokens, over the "
+                    f"engine's max_model_len {max_model_len}; apply an overlong policy"
+                )
+            if kv_tokens is not None and total > kv_tokens:
+                raise WorkloadError(
+                    f"{self.name}: request {r.request_id} needs {total} tokens of KV cache, "
+                    f"more than the engine's {kv_tokens}"
+                )
+
     def fit_context(self, max_model_len: int, policy: OverlongPolicy | str) -> Workload:
         """Apply `policy` to requests longer than `max_model_len` tokens in total."""
         policy = OverlongPolicy(policy)

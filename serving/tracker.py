@@ -11,13 +11,11 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from batchpilot.envs.metrics import SLO, RequestRecord
-from batchpilot.envs.telemetry import ArrivalRate, RunningStats, Telemetry
+from batchpilot.envs.telemetry import ArrivalRate, IntervalTotals, RunningStats, Telemetry
 
 STEP_LOG_LEN = 200_000
 """Steps kept in `StepTracker.step_log` (calibration reads it)."""
@@ -35,22 +33,6 @@ class _Track:
     preemptions: int = 0
     recomputed: int = 0
     max_itl_s: float = 0.0
-
-
-@dataclass(slots=True)
-class _Interval:
-    start_s: float
-    iterations: int = 0
-    preemptions: int = 0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    finished: int = 0
-    good_tokens: int = 0
-    decode_steps: int = 0
-    decode_seqs: int = 0
-    decode_time: float = 0.0
-    kv_time: float = 0.0
-    ttft: list[float] = field(default_factory=list)
 
 
 class StepTracker:
@@ -74,7 +56,7 @@ class StepTracker:
         self.prompt_stats = RunningStats(*LENGTH_PRIOR[:2])
         self.output_stats = RunningStats(*LENGTH_PRIOR[2:])
         self.arrivals = ArrivalRate()
-        self.interval = _Interval(0.0)
+        self.interval = IntervalTotals(0.0)
         self.last_step = (0, 0, 0.0)
         self.recent = (0.0, 0.0, 0.0)
         self._step_start = 0.0
@@ -141,7 +123,8 @@ class StepTracker:
                 continue
             if track.first_token_s < 0:
                 track.first_token_s = now
-                iv.ttft.append(now - track.arrival_s)
+                iv.ttft_n += 1
+                iv.ttft_sum += now - track.arrival_s
             elif track.last_token_s >= 0:
                 gap = now - track.last_token_s
                 if self.keep_records:
@@ -186,16 +169,9 @@ class StepTracker:
         """The interval's telemetry from `scheduler`'s state; starts a new interval."""
         iv = self.interval
         now = self.now()
-        span = now - iv.start_s
-        tbt, batch, ttft = self.recent
-        if iv.decode_steps:
-            tbt, batch = iv.decode_time / iv.decode_steps, iv.decode_seqs / iv.decode_steps
-        if iv.ttft:
-            ttft = float(np.mean(iv.ttft))
-        self.recent = (tbt, batch, ttft)
+        tbt, batch, ttft = self.recent = iv.recent(self.recent)
         pool = scheduler.kv_cache_manager.block_pool
-        total = pool.num_gpu_blocks
-        usage = float(scheduler.kv_cache_manager.usage)
+        usage = min(1.0, max(0.0, float(scheduler.kv_cache_manager.usage)))
         running, waiting = scheduler.get_request_counts()
         decoding = sum(
             1
@@ -206,9 +182,9 @@ class StepTracker:
         t = Telemetry(
             time_s=now,
             iteration=self.iterations,
-            kv_cache_usage=min(1.0, max(0.0, usage)),
+            kv_cache_usage=usage,
             num_free_blocks=pool.get_num_free_blocks(),
-            num_total_blocks=total,
+            num_total_blocks=pool.num_gpu_blocks,
             block_size=scheduler.block_size,
             num_requests_running=running,
             num_requests_waiting=waiting,
@@ -216,14 +192,7 @@ class StepTracker:
             step_prefill_tokens=prefill,
             step_decode_tokens=decode,
             step_time_s=step_time,
-            interval_iterations=iv.iterations,
-            interval_s=span,
-            interval_preemptions=iv.preemptions,
-            interval_prompt_tokens=iv.prompt_tokens,
-            interval_output_tokens=iv.output_tokens,
-            interval_finished=iv.finished,
-            interval_good_output_tokens=iv.good_tokens,
-            interval_kv_usage_mean=iv.kv_time / span if span > 0 else usage,
+            **iv.telemetry_fields(now, usage),
             recent_tbt_s=tbt,
             recent_decode_batch=batch,
             recent_ttft_s=ttft,
@@ -236,5 +205,5 @@ class StepTracker:
             num_output_samples=self.output_stats.n,
             arrival_rate=self.arrivals.rate(now),
         )
-        self.interval = _Interval(now)
+        self.interval = IntervalTotals(now)
         return t
