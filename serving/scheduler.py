@@ -103,12 +103,11 @@ class BatchpilotScheduler(Scheduler):
         self.max_num_scheduled_tokens = max(1, min(budget, self.cap_tokens))
 
     def _decide(self) -> None:
-        telemetry = self.tracker.telemetry(
-            self, self.max_num_active_reqs, self.max_num_scheduled_tokens
-        )
-        start = time.perf_counter()
-        try:
-            telemetry.validate()
+        try:  # any fault from here to the limits, the telemetry included: fall back
+            telemetry = self.tracker.telemetry(
+                self, self.max_num_active_reqs, self.max_num_scheduled_tokens
+            ).validate()
+            start = time.perf_counter()
             limits = self.controller.decide(telemetry)  # type: ignore[union-attr]
             elapsed = time.perf_counter() - start
             check_limits(limits)
@@ -118,7 +117,7 @@ class BatchpilotScheduler(Scheduler):
                     f"{SLOW_CALLS} decisions in a row over the {self.budget_s * 1e3:g} ms budget "
                     f"(last {elapsed * 1e3:.2f} ms)"
                 )
-        except Exception as exc:  # any controller fault: fall back, keep serving
+        except Exception as exc:  # keep serving
             self._fall_back(f"{type(exc).__name__}: {exc}")
             return
         self.set_limits(limits)
