@@ -164,3 +164,10 @@ def test_gymnasium_env_on_vllm_passes_the_checker(
         obs, _, terminated, _, _ = env.step(env.action_space.sample())
         assert env.observation_space.contains(obs)
     assert env.unwrapped.engine.result().metrics()["completed"] == 6
+
+
+def test_not_a_model_directory_is_named(tmp_path) -> None:
+    from batchpilot.envs.vllm_engine import make_vllm_engine
+
+    with pytest.raises(ValueError, match="not a model directory"):
+        make_vllm_engine(tmp_path)
