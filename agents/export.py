@@ -110,7 +110,8 @@ def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]
         },
         "action": {
             "output": "residual a in [-1, 1]",
-            "limit": "clip(round(min(baseline parts) * 2 ** (a * max_log2_step)), 1, max_num_seqs)",
+            "limit": "clip(min(round(min(baseline parts) * 2 ** (a * max_log2_step)), "
+            "cap_by part), 1, max_num_seqs)",
             "hold": "a is kept for `hold` decisions; the baselines decide at every one",
         },
         "residual": spec.to_dict(),

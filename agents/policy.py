@@ -24,7 +24,8 @@ from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 FORMAT = "batchpilot-policy"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the residual's limit is capped by `ResidualSpec.cap_by`."""
 
 Act = Callable[[np.ndarray], np.ndarray]
 """Raw observation (n,) float32 -> residual action (1,) in [-1, 1]."""

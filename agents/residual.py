@@ -4,7 +4,10 @@ The baselines (by default ``alg1+alg2``) decide at every engine decision as they
 alone; their recommendations are added to the observation (``<part>_limit_frac``, each
 part's limit / B) and the smallest of them is the action's zero point:
 
-    limit = clip(round(min(parts) * 2 ** (a * max_log2_step)), b_min, B),  a in [-1, 1]
+    limit = clip(min(round(min(parts) * 2 ** (a * max_log2_step)), cap), b_min, B)
+
+with a in [-1, 1] and cap the limit of the `cap_by` part (Algorithm 1's memory bound by
+default), so the policy never admits more than Algorithm 1 judges the KV cache can hold.
 
 The policy chooses `a` every `hold` decisions and keeps it in between, so a = 0 (an
 untrained policy, see `zero_action_head`) is exactly the baseline. `ResidualCore` is
@@ -36,6 +39,8 @@ class ResidualSpec:
     """a = +-1 multiplies the baseline's limit by 2 ** +-max_log2_step."""
     hold: int = 16
     """Engine decisions the policy's action is kept for (the baselines decide at each)."""
+    cap_by: str | None = "alg1"
+    """The part whose limit the policy may not exceed (None: no cap)."""
 
     def __post_init__(self) -> None:
         if self.max_log2_step <= 0 or self.hold < 1:
@@ -43,6 +48,9 @@ class ResidualSpec:
                 f"residual: need max_log2_step > 0 and hold >= 1, got {self.max_log2_step}, "
                 f"{self.hold}"
             )
+        names = [p.split(":")[0] for p in self.parts]
+        if self.cap_by is not None and self.cap_by not in names:
+            raise ValueError(f"residual: cap_by {self.cap_by!r} is not a part of {self.baseline!r}")
 
     @property
     def parts(self) -> list[str]:
@@ -64,6 +72,8 @@ class ResidualCore:
         self.spec = spec
         self.b_min = b_min
         self.controllers = [make_controller(p) for p in spec.parts]
+        names = [p.split(":")[0] for p in spec.parts]
+        self._cap = None if spec.cap_by is None else names.index(spec.cap_by)
         self.b_max = 1
         self.parts: list[int] = []
 
@@ -85,6 +95,8 @@ class ResidualCore:
         if not math.isfinite(a):
             raise ValueError(f"residual action is not finite: {action!r}")
         limit = round(min(self.parts) * 2.0 ** (a * self.spec.max_log2_step))
+        if self._cap is not None:
+            limit = min(limit, self.parts[self._cap])
         return int(min(self.b_max, max(self.b_min, limit)))
 
 

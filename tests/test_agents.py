@@ -329,3 +329,18 @@ def test_shipped_configs_build_their_envs(name: str) -> None:
     obs, _ = env.reset(seed=0)
     assert env.observation_space.contains(obs)
     env.close()
+
+
+def test_residual_never_exceeds_algorithm_1() -> None:
+    from batchpilot.agents.residual import ResidualCore
+
+    core = ResidualCore(ResidualSpec())
+    core.b_max, core.parts = 1024, [100, 50]  # alg1 says 100, alg2 says 50
+    assert core.limit(np.zeros(1)) == 50  # zero point: their min
+    assert core.limit(np.ones(1)) == 100  # x4 would be 200: capped by alg1
+    assert core.limit(-np.ones(1)) == 12
+    uncapped = ResidualCore(ResidualSpec(cap_by=None))
+    uncapped.b_max, uncapped.parts = 1024, [100, 50]
+    assert uncapped.limit(np.ones(1)) == 200
+    with pytest.raises(ValueError, match="cap_by 'alg3'"):
+        ResidualSpec(cap_by="alg3")
