@@ -2,7 +2,7 @@
 it, and compare it with static batching, best-static, Algorithms 1 and 2, their
 combination and the oracle (DIR/report.md, DIR/report.html, DIR/results.json).
 
-Runs on the simulated engine with no trace files and no GPU; 2-3 minutes on 2 CPU cores.
+Runs on the simulated engine with no trace files and no GPU; about 3 minutes on 2 CPU cores.
 DIR/run holds the training run (tensorboard logs in DIR/run/tb), DIR/policy.onnx the
 exported policy.
 
