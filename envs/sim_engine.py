@@ -30,6 +30,7 @@ from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO, RequestRecord
 from batchpilot.envs.profiles import EngineProfile
 from batchpilot.envs.telemetry import (
+    LENGTH_PRIOR,
     ArrivalRate,
     IntervalTotals,
     Limits,
@@ -88,7 +89,7 @@ class SimEngine:
         profile: EngineProfile,
         *,
         slo: SLO | None = None,
-        length_prior: tuple[float, float, float, float] = (512.0, 512.0**2, 256.0, 256.0**2),
+        length_prior: tuple[float, float, float, float] = LENGTH_PRIOR,
         fast_forward: bool = True,
     ) -> None:
         self.profile = profile

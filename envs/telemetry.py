@@ -10,6 +10,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, fields
 
+LENGTH_PRIOR = (512.0, 512.0**2, 256.0, 256.0**2)
+"""(prompt mean, prompt variance, output mean, output variance) an engine's workload
+estimates start from, until requests arrive or finish."""
+
 
 class TelemetryError(ValueError):
     """Telemetry with a missing, non-finite or out-of-range value."""

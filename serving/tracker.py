@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchpilot.envs.metrics import SLO, RequestRecord
-from batchpilot.envs.telemetry import ArrivalRate, IntervalTotals, RunningStats, Telemetry
+from batchpilot.envs.telemetry import (
+    LENGTH_PRIOR,
+    ArrivalRate,
+    IntervalTotals,
+    RunningStats,
+    Telemetry,
+)
 
 STEP_LOG_LEN = 200_000
 """Steps kept in `StepTracker.step_log` (calibration reads it)."""
-LENGTH_PRIOR = (512.0, 512.0**2, 256.0, 256.0**2)
-"""(prompt mean, var, output mean, var) until requests arrive or finish, as the simulator."""
 
 
 @dataclass(slots=True)
