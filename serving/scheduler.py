@@ -155,7 +155,7 @@ class BatchpilotScheduler(Scheduler):
         if self.controller is not None:
             self._decide()
         out = super().schedule(*args, **kwargs)
-        self.tracker.on_schedule(out, self.requests)
+        self.tracker.on_schedule(out, self.requests, float(self.kv_cache_manager.usage))
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:

@@ -57,6 +57,7 @@ class StepTracker:
         self.itl = array("d")
         self.iterations = 0
         self.kv_integral = 0.0
+        self._kv_last = (0.0, 0.0)
         self.prompt_stats = RunningStats(*LENGTH_PRIOR[:2])
         self.output_stats = RunningStats(*LENGTH_PRIOR[2:])
         self.arrivals = ArrivalRate()
@@ -81,9 +82,18 @@ class StepTracker:
         self.prompt_stats.add(prompt_tokens)
         self.arrivals.add(now)
 
-    def on_schedule(self, out: Any, requests: dict[str, Any]) -> None:
-        """After `schedule()`: classify the step's tokens, count preemptions."""
+    def _kv_mark(self, now: float, kv_usage: float) -> None:
+        """Integrate KV usage as a step function of time: the last value until `now`."""
+        t, usage = self._kv_last
+        self.kv_integral += usage * (now - t)
+        self.interval.kv_time += usage * (now - max(t, self.interval.start_s))
+        self._kv_last = (now, kv_usage)
+
+    def on_schedule(self, out: Any, requests: dict[str, Any], kv_usage: float) -> None:
+        """After `schedule()` (KV blocks allocated): classify the step's tokens, count
+        preemptions."""
         self._step_start = self.now()
+        self._kv_mark(self._step_start, kv_usage)
         prefill = decode = kv = 0
         for rid, n in out.num_scheduled_tokens.items():
             req = requests.get(rid)
@@ -112,8 +122,7 @@ class StepTracker:
         iv = self.interval
         iv.iterations += 1
         self.iterations += 1
-        iv.kv_time += kv_usage * duration
-        self.kv_integral += kv_usage * duration
+        self._kv_mark(now, kv_usage)
         prefill, decode, _ = self.last_step
         self.last_step = (prefill, decode, duration)
         self.step_log.append((prefill, decode, self._step_kv, duration))
@@ -176,6 +185,7 @@ class StepTracker:
         tbt, batch, ttft = self.recent = iv.recent(self.recent)
         pool = scheduler.kv_cache_manager.block_pool
         usage = min(1.0, max(0.0, float(scheduler.kv_cache_manager.usage)))
+        self._kv_mark(now, usage)
         running, waiting = scheduler.get_request_counts()
         decoding = sum(
             1
