@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchpilot.envs.metrics import SLO
 
 LENGTH_PRIOR = (512.0, 512.0**2, 256.0, 256.0**2)
 """(prompt mean, prompt variance, output mean, output variance) an engine's workload
@@ -95,6 +99,21 @@ class Telemetry:
     """Finished requests behind `output_mean`/`output_var` (0: the prior is used)."""
     arrival_rate: float
     """Arrivals per second over the last `ArrivalRate.window_s` of engine time."""
+    # what a learned controller sees (defaults: an engine that does not report them)
+    arrival_rate_short: float = 0.0
+    """Arrivals per second over the last `ArrivalRate.short_window_s` of engine time."""
+    oldest_waiting_age_s: float = 0.0
+    """Age of the request at the head of the waiting queue (0 if none waits)."""
+    waiting_prefill_tokens: int = 0
+    """Tokens the waiting requests still have to prefill (prompts, and recompute)."""
+    recent_tbt_p90_s: float = 0.0
+    """90th percentile of the last `StepTimes.maxlen` decode-step times."""
+    inflight_on_track_tokens: int = 0
+    """Output tokens generated so far by unfinished requests still on track for the SLO
+    (`on_track`): a gauge whose change, plus `interval_good_output_tokens`, is the
+    learned controller's dense goodput credit."""
+    interval_recomputed_tokens: int = 0
+    """Tokens whose KV was dropped by preemption in the interval (to be computed again)."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -130,6 +149,7 @@ class IntervalTotals:
     """KV usage integrated over the interval (fraction x seconds)."""
     ttft_n: int = 0
     ttft_sum: float = 0.0
+    recomputed_tokens: int = 0
 
     def recent(self, last: tuple[float, float, float]) -> tuple[float, float, float]:
         """(mean TBT, mean decode batch, mean TTFT) over the interval; `last`'s where none."""
@@ -153,6 +173,7 @@ class IntervalTotals:
             "interval_finished": self.finished,
             "interval_good_output_tokens": self.good_tokens,
             "interval_kv_usage_mean": self.kv_time / span if span > 0 else kv_usage,
+            "interval_recomputed_tokens": self.recomputed_tokens,
         }
 
 
@@ -185,6 +206,7 @@ class ArrivalRate:
     a burst at start-up reads as a count per second, not a spike over microseconds)."""
 
     window_s = 30.0
+    short_window_s = 5.0
     min_span_s = 1.0
 
     def __init__(self) -> None:
@@ -197,3 +219,52 @@ class ArrivalRate:
         while self._times and self._times[0] < now - self.window_s:
             self._times.popleft()
         return len(self._times) / min(self.window_s, max(now, self.min_span_s))
+
+    def short_rate(self, now: float) -> float:
+        """Arrivals per second over the last `short_window_s` (call after `rate`)."""
+        times, start, n = self._times, now - self.short_window_s, 0
+        for i in range(len(times) - 1, -1, -1):
+            if times[i] < start:
+                break
+            n += 1
+        return n / min(self.short_window_s, max(now, self.min_span_s))
+
+
+class StepTimes:
+    """The last `maxlen` decode-step times, for TBT quantiles."""
+
+    maxlen = 64
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque(maxlen=self.maxlen)
+
+    def add(self, seconds: float) -> None:
+        self._times.append(seconds)
+
+    def extend(self, seconds: list[float]) -> None:
+        self._times.extend(seconds[-self.maxlen :])
+
+    def p90(self) -> float:
+        if not self._times:
+            return 0.0
+        ordered = sorted(self._times)
+        return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def on_track(
+    slo: SLO, now: float, arrival: float, first_token: float, last_token: float, generated: int
+) -> bool:
+    """Whether an unfinished request can still meet `slo` as far as its latencies so far
+    show: TTFT met (or its deadline not passed yet), mean TPOT so far within target,
+    end-to-end deadline not passed."""
+    if slo.ttft_ms is not None:
+        ttft = (first_token if first_token >= 0 else now) - arrival
+        if ttft * 1e3 > slo.ttft_ms:
+            return False
+    if (
+        slo.tpot_ms is not None
+        and generated > 1
+        and (last_token - first_token) / (generated - 1) * 1e3 > slo.tpot_ms
+    ):
+        return False
+    return slo.e2el_ms is None or (now - arrival) * 1e3 <= slo.e2el_ms

@@ -20,7 +20,9 @@ from batchpilot.envs.telemetry import (
     ArrivalRate,
     IntervalTotals,
     RunningStats,
+    StepTimes,
     Telemetry,
+    on_track,
 )
 
 STEP_LOG_LEN = 200_000
@@ -61,6 +63,7 @@ class StepTracker:
         self.prompt_stats = RunningStats(*LENGTH_PRIOR[:2])
         self.output_stats = RunningStats(*LENGTH_PRIOR[2:])
         self.arrivals = ArrivalRate()
+        self.step_times = StepTimes()
         self.interval = IntervalTotals(0.0)
         self.last_step = (0, 0, 0.0)
         self.recent = (0.0, 0.0, 0.0)
@@ -109,7 +112,9 @@ class StepTracker:
             track, req = self.tracks.get(rid), requests.get(rid)
             if track is not None:
                 track.preemptions += 1
-                track.recomputed += req.num_tokens if req is not None else track.prompt_tokens
+                dropped = req.num_tokens if req is not None else track.prompt_tokens
+                track.recomputed += dropped
+                self.interval.recomputed_tokens += dropped
             self.interval.preemptions += 1
         self.interval.prompt_tokens += prefill
         self._step_kv = kv
@@ -130,6 +135,7 @@ class StepTracker:
             iv.decode_steps += 1
             iv.decode_seqs += decode
             iv.decode_time += duration
+            self.step_times.add(duration)
         for rid, n in new_tokens.items():
             track = self.tracks.get(rid)
             if track is None or n <= 0:
@@ -193,6 +199,20 @@ class StepTracker:
             if r.num_output_tokens > 0 and r.num_computed_tokens >= r.num_prompt_tokens
         )
         prefill, decode, step_time = self.last_step
+        tracks, slo = self.tracks, self.slo
+        on_track_tokens = sum(
+            k.output_tokens
+            for k in tracks.values()
+            if k.output_tokens
+            and on_track(slo, now, k.arrival_s, k.first_token_s, k.last_token_s, k.output_tokens)
+        )
+        oldest = now
+        pending_prefill = 0
+        for r in scheduler.waiting:
+            pending_prefill += r.num_tokens - r.num_computed_tokens
+            track = tracks.get(r.request_id)
+            if track is not None:
+                oldest = min(oldest, track.arrival_s)
         t = Telemetry(
             time_s=now,
             iteration=self.iterations,
@@ -218,6 +238,11 @@ class StepTracker:
             output_var=self.output_stats.var,
             num_output_samples=self.output_stats.n,
             arrival_rate=self.arrivals.rate(now),
+            arrival_rate_short=self.arrivals.short_rate(now),
+            oldest_waiting_age_s=now - oldest,
+            waiting_prefill_tokens=pending_prefill,
+            recent_tbt_p90_s=self.step_times.p90(),
+            inflight_on_track_tokens=on_track_tokens,
         )
         self.interval = IntervalTotals(now)
         return t
