@@ -35,7 +35,9 @@ from batchpilot.envs.telemetry import (
     IntervalTotals,
     Limits,
     RunningStats,
+    StepTimes,
     Telemetry,
+    on_track,
 )
 from batchpilot.envs.workload import Request, Workload
 
@@ -126,6 +128,8 @@ class SimEngine:
         self._prompt_stats = RunningStats(pm, pv)
         self._output_stats = RunningStats(om, ov)
         self._arrivals = ArrivalRate()
+        self._step_times = StepTimes()
+        self._waiting_tokens = 0
         self._last_step = (0, 0, 0.0)
         self._recent = (0.0, 0.0, 0.0)
         self._interval = IntervalTotals(0.0)
@@ -185,6 +189,7 @@ class SimEngine:
         while pending and pending[0].arrival <= clock:
             r = pending.popleft()
             self._waiting.append(r)
+            self._waiting_tokens += r.prompt
             self._prompt_stats.add(r.prompt)
             self._arrivals.add(r.arrival)
 
@@ -225,6 +230,7 @@ class SimEngine:
                 if need > self._free:
                     break
                 waiting.popleft()
+                self._waiting_tokens -= req.prompt + req.generated
                 self._free -= need
                 req.blocks = need
                 running.append(req)
@@ -269,11 +275,15 @@ class SimEngine:
         if finished:
             self._retire()
         self._last_step = (prefill, decode, dt)
+        if decode:
+            self._step_times.add(dt)
         self._account(dt, used * dt / self.num_total_blocks, decode, 1)
 
     def _preempt(self, req: _Req) -> None:
         self._free += req.blocks
         req.recomputed += req.computed
+        self._interval.recomputed_tokens += req.computed
+        self._waiting_tokens += req.prompt + req.generated
         req.blocks = 0
         req.computed = 0
         req.preemptions += 1
@@ -400,6 +410,7 @@ class SimEngine:
             req.max_itl = max(req.max_itl, first_gap, rest_max)
             req.last_token = end
         self._itl_chunks.append(durations)
+        self._step_times.extend(durations[-StepTimes.maxlen :].tolist())
         self._itl_weights.append(weights)
         self._clock = end
         self._interval.output_tokens += n * k
@@ -417,7 +428,19 @@ class SimEngine:
         used = self.num_total_blocks - self._free
         usage = used / self.num_total_blocks
         step_prefill, step_decode, step_time = self._last_step
-        decoding = sum(1 for r in self._running if r.generated and r.computed >= r.prompt)
+        decoding = on_track_tokens = 0
+        slo = self.slo
+        for r in self._running:
+            if r.generated:
+                decoding += r.computed >= r.prompt
+                if on_track(slo, now, r.arrival, r.first_token, r.last_token, r.generated):
+                    on_track_tokens += r.generated
+        for r in self._waiting:  # preempted requests are at the front
+            if not r.generated:
+                break
+            if on_track(slo, now, r.arrival, r.first_token, r.last_token, r.generated):
+                on_track_tokens += r.generated
+        waiting = self._waiting
         t = Telemetry(
             time_s=now,
             iteration=self._iteration,
@@ -443,6 +466,11 @@ class SimEngine:
             output_var=self._output_stats.var,
             num_output_samples=self._output_stats.n,
             arrival_rate=self._arrivals.rate(now),
+            arrival_rate_short=self._arrivals.short_rate(now),
+            oldest_waiting_age_s=now - waiting[0].arrival if waiting else 0.0,
+            waiting_prefill_tokens=self._waiting_tokens,
+            recent_tbt_p90_s=self._step_times.p90(),
+            inflight_on_track_tokens=on_track_tokens,
         )
         self._interval = IntervalTotals(now)
         return t
