@@ -21,8 +21,11 @@ KV usage and every token's inter-token latency are still accounted exactly.
 
 from __future__ import annotations
 
+import copy
 from array import array
 from collections import deque
+from collections.abc import Callable
+from operator import attrgetter
 
 import numpy as np
 
@@ -78,6 +81,17 @@ class _Req:
         self.recomputed = 0
 
 
+    def copy(self) -> _Req:
+        """An independent copy (every slot)."""
+        twin = _Req.__new__(_Req)
+        for name, value in zip(_Req.__slots__, _REQ_STATE(self), strict=True):
+            setattr(twin, name, value)
+        return twin
+
+
+_REQ_STATE = attrgetter(*_Req.__slots__)
+
+
 class SimEngine:
     """Simulated vLLM V1 engine for an `EngineProfile`.
 
@@ -111,7 +125,7 @@ class SimEngine:
             self.max_model_len, (self.num_total_blocks - NULL_BLOCKS) * self.block_size
         )
         self._workload = workload
-        self._pending = deque(_Req(r) for r in workload.requests)
+        self._pending = deque(workload.requests)  # immutable: forks share them
         self._waiting: deque[_Req] = deque()
         self._running: list[_Req] = []
         self._records: list[RequestRecord] = []
@@ -161,6 +175,39 @@ class SimEngine:
         """The same pairs for waiting requests, in admission order (clairvoyant, oracle only)."""
         return [(r.prompt + r.generated, r.output - r.generated) for r in self._waiting]
 
+    # ------------------------------------------------------------------ forking
+    def fork(self, *, history: bool = True) -> SimEngine:
+        """An independent copy whose future is identical to this engine's.
+
+        Continued with the same limits and `advance` calls, the copy produces the same
+        telemetry and result; continued otherwise, it leaves this engine untouched. Only
+        mutable state is copied: the workload, the profile and unadmitted requests are
+        shared, per-request scheduler state is copied slot by slot. With `history=False`
+        the copy starts with no finished-request records or latencies (its `result()`
+        covers only what happens after the fork), which makes a fork's cost independent
+        of how long the run has been going.
+        """
+        if self._workload is None:
+            raise RuntimeError("call reset(workload, limits) before fork()")
+        twins: dict[int, _Req] = {}
+
+        def twin(req: _Req) -> _Req:
+            copy = twins.get(id(req))
+            if copy is None:
+                copy = twins[id(req)] = req.copy()
+            return copy
+
+        other = SimEngine.__new__(SimEngine)
+        state = other.__dict__
+        for key, value in self.__dict__.items():
+            state[key] = _copy_state(value, twin)
+        if not history:
+            state["_records"] = []
+            state["_itl_single"] = array("d")
+            state["_itl_chunks"] = []
+            state["_itl_weights"] = []
+        return other
+
     # ------------------------------------------------------------------ running
     def advance(self, max_iterations: int | None = None, until_s: float | None = None) -> Telemetry:
         if self._workload is None:
@@ -173,7 +220,7 @@ class SimEngine:
                 break
             self._admit_arrivals()
             if not self._running and not self._waiting:
-                nxt = self._pending[0].arrival
+                nxt = self._pending[0].arrival_s
                 if until_s is not None and nxt >= until_s:
                     self._clock = until_s
                     break
@@ -186,8 +233,8 @@ class SimEngine:
 
     def _admit_arrivals(self) -> None:
         pending, clock = self._pending, self._clock
-        while pending and pending[0].arrival <= clock:
-            r = pending.popleft()
+        while pending and pending[0].arrival_s <= clock:
+            r = _Req(pending.popleft())
             self._waiting.append(r)
             self._waiting_tokens += r.prompt
             self._prompt_stats.add(r.prompt)
@@ -361,7 +408,7 @@ class SimEngine:
         ends = self._clock + np.cumsum(durations)
         bound = until_s
         if admission_open and self._pending:
-            nxt = self._pending[0].arrival
+            nxt = self._pending[0].arrival_s
             bound = nxt if bound is None else min(bound, nxt)
         if bound is not None:
             k = min(k, int(np.searchsorted(ends, bound, side="left")) + 1)
@@ -490,3 +537,32 @@ class SimEngine:
             slo=self.slo,
             unfinished=len(self._pending) + len(self._waiting) + len(self._running),
         )
+
+_SHARED = (int, float, bool, str, bytes, type(None), tuple, frozenset)
+_SHARED_OBJECTS = (*_SHARED, EngineProfile, SLO, Workload)
+
+
+def _copy_state(value: object, twin: Callable[[_Req], _Req]) -> object:
+    """A copy of one `SimEngine` attribute for `SimEngine.fork`.
+
+    Immutable values and the shared inputs (profile, SLO, workload) are shared; containers
+    of per-request state get per-request copies (`twin` keeps one copy per request, so a
+    request in two containers stays one object); anything else is deep-copied, so state
+    added to the engine later is never shared by mistake (only slower to fork).
+    """
+    if isinstance(value, _SHARED_OBJECTS):
+        return value
+    if isinstance(value, list | deque):
+        if value and isinstance(value[0], _Req):
+            return type(value)(map(twin, value))
+        if not value or isinstance(value[0], (*_SHARED, RequestRecord, Request, np.ndarray)):
+            return type(value)(value)  # shallow: the items are never mutated in place
+    if isinstance(value, array):
+        return array(value.typecode, value)
+    if isinstance(value, IntervalTotals | RunningStats):
+        return copy.copy(value)
+    if isinstance(value, ArrivalRate):
+        rate = copy.copy(value)
+        rate._times = deque(value._times)
+        return rate
+    return copy.deepcopy(value)

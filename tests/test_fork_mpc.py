@@ -1,0 +1,109 @@
+"""SimEngine.fork and the lookahead oracle `mpc`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from batchpilot.envs.metrics import SLO
+from batchpilot.envs.profiles import get_profile
+from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.workloads import make_workload
+
+SLO_ = SLO(ttft_ms=2000, tpot_ms=50)
+
+
+def tight_engine(fast: bool = True) -> SimEngine:
+    """The 7B profile with a KV cache small enough that large batches preempt."""
+    profile = dataclasses.replace(get_profile("llama-7b-a100"), num_gpu_blocks=500)
+    return SimEngine(profile, slo=SLO_, fast_forward=fast)
+
+
+def bursty(n: int = 250, seed: int = 3):
+    return make_workload(
+        "embedded:azure-conv", "gamma:6:3", num_requests=n, seed=seed, max_model_len=4096,
+        overlong="truncate",
+    )
+
+
+SCHEDULE = [(64, None), (8, 512), (200, 2048), (32, None), (128, 256)]
+"""(max_num_seqs, max_num_batched_tokens) cycled through by `drive`."""
+
+
+def drive(engine: SimEngine, steps: int, start: int = 0) -> list[Telemetry]:
+    """Alternate limits and advance calls of both kinds (iterations and engine seconds)."""
+    out = []
+    for i in range(start, start + steps):
+        seqs, tokens = SCHEDULE[i % len(SCHEDULE)]
+        engine.set_limits(Limits(seqs, tokens))
+        if i % 2:
+            out.append(engine.advance(max_iterations=7))
+        else:
+            out.append(engine.advance(until_s=engine.clock_s + 0.4))
+        if engine.done:
+            break
+    return out
+
+
+def finish(engine: SimEngine, limits: Limits) -> list[Telemetry]:
+    engine.set_limits(limits)
+    out = []
+    while not engine.done:
+        out.append(engine.advance(max_iterations=5))
+    return out
+
+
+def same_result(a: SimEngine, b: SimEngine) -> None:
+    ra, rb = a.result(), b.result()
+    assert ra.records == rb.records
+    np.testing.assert_array_equal(ra.itl_s, rb.itl_s)
+    assert ra.metrics() == rb.metrics()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fork_continued_alike_reproduces_the_original(fast: bool) -> None:
+    workload = bursty()
+    engine = tight_engine(fast)
+    engine.reset(workload, Limits(256))
+    drive(engine, 40)
+    assert engine.result().records and not engine.done
+    twin = engine.fork()
+    assert drive(twin, 30, start=40) == drive(engine, 30, start=40)
+    assert finish(twin, Limits(96)) == finish(engine, Limits(96))
+    same_result(twin, engine)
+    assert engine.result().metrics()["num_preemptions"] > 0  # the case exercises preemption
+
+
+def test_fork_continued_otherwise_leaves_the_original_untouched() -> None:
+    workload = bursty()
+    reference, engine = tight_engine(), tight_engine()
+    for e in (reference, engine):
+        e.reset(workload, Limits(256))
+        drive(e, 40)
+    for seqs in (1, 512):
+        other = engine.fork()
+        finish(other, Limits(seqs, 64 if seqs == 1 else None))
+        assert other.result().metrics() != reference.result().metrics()
+    assert drive(engine, 30, start=40) == drive(reference, 30, start=40)
+    assert finish(engine, Limits(96)) == finish(reference, Limits(96))
+    same_result(engine, reference)
+
+
+def test_fork_without_history_reports_only_what_follows() -> None:
+    engine = tight_engine()
+    engine.reset(bursty(), Limits(256))
+    drive(engine, 40)
+    before = len(engine.result().records)
+    light = engine.fork(history=False)
+    assert light.result().records == []
+    finish(light, Limits(128))
+    finish(engine, Limits(128))
+    assert light.result().records == engine.result().records[before:]
+
+
+def test_fork_needs_a_reset_engine() -> None:
+    with pytest.raises(RuntimeError, match="reset"):
+        tight_engine().fork()
