@@ -11,7 +11,9 @@ class StaticController:
 
     def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int | None = None) -> None:
         self.limits = Limits(max_num_seqs, max_num_batched_tokens)
-        self.name = f"static:{max_num_seqs}"
+        self.name = f"static:{max_num_seqs}" + (
+            f":{max_num_batched_tokens}" if max_num_batched_tokens else ""
+        )
 
     def reset(self, engine: Engine) -> None:
         """Nothing to reset: a static limit has no state."""

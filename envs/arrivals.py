@@ -2,12 +2,16 @@
 
 Specs (as on the CLI): ``all-at-once`` (every request at t=0, the paper's Table I),
 ``poisson:RATE`` (req/s), ``gamma:RATE:CV`` (bursty when CV > 1), ``replay`` or
-``replay:SCALE`` (the trace's own timestamps, SCALE times the rate).
+``replay:SCALE`` (the trace's own timestamps, SCALE times the rate), and two Poisson
+processes whose rate shifts within a run: ``steps:R0@0,R1@T1,...`` (rate R0 req/s from
+t=0, R1 from T1 seconds, ...) and ``ramp:R0:R1[:SECONDS]`` (linear from R0 to R1 over
+SECONDS, by default over the whole run's expected span, then R1).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,10 +24,16 @@ class ArrivalSpecError(ValueError):
 class Arrival:
     """A parsed arrival process."""
 
-    kind: str  # "all-at-once" | "poisson" | "gamma" | "replay"
+    kind: str  # "all-at-once" | "poisson" | "gamma" | "replay" | "steps" | "ramp"
     rate: float = 0.0
     cv: float = 1.0
     scale: float = 1.0
+    steps: tuple[tuple[float, float], ...] = ()
+    """steps: (start s, rate) pairs, the first starting at 0."""
+    rate_end: float = 0.0
+    """ramp: the final rate (`rate` is the first)."""
+    ramp_s: float | None = None
+    """ramp: its duration (None: the run's expected span)."""
 
     @classmethod
     def parse(cls, spec: str) -> Arrival:
@@ -41,7 +51,7 @@ class Arrival:
                 raise ArrivalSpecError(f"arrival {spec!r}: {what} must be > 0, got {text}")
             return value
 
-        expected = {"all-at-once": 0, "poisson": 1, "gamma": 2}
+        expected = {"all-at-once": 0, "poisson": 1, "gamma": 2, "steps": 1}
         if name in expected and len(args) != expected[name]:
             raise ArrivalSpecError(
                 f"arrival {spec!r}: {name} takes {expected[name]} argument(s), got {len(args)}"
@@ -52,13 +62,34 @@ class Arrival:
             return cls("poisson", rate=number(args[0], "rate"))
         if name == "gamma":
             return cls("gamma", rate=number(args[0], "rate"), cv=number(args[1], "CV"))
+        if name == "steps":
+            return cls("steps", steps=_parse_steps(spec, args[0], number))
+        if name == "ramp":
+            if len(args) not in (2, 3):
+                raise ArrivalSpecError(f"arrival {spec!r}: use ramp:R0:R1 or ramp:R0:R1:SECONDS")
+            return cls(
+                "ramp",
+                rate=number(args[0], "rate"),
+                rate_end=number(args[1], "rate"),
+                ramp_s=number(args[2], "duration") if len(args) == 3 else None,
+            )
         if name == "replay":
             if len(args) > 1:
                 raise ArrivalSpecError(f"arrival {spec!r}: replay takes at most one SCALE")
             return cls("replay", scale=number(args[0], "scale") if args else 1.0)
         raise ArrivalSpecError(
             f"arrival {spec!r}: unknown process {name!r}; use all-at-once, poisson:RATE, "
-            "gamma:RATE:CV or replay[:SCALE]"
+            "gamma:RATE:CV, steps:R0@0,R1@T1,..., ramp:R0:R1[:SECONDS] or replay[:SCALE]"
+        )
+
+    def scaled(self, factor: float) -> Arrival:
+        """The same process with every rate multiplied by `factor`."""
+        return replace(
+            self,
+            rate=self.rate * factor,
+            rate_end=self.rate_end * factor,
+            scale=self.scale * factor,
+            steps=tuple((t, r * factor) for t, r in self.steps),
         )
 
     def times(
@@ -75,6 +106,9 @@ class Arrival:
                 )
             t = np.asarray(trace_times[:n], dtype=np.float64)
             return (t - t[0]) / self.scale
+        if self.kind in ("steps", "ramp"):  # time-rescaled unit-rate Poisson process
+            work = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0, size=max(0, n - 1)))))
+            return self._invert_intensity(work[:n], n)
         if self.kind == "poisson":
             gaps = rng.exponential(1.0 / self.rate, size=n)
         else:  # gamma: shape k = 1/CV^2, mean gap 1/rate
@@ -82,3 +116,36 @@ class Arrival:
             gaps = rng.gamma(shape, 1.0 / (self.rate * shape), size=n)
         t = np.cumsum(gaps)
         return t - t[0]
+
+    def _invert_intensity(self, work: np.ndarray, n: int) -> np.ndarray:
+        """Times t with cumulative intensity Lambda(t) = `work` (steps and ramp)."""
+        if self.kind == "steps":
+            starts = np.array([t for t, _ in self.steps])
+            rates = np.array([r for _, r in self.steps])
+            cum = np.concatenate(([0.0], np.cumsum(np.diff(starts) * rates[:-1])))
+            k = np.searchsorted(cum, work, side="right") - 1
+            return starts[k] + (work - cum[k]) / rates[k]
+        r0, r1 = self.rate, self.rate_end
+        span = self.ramp_s if self.ramp_s is not None else 2.0 * n / (r0 + r1)
+        a = (r1 - r0) / (2.0 * span)  # Lambda(t) = r0 t + a t^2 up to `span`
+        total = (r0 + r1) / 2.0 * span
+        inside = 2.0 * work / (r0 + np.sqrt(r0 * r0 + 4.0 * a * np.minimum(work, total)))
+        return np.where(work <= total, inside, span + (work - total) / r1)
+
+
+def _parse_steps(
+    spec: str, text: str, number: Callable[[str, str], float]
+) -> tuple[tuple[float, float], ...]:
+    """``R0@0,R1@T1,...`` -> ((0, R0), (T1, R1), ...), starts increasing from 0."""
+    out: list[tuple[float, float]] = []
+    for part in text.split(","):
+        rate, sep, start = part.partition("@")
+        if not sep:
+            raise ArrivalSpecError(f"arrival {spec!r}: {part!r} is not RATE@START_S")
+        t = 0.0 if start.strip() in ("0", "0.0") else number(start, "start")
+        if out and t <= out[-1][0]:
+            raise ArrivalSpecError(f"arrival {spec!r}: step starts must increase, got {part!r}")
+        out.append((t, number(rate, "rate")))
+    if out[0][0] != 0.0:
+        raise ArrivalSpecError(f"arrival {spec!r}: the first step must start at 0")
+    return tuple(out)

@@ -11,6 +11,8 @@ from batchpilot.envs.workload import OverlongPolicy, Request, Workload, Workload
 
 FIXED_PREFIX = "fixed:"
 """``fixed:PROMPT:OUTPUT``: every request has these lengths (the paper's 128/128 setting)."""
+MIX_PREFIX = "mix:"
+"""``mix:NAME=W,NAME=W``: each request's lengths from embedded table NAME with weight W."""
 DEFAULT_SOURCE = "embedded:azure-conv"
 """The workload used when none is given: Azure 2023 conversation lengths, no file needed."""
 
@@ -40,6 +42,18 @@ def make_workload(
         prompt, output = np.full(n, prompt_len), np.full(n, output_len)
         times = process.times(n, rng)
         label = f"{prompt_len}/{output_len} tokens ({process_label(process)})"
+    elif source.startswith(MIX_PREFIX):
+        n = num_requests or 1000
+        names, weights = mix_components(source)
+        pick = rng.choice(len(names), size=n, p=weights)
+        prompt, output = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
+        for i, name in enumerate(names):
+            rows = pick == i
+            prompt[rows], output[rows] = embedded_lengths(name).sample(int(rows.sum()), rng)
+        if process.kind == "replay":
+            raise WorkloadError(f"workload {source!r}: a mix has no timestamps to replay")
+        times = process.times(n, rng)
+        label = f"{source.removeprefix(MIX_PREFIX)} ({process_label(process)})"
     elif source.startswith(EMBEDDED_PREFIX):
         name = source.removeprefix(EMBEDDED_PREFIX)
         n = num_requests or 1000
@@ -80,6 +94,23 @@ def fixed_lengths(source: str) -> tuple[int, int]:
     return prompt, output
 
 
+def mix_components(source: str) -> tuple[list[str], np.ndarray]:
+    """Table names and normalised weights of a ``mix:NAME=W,...`` source."""
+    names, weights = [], []
+    for part in source.removeprefix(MIX_PREFIX).split(","):
+        name, _, text = part.partition("=")
+        try:
+            weight = float(text)
+        except ValueError:
+            weight = -1.0
+        if not np.isfinite(weight) or weight <= 0:
+            raise WorkloadError(f"workload {source!r}: {part!r} is not NAME=WEIGHT (weight > 0)")
+        embedded_lengths(name)  # names the known tables if unknown
+        names.append(name)
+        weights.append(weight)
+    return names, np.asarray(weights) / sum(weights)
+
+
 def process_label(process: Arrival) -> str:
     """Short human label for an arrival process."""
     if process.kind == "poisson":
@@ -88,14 +119,21 @@ def process_label(process: Arrival) -> str:
         return f"gamma {process.rate:g}/s cv {process.cv:g}"
     if process.kind == "replay":
         return "replay" if process.scale == 1.0 else f"replay x{process.scale:g}"
+    if process.kind == "steps":
+        return "steps " + ", ".join(f"{r:g}/s from {t:g}s" for t, r in process.steps)
+    if process.kind == "ramp":
+        over = "" if process.ramp_s is None else f" over {process.ramp_s:g}s"
+        return f"ramp {process.rate:g}->{process.rate_end:g}/s{over}"
     return "all at once"
 
 
 __all__ = [
     "DEFAULT_SOURCE",
     "FIXED_PREFIX",
+    "MIX_PREFIX",
     "embedded_names",
     "fixed_lengths",
     "make_workload",
+    "mix_components",
     "process_label",
 ]
