@@ -14,6 +14,10 @@ One iteration follows vLLM V1's scheduler:
 A request that completes its prompt (or its recompute) samples a token in that step.
 Lowering `max_num_seqs` below the running count preempts nothing: the batch drains.
 
+With ``scheduler="v0"`` an iteration follows vLLM V0's default scheduler instead (the one
+the batching paper measured): whole-prompt prefills of waiting requests if any can be
+admitted, decodes stalled; otherwise one decode of every running request (`_step_v0`).
+
 Runs of identical pure-decode iterations (no admission possible, no finish, no block
 shortage, no control boundary) are advanced in closed form: each iteration's step time,
 KV usage and every token's inter-token latency are still accounted exactly.
@@ -25,6 +29,7 @@ import copy
 from array import array
 from collections import deque
 from collections.abc import Callable
+from itertools import pairwise
 from operator import attrgetter
 
 import numpy as np
@@ -46,6 +51,14 @@ from batchpilot.envs.workload import Request, Workload
 
 NULL_BLOCKS = 1
 """Blocks vLLM's block pool keeps back (its null block)."""
+SCHEDULERS = ("v1", "v0")
+"""`v1`: vLLM V1's scheduler (chunked prefill mixed with decodes); `v0`: vLLM V0's default."""
+V0_WATERMARK = 0.01
+"""Fraction of KV blocks V0's block manager keeps free when admitting a prompt."""
+
+
+def _arrival(req: _Req) -> float:
+    return req.arrival
 
 
 class _Req:
@@ -80,7 +93,6 @@ class _Req:
         self.preemptions = 0
         self.recomputed = 0
 
-
     def copy(self) -> _Req:
         """An independent copy (every slot)."""
         twin = _Req.__new__(_Req)
@@ -107,11 +119,16 @@ class SimEngine:
         slo: SLO | None = None,
         length_prior: tuple[float, float, float, float] = LENGTH_PRIOR,
         fast_forward: bool = True,
+        scheduler: str = "v1",
     ) -> None:
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         self.profile = profile
         self.slo = slo or SLO()
         self.length_prior = length_prior
         self.fast_forward = fast_forward
+        self.scheduler = scheduler
+        self._watermark = int(V0_WATERMARK * profile.num_gpu_blocks) if scheduler == "v0" else 0
         self.block_size = profile.block_size
         self.num_total_blocks = profile.num_gpu_blocks
         self.max_model_len = profile.max_model_len
@@ -122,7 +139,8 @@ class SimEngine:
     # ------------------------------------------------------------------ set-up
     def reset(self, workload: Workload, limits: Limits) -> Telemetry:
         workload.check_fits(
-            self.max_model_len, (self.num_total_blocks - NULL_BLOCKS) * self.block_size
+            self.max_model_len,
+            (self.num_total_blocks - NULL_BLOCKS - self._watermark) * self.block_size,
         )
         self._workload = workload
         self._pending = deque(workload.requests)  # immutable: forks share them
@@ -228,7 +246,7 @@ class SimEngine:
                 continue
             left = None if stop_iter is None else stop_iter - self._iteration
             if not (self.fast_forward and self._decode_run(left, until_s)):
-                self._step()
+                self._step_v0() if self.scheduler == "v0" else self._step()
         return self._telemetry()
 
     def _admit_arrivals(self) -> None:
@@ -283,7 +301,65 @@ class SimEngine:
                 running.append(req)
                 scheduled.append((req, n))
                 budget -= n
+        self._execute(scheduled, preempted)
 
+    def _step_v0(self) -> None:
+        """One vLLM V0 iteration (no chunked prefill): prefill or decode, never both.
+
+        Waiting requests are admitted first-come first-served while fewer than
+        `max_num_seqs` run, their whole prompts (prompt and output so far, after a
+        preemption) fit the token budget and their blocks leave V0's watermark free; a
+        prompt longer than the budget runs alone (V0 itself requires the engine's budget
+        to cover `max_model_len`; only a controller's lower budget gets here). If none is
+        admitted, every running request decodes, oldest arrival first; when a block is
+        missing, the latest-arrived running request is preempted by recompute.
+        """
+        running, waiting = self._running, self._waiting
+        scheduled: list[tuple[_Req, int]] = []
+        preempted = 0
+        budget = self._budget
+        while waiting and len(running) < self._limit:
+            req = waiting[0]
+            n = req.prompt + req.generated
+            if (scheduled and n > budget) or not self._v0_fits(req):
+                break
+            waiting.popleft()
+            need = -(-n // self.block_size)
+            self._free -= need
+            req.blocks = need
+            running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+        if scheduled:
+            if any(a.arrival > b.arrival for a, b in pairwise(running)):
+                running.sort(key=_arrival)  # V0 orders the running queue by arrival (FCFS)
+        else:
+            i = 0
+            while i < len(running):
+                req = running[i]
+                need = -(-(req.computed + 1) // self.block_size) - req.blocks
+                while need > self._free:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted += 1
+                    if victim is req:
+                        break
+                else:
+                    self._free -= need
+                    req.blocks += need
+                    scheduled.append((req, 1))
+                    i += 1
+                    continue
+                break
+        self._execute(scheduled, preempted)
+
+    def _v0_fits(self, req: _Req) -> bool:
+        """Whether V0 can allocate `req`'s whole prompt and keep its watermark free."""
+        need = -(-(req.prompt + req.generated) // self.block_size)
+        return self._free - need >= self._watermark
+
+    def _execute(self, scheduled: list[tuple[_Req, int]], preempted: int) -> None:
+        """Run one iteration of `scheduled` (request, tokens) pairs and account for it."""
         prefill = decode = kv = 0
         for req, n in scheduled:
             if n == 1 and req.computed == req.prompt + req.generated - 1 and req.generated:
@@ -386,9 +462,15 @@ class SimEngine:
         """Advance k > 1 identical pure-decode iterations in closed form; False if none apply."""
         running = self._running
         n = len(running)
-        admission_open = n < self._limit and self._budget > n
-        if n == 0 or self._budget < n or (self._waiting and admission_open):
-            return False  # nothing to run, decodes cut by the budget, or an admission due
+        if self.scheduler == "v0":
+            # V0 decodes the whole batch; FCFS: a blocked head keeps later arrivals waiting
+            if n == 0 or (self._waiting and n < self._limit and self._v0_fits(self._waiting[0])):
+                return False  # a prefill step is due
+            admission_open = n < self._limit and not self._waiting
+        else:
+            admission_open = n < self._limit and self._budget > n
+            if n == 0 or self._budget < n or (self._waiting and admission_open):
+                return False  # nothing to run, decodes cut by the budget, or an admission due
         first_finish = 1 << 62  # iterations until the first running request finishes
         for req in running:
             if req.computed != req.prompt + req.generated - 1 or not req.generated:
@@ -537,6 +619,7 @@ class SimEngine:
             slo=self.slo,
             unfinished=len(self._pending) + len(self._waiting) + len(self._running),
         )
+
 
 _SHARED = (int, float, bool, str, bytes, type(None), tuple, frozenset)
 _SHARED_OBJECTS = (*_SHARED, EngineProfile, SLO, Workload)

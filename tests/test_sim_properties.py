@@ -36,13 +36,16 @@ def _timed_profile(blocks: int, budget: int) -> EngineProfile:
     )
 
 
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
 @settings(max_examples=60, deadline=None)
 @given(requests, limits, st.integers(20, 60), st.sampled_from([1, 3]))
-def test_blocks_bounded_and_every_request_finishes_once(reqs, lims, blocks, per) -> None:
+def test_blocks_bounded_and_every_request_finishes_once(
+    scheduler, reqs, lims, blocks, per
+) -> None:
     work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
     results = []
     for fast in (True, False):
-        engine = SimEngine(_timed_profile(blocks, budget=32), fast_forward=fast)
+        engine = SimEngine(_timed_profile(blocks, budget=32), fast_forward=fast, scheduler=scheduler)
         t = engine.reset(work, Limits(8))
         i = 0
         while not engine.done:
@@ -68,11 +71,12 @@ def test_blocks_bounded_and_every_request_finishes_once(reqs, lims, blocks, per)
     assert fast == pytest.approx(slow, rel=1e-9)  # closed-form decode runs change nothing
 
 
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
 @settings(max_examples=40, deadline=None)
 @given(requests, st.integers(1, 6))
-def test_running_never_exceeds_a_fixed_cap(reqs, cap) -> None:
+def test_running_never_exceeds_a_fixed_cap(scheduler, reqs, cap) -> None:
     work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
-    engine = SimEngine(unit_profile(num_gpu_blocks=200))
+    engine = SimEngine(unit_profile(num_gpu_blocks=200), scheduler=scheduler)
     engine.reset(work, Limits(cap))
     while not engine.done:
         assert engine.advance(max_iterations=1).num_requests_running <= cap
