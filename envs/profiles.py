@@ -25,28 +25,16 @@ notes, with coefficients `batchpilot calibrate` fitted to that engine.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+
+from batchpilot.envs.step_models import LinearStepModel, StepModel, step_model_from_dict
 
 GIB = 1024**3
 
 
-@dataclass(frozen=True)
-class StepTimeModel:
-    """Linear step-time model (seconds)."""
-
-    base_s: float
-    prefill_token_s: float
-    decode_seq_s: float
-    kv_token_s: float
-
-    def __call__(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
-        return (
-            self.base_s
-            + self.prefill_token_s * prefill_tokens
-            + self.decode_seq_s * decode_seqs
-            + self.kv_token_s * kv_tokens
-        )
+StepTimeModel = LinearStepModel
+"""The linear model under its older name (`calibrate` fits it)."""
 
 
 @dataclass(frozen=True)
@@ -62,28 +50,28 @@ class EngineProfile:
     """The engine's creation-time cap: controllers' limits are clamped to it."""
     max_num_batched_tokens: int
     """Default per-step token budget."""
-    step: StepTimeModel
+    step: StepModel
 
     @property
     def kv_capacity_tokens(self) -> int:
         return self.num_gpu_blocks * self.block_size
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["step"] = self.step.to_dict()
+        return json.dumps(data, indent=2)
 
     @classmethod
     def from_dict(cls, data: dict, origin: str = "profile") -> EngineProfile:
         try:
-            step = StepTimeModel(**data["step"])
-            fields = {k: v for k, v in data.items() if k != "step"}
-            profile = cls(step=step, **fields)
+            step = step_model_from_dict(data["step"], origin)
+            rest = {k: v for k, v in data.items() if k != "step"}
+            profile = cls(step=step, **rest)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{origin}: not an engine profile ({exc})") from None
         for key in ("block_size", "num_gpu_blocks", "max_model_len", "max_num_seqs"):
             if int(getattr(profile, key)) < 1:
                 raise ValueError(f"{origin}: {key} must be >= 1")
-        if min(asdict(step).values()) < 0:
-            raise ValueError(f"{origin}: step-time coefficients must be >= 0")
         return profile
 
 
@@ -156,7 +144,7 @@ def roofline_profile(
 
 
 def _named(profile: EngineProfile, name: str) -> EngineProfile:
-    return EngineProfile(**{**asdict(profile), "name": name, "step": profile.step})
+    return replace(profile, name=name)
 
 
 LLAMA_7B = ModelShape("Llama-2-7B (16k context)", 6.74e9, 32, 32, 128, 16384)

@@ -18,9 +18,15 @@ With ``scheduler="v0"`` an iteration follows vLLM V0's default scheduler instead
 the batching paper measured): whole-prompt prefills of waiting requests if any can be
 admitted, decodes stalled; otherwise one decode of every running request (`_step_v0`).
 
+Step time comes from the profile's step-time model (`batchpilot.envs.step_models`): the
+linear model or the measured tabular one, given each step's prefill requests, tokens,
+contexts and chunk x context work, and its decode requests and KV tokens.
+
 Runs of identical pure-decode iterations (no admission possible, no finish, no block
-shortage, no control boundary) are advanced in closed form: each iteration's step time,
-KV usage and every token's inter-token latency are still accounted exactly.
+shortage, no control boundary) are advanced in closed form: the step-time model's
+`decode_run` gives each iteration's time with the same floating-point operations as one
+step, the clock is summed in step order, and KV usage and every token's inter-token
+latency are still accounted exactly.
 """
 
 from __future__ import annotations
@@ -194,6 +200,11 @@ class SimEngine:
         return [(r.prompt + r.generated, r.output - r.generated) for r in self._waiting]
 
     # ------------------------------------------------------------------ forking
+    def unfinished_requests(self) -> list[tuple[float, float, int]]:
+        """(arrival s, first token s or -1, output tokens) of each admitted unfinished
+        request, running then waiting. Clairvoyant (true output lengths): for `mpc`."""
+        return [(r.arrival, r.first_token, r.output) for r in (*self._running, *self._waiting)]
+
     def fork(self, *, history: bool = True) -> SimEngine:
         """An independent copy whose future is identical to this engine's.
 
@@ -360,14 +371,20 @@ class SimEngine:
 
     def _execute(self, scheduled: list[tuple[_Req, int]], preempted: int) -> None:
         """Run one iteration of `scheduled` (request, tokens) pairs and account for it."""
-        prefill = decode = kv = 0
+        prefill_seqs = prefill = prefill_kv = prefill_attn = decode = decode_kv = 0
         for req, n in scheduled:
+            context = req.computed + n
             if n == 1 and req.computed == req.prompt + req.generated - 1 and req.generated:
                 decode += 1
+                decode_kv += context
             else:
+                prefill_seqs += 1
                 prefill += n
-            kv += req.computed + n
-        dt = self.profile.step(prefill, decode, kv)
+                prefill_kv += context
+                prefill_attn += n * context
+        dt = self.profile.step.time(
+            prefill_seqs, prefill, prefill_kv, prefill_attn, decode, decode_kv
+        )
         self._clock += dt
         now = self._clock
         iv = self._interval
@@ -484,10 +501,9 @@ class SimEngine:
         bs = self.block_size
         tokens = np.fromiter((r.prompt + r.generated for r in running), np.int64, n)
         blocks = np.fromiter((r.blocks for r in running), np.int64, n)
-        step = self.profile.step
-        d1 = step(0, n, int(tokens.sum()))
-        durations = d1 + step.kv_token_s * n * np.arange(k)
-        ends = self._clock + np.cumsum(durations)
+        durations = self.profile.step.decode_run(n, int(tokens.sum()), k)
+        # the clock summed in step order, as `_step` sums it: bit-identical end times
+        ends = np.cumsum(np.concatenate(([self._clock], durations)))[1:]
         bound = until_s
         if admission_open and self._pending:
             nxt = self._pending[0].arrival_s
@@ -642,10 +658,10 @@ def _copy_state(value: object, twin: Callable[[_Req], _Req]) -> object:
             return type(value)(value)  # shallow: the items are never mutated in place
     if isinstance(value, array):
         return array(value.typecode, value)
-    if isinstance(value, IntervalTotals | RunningStats):
-        return copy.copy(value)
-    if isinstance(value, ArrivalRate):
-        rate = copy.copy(value)
-        rate._times = deque(value._times)
-        return rate
+    if isinstance(value, IntervalTotals | RunningStats | ArrivalRate | StepTimes):
+        twin = copy.copy(value)  # scalars, and deques copied below
+        for key, item in getattr(twin, "__dict__", {}).items():
+            if isinstance(item, deque):
+                setattr(twin, key, item.copy())
+        return twin
     return copy.deepcopy(value)

@@ -37,8 +37,8 @@ def test_kv_capacity_follows_vllms_arithmetic() -> None:
 def test_shipped_profiles_are_sane() -> None:
     for p in PROFILES.values():
         assert p.kv_capacity_tokens >= p.max_model_len
-        assert p.step(0, 1, 100) < p.step(0, 64, 100) < p.step(0, 64, 100_000)
-        assert p.step(512, 0, 512) > p.step(0, 1, 512)
+        assert p.step.decode_time(1, 100) < p.step.decode_time(64, 100) < p.step.decode_time(64, 100_000)
+        assert p.step.prefill_time(512) > p.step.decode_time(1, 512)
 
 
 def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     bad = json.loads(path.read_text())
     bad["step"]["kv_token_s"] = -1
     path.write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match="coefficients must be >= 0"):
+    with pytest.raises(ValueError, match=r"step.kv_token_s must be a number >= 0"):
         get_profile(str(path))
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):

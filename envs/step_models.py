@@ -1,0 +1,258 @@
+"""Step-time models: what one engine iteration costs, given what the scheduler put in it.
+
+The simulator describes a step by six counts (`StepModel.time`'s arguments):
+
+- ``prefill_seqs``: requests given a prefill chunk (new, partial or recomputed prompts);
+- ``prefill_tokens``: tokens in those chunks;
+- ``prefill_kv``: their contexts after the step, summed (the KV entries they attend to);
+- ``prefill_attn``: the prefill attention work, sum over chunks of chunk x context;
+- ``decode_seqs``: requests decoding one token;
+- ``decode_kv``: their contexts (KV tokens read), summed.
+
+Two models implement it:
+
+- `LinearStepModel` (``kind: linear``): ``t = base + c_p P + c_d D + c_kv K`` with K all
+  contexts; what `batchpilot calibrate` fits and the CPU profile uses.
+- `TableStepModel` (``kind: table``): measured and non-linear, built by
+  `batchpilot.envs.profile_tables` from per-operator GPU profiles: the step's token count
+  through a table (linear layers, all-reduce, embedding: flat until the weights stop
+  dominating, then growing), the sampled requests through a second (the LM head), an
+  attention cost linear in prefill tokens, chunk x context and decode KV tokens, and
+  explicit per-step and per-request CPU overheads.
+
+Both are linear in ``decode_kv`` as the last term, so `decode_run` evaluates a run of
+pure-decode steps (batch fixed, context growing by the batch each step) with the same
+floating-point operations as one `time` call per step: the simulator's closed-form decode
+runs give bit-identical step times.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from bisect import bisect_right
+from dataclasses import dataclass, field, fields
+from itertools import pairwise
+
+import numpy as np
+
+
+class StepModel(ABC):
+    """The interface the simulator calls."""
+
+    kind: str = ""
+
+    @abstractmethod
+    def base_time(
+        self,
+        prefill_seqs: int,
+        prefill_tokens: int,
+        prefill_kv: int,
+        prefill_attn: int,
+        decode_seqs: int,
+    ) -> float:
+        """Everything but the decode-KV term."""
+
+    @property
+    @abstractmethod
+    def decode_kv_s(self) -> float:
+        """Seconds per decode KV token read (the last, linear term)."""
+
+    def time(
+        self,
+        prefill_seqs: int,
+        prefill_tokens: int,
+        prefill_kv: int,
+        prefill_attn: int,
+        decode_seqs: int,
+        decode_kv: int,
+    ) -> float:
+        """Seconds for one step."""
+        base = self.base_time(prefill_seqs, prefill_tokens, prefill_kv, prefill_attn, decode_seqs)
+        return base + self.decode_kv_s * decode_kv
+
+    def decode_time(self, decode_seqs: int, decode_kv: int) -> float:
+        """Seconds for a pure-decode step."""
+        return self.time(0, 0, 0, 0, decode_seqs, decode_kv)
+
+    def prefill_time(self, prompt_tokens: int) -> float:
+        """Seconds for one request's whole prompt in one chunk (nothing else in the step)."""
+        p = prompt_tokens
+        return self.time(1, p, p, p * p, 0, 0)
+
+    def decode_run(self, decode_seqs: int, decode_kv: int, iterations: int) -> np.ndarray:
+        """Step times of `iterations` pure-decode steps of `decode_seqs` requests whose
+        contexts sum to `decode_kv` in the first and grow by `decode_seqs` each step;
+        element i equals ``time(0, 0, 0, 0, decode_seqs, decode_kv + decode_seqs * i)``."""
+        kv = decode_kv + decode_seqs * np.arange(iterations, dtype=np.int64)
+        return self.base_time(0, 0, 0, 0, decode_seqs) + self.decode_kv_s * kv.astype(np.float64)
+
+    @abstractmethod
+    def to_dict(self) -> dict:
+        """JSON-ready form, with ``kind``."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for listings."""
+
+
+@dataclass(frozen=True)
+class LinearStepModel(StepModel):
+    """``t = base_s + prefill_token_s P + decode_seq_s D + kv_token_s K`` (seconds),
+    K = all contexts in the step (prefill and decode)."""
+
+    base_s: float
+    prefill_token_s: float
+    decode_seq_s: float
+    kv_token_s: float
+    kind = "linear"
+
+    def base_time(self, prefill_seqs, prefill_tokens, prefill_kv, prefill_attn, decode_seqs):
+        return (
+            self.base_s
+            + self.prefill_token_s * prefill_tokens
+            + self.decode_seq_s * decode_seqs
+            + self.kv_token_s * prefill_kv
+        )
+
+    @property
+    def decode_kv_s(self) -> float:
+        return self.kv_token_s
+
+    def __call__(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+        """The fitted form: P prefill tokens, D decode requests, K contexts in all."""
+        return (
+            self.base_s
+            + self.prefill_token_s * prefill_tokens
+            + self.decode_seq_s * decode_seqs
+            + self.kv_token_s * kv_tokens
+        )
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    def describe(self) -> str:
+        return "linear"
+
+    def validate(self, origin: str) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{origin}: step.{f.name} must be a number >= 0, got {value!r}")
+
+
+def _interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """Piecewise-linear through the knots, extended linearly past either end."""
+    i = bisect_right(xs, x)
+    i = min(max(i, 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class TableStepModel(StepModel):
+    """Measured step time (seconds)::
+
+        t = step_overhead_s + seq_overhead_s S                     CPU: scheduler, inputs, outputs
+          + token_table(P + D)                                     linear layers, all-reduce, emb
+          + seq_table(S)                                           LM head over sampled rows
+          + attn_base_s + attn_prefill_token_s P + attn_pair_s W   attention: prefill
+          + attn_decode_kv_s K_d                                   attention: decode (KV read)
+
+    S = requests in the step, P prefill tokens, D decode requests, W = sum of chunk x
+    context over prefill chunks, K_d decode contexts. Tables are interpolated linearly and
+    extended linearly past their last knot. `source` says where every number came from.
+    """
+
+    token_knots: tuple[float, ...]
+    token_s: tuple[float, ...]
+    seq_knots: tuple[float, ...]
+    seq_s: tuple[float, ...]
+    attn_base_s: float
+    attn_prefill_token_s: float
+    attn_pair_s: float
+    attn_decode_kv_s: float
+    step_overhead_s: float
+    seq_overhead_s: float
+    source: dict[str, str] = field(default_factory=dict, compare=False)
+    kind = "table"
+
+    def base_time(self, prefill_seqs, prefill_tokens, prefill_kv, prefill_attn, decode_seqs):
+        seqs = prefill_seqs + decode_seqs
+        return (
+            self.step_overhead_s
+            + self.seq_overhead_s * seqs
+            + _interp(self.token_knots, self.token_s, prefill_tokens + decode_seqs)
+            + _interp(self.seq_knots, self.seq_s, seqs)
+            + self.attn_base_s
+            + self.attn_prefill_token_s * prefill_tokens
+            + self.attn_pair_s * prefill_attn
+        )
+
+    @property
+    def decode_kv_s(self) -> float:
+        return self.attn_decode_kv_s
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def describe(self) -> str:
+        return "table (measured)"
+
+    def validate(self, origin: str) -> None:
+        for name in ("token", "seq"):
+            xs, ys = getattr(self, f"{name}_knots"), getattr(self, f"{name}_s")
+            if len(xs) < 2 or len(xs) != len(ys):
+                raise ValueError(
+                    f"{origin}: step.{name}_knots and step.{name}_s need the same length >= 2"
+                )
+            if any(b <= a for a, b in pairwise(xs)):
+                raise ValueError(f"{origin}: step.{name}_knots must be strictly increasing")
+            if min(ys) < 0:
+                raise ValueError(f"{origin}: step.{name}_s must be >= 0")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not value >= 0:
+                raise ValueError(f"{origin}: step.{f.name} must be >= 0, got {value!r}")
+
+
+STEP_MODELS: dict[str, type[StepModel]] = {"linear": LinearStepModel, "table": TableStepModel}
+
+
+def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
+    """A step model from its JSON form; ``kind`` defaults to ``linear`` (older files).
+    Errors name the field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{origin}: step must be an object, got {type(data).__name__}")
+    data = dict(data)
+    kind = data.pop("kind", "linear")
+    cls = STEP_MODELS.get(kind)
+    if cls is None:
+        raise ValueError(f"{origin}: step.kind {kind!r} unknown; known: {', '.join(STEP_MODELS)}")
+    names = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ValueError(f"{origin}: step.{unknown[0]} is not a field of a {kind} step model")
+    missing = [n for n, f in names.items() if n not in data and n != "source"]
+    if missing:
+        raise ValueError(f"{origin}: step.{missing[0]} missing ({kind} step model)")
+    values: dict[str, object] = {}
+    for name, value in data.items():
+        if name == "source":
+            if not isinstance(value, dict):
+                raise ValueError(f"{origin}: step.source must be an object")
+            values[name] = {str(k): str(v) for k, v in value.items()}
+        elif isinstance(value, list):
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                raise ValueError(f"{origin}: step.{name} must be a list of numbers")
+            values[name] = tuple(float(v) for v in value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            values[name] = float(value)
+        else:
+            raise ValueError(f"{origin}: step.{name} must be a number, got {value!r}")
+    model = cls(**values)
+    model.validate(origin)
+    return model
