@@ -19,17 +19,23 @@ def make_engine(
     model: str | None = None,
     slo: SLO,
     engine_args: tuple[tuple[str, Any], ...] = (),
+    scheduler: str = "v1",
 ) -> Engine:
-    """``sim``: `SimEngine` for a profile; ``vllm``: a real engine for the model directory
-    (`engine_args` go to `VLLMEngine`; one engine per model and arguments per process)."""
+    """``sim``: `SimEngine` for a profile, with vLLM V1's or V0's scheduling (`scheduler`);
+    ``vllm``: a real engine for the model directory (`engine_args` go to `VLLMEngine`; one
+    engine per model and arguments per process)."""
     if kind == "sim":
         from batchpilot.envs.profiles import get_profile
         from batchpilot.envs.sim_engine import SimEngine
 
         if engine_args:
             raise ValueError("engine arguments are for --engine vllm; the sim takes a --profile")
-        return SimEngine(get_profile(profile), slo=slo)
+        return SimEngine(get_profile(profile), slo=slo, scheduler=scheduler)
     if kind == "vllm":
+        if scheduler != "v1":
+            raise ValueError(
+                f"scheduler {scheduler!r} is simulated only: the real engine is vLLM V1"
+            )
         if not model:
             raise ValueError("engine 'vllm' needs a model: pass --model DIR")
         try:

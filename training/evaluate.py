@@ -51,6 +51,8 @@ class Scenario:
     engine_args: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments of the real engine (`VLLMEngine`), e.g. num_gpu_blocks."""
     slo: str = "ttft:2000,tpot:50"
+    scheduler: str = "v1"
+    """The simulator's scheduling: vLLM ``v1`` (chunked prefill) or ``v0`` (prefill first)."""
     """Goodput SLOs (``vllm bench serve --goodput``)."""
     interval: str = "1it"
     overlong: str = "truncate"
@@ -124,6 +126,7 @@ def run_task(task: Task) -> dict[str, Any]:
         slo=SLO.parse(sc.slo),
         engine_args=sc.engine_args,
     )
+        scheduler=sc.scheduler,
     workload = make_workload(
         sc.source,
         task.arrival or sc.arrival,
@@ -355,7 +358,12 @@ def _resolve_best_static(
     sizes = {}
     for sc in scenarios:
         cap = make_engine(
-            sc.engine, profile=sc.profile, model=sc.model, slo=SLO(), engine_args=sc.engine_args
+            sc.engine,
+            profile=sc.profile,
+            model=sc.model,
+            slo=SLO(),
+            engine_args=sc.engine_args,
+            scheduler=sc.scheduler,
         ).max_num_seqs
         sizes[sc.name] = [g for g in grid if g <= cap]
     calls = [

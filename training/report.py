@@ -238,7 +238,8 @@ def _save(fig: Any, path: Path) -> Path:
 def engine_label(scenario: dict[str, Any]) -> str:
     """``profile NAME (sim engine)`` or ``model DIR (vllm engine, num_gpu_blocks=40)``."""
     if scenario["engine"] == "sim":
-        return f"profile {scenario['profile']} (sim engine)"
+        scheduler = scenario.get("scheduler", "v1")
+        return f"profile {scenario['profile']} (sim engine, vLLM {scheduler.upper()} scheduling)"
     args = ", ".join(f"{k}={v}" for k, v in scenario.get("engine_args") or ())
     return f"model {scenario['model']} (vllm engine{', ' + args if args else ''})"
 

@@ -63,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile", default="llama-7b-a100", help="sim engine profile. Default: %(default)s"
     )
     parser.add_argument(
+        "--scheduler",
+        choices=("v1", "v0"),
+        default="v1",
+        help="simulated scheduling: v1 (vLLM V1: chunked prefills share steps with decodes) "
+        "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: %(default)s",
+    )
+    parser.add_argument(
         "--slo", default="ttft:2000,tpot:50", help="goodput SLOs in ms. Default: %(default)s"
     )
     parser.add_argument("--interval", default="1it", help="control interval. Default: %(default)s")
@@ -116,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
                 engine=args.engine,
                 model=args.model,
                 engine_args=parse_engine_args(args.engine_arg),
+                scheduler=args.scheduler,
                 slo=args.slo,
                 interval=args.interval,
                 overlong=args.overlong,

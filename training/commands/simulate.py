@@ -26,6 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cpu-tiny-llama) or a profile JSON from `batchpilot calibrate`. Default: %(default)s",
     )
     parser.add_argument(
+        "--scheduler",
+        choices=("v1", "v0"),
+        default="v1",
+        help="simulated scheduling: v1 (vLLM V1: chunked prefills share steps with decodes) "
+        "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: %(default)s",
+    )
+    parser.add_argument(
         "--controller",
         default="static:256",
         help="controller spec, e.g. static:256. Default: %(default)s",
@@ -67,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         overlong=args.overlong,
     )
     controller = make_controller(args.controller)
-    engine = SimEngine(profile, slo=SLO.parse(args.slo))
+    engine = SimEngine(profile, slo=SLO.parse(args.slo), scheduler=args.scheduler)
     out = run(
         workload,
         engine,
@@ -92,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
             {
                 "workload": workload.name,
                 "profile": profile.name,
+                "scheduler": args.scheduler,
                 "controller": controller.name,
                 "slo": str(engine.slo),
                 "metrics": metrics,
