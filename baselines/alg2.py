@@ -10,12 +10,49 @@ lines 6 and 9 can leave it; b_bar is clamped to the range first).
 The same search can set the per-step token budget (vLLM's ``max_num_batched_tokens``,
 the chunk size when prefill and decode share a step): there b_bar is the recent average
 number of tokens per step.
+
+Deviations from the paper, and why:
+- D_SLA defaults to the run's TPOT target (`engine.slo.tpot_ms`, read at `reset`), so the
+  search aims at the objective the run is scored on; an explicit ``sla_ms`` wins, and a run
+  with no TPOT target uses `DEFAULT_SLO`'s (50 ms, the paper's value).
+- "Recent" is a window of engine time (``window_ms``), not one control interval: with the
+  controller consulted every iteration, one interval is one decode step, and the search
+  would chase the noise of single steps.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 from batchpilot.envs.engine import Engine
+from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
+
+
+class RecentMeans:
+    """Means of per-interval values over the last `window_s` of engine time, each interval
+    weighted by its engine iterations; the latest interval always counts."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._rows: deque[tuple[float, float, tuple[float, ...]]] = deque()
+        self._weight = 0.0
+        self._sums: list[float] = []
+
+    def add(self, time_s: float, weight: float, *values: float) -> tuple[float, ...]:
+        """Add an interval ending at `time_s`; return the window's weighted means."""
+        if not self._sums:
+            self._sums = [0.0] * len(values)
+        self._rows.append((time_s, weight, values))
+        self._weight += weight
+        self._sums = [s + weight * v for s, v in zip(self._sums, values, strict=True)]
+        while len(self._rows) > 1 and self._rows[0][0] <= time_s - self.window_s:
+            _, w, old = self._rows.popleft()
+            self._weight -= w
+            self._sums = [s - w * v for s, v in zip(self._sums, old, strict=True)]
+        if len(self._rows) == 1:  # re-anchor: no drift from repeated subtraction
+            self._weight, self._sums = weight, [weight * v for v in values]
+        return tuple(s / self._weight for s in self._sums)
 
 
 class SLASearch:
@@ -54,8 +91,12 @@ class SLAController:
     """Algorithm 2: keeps the recent time between tokens within D_SLA +/- eps_D.
 
     Parameters (paper symbols; third-party defaults, not the paper's values):
-        sla_ms: D_SLA, the target time between tokens. Default 50 ms.
+        sla_ms: D_SLA, the target time between tokens. Default: the run's TPOT target
+            (the engine's ``slo.tpot_ms`` at `reset`), else `DEFAULT_SLO`'s (50 ms).
         eps_ms: eps_D, the tolerance band. Default 10 ms.
+        window_ms: tau and b_bar are averaged over this much recent engine time (each
+            control interval weighted by its iterations). Default 200 ms; 0: the last
+            control interval only.
         alpha: the gap kept between b_low and b_high. Default 20.
         delta: the small correction step. Default 5.
         b_min, b_max: B_min and B_max; b_max defaults to the engine's cap.
@@ -68,9 +109,10 @@ class SLAController:
 
     def __init__(
         self,
-        sla_ms: float = 50.0,
+        sla_ms: float | None = None,
         *,
         eps_ms: float = 10.0,
+        window_ms: float = 200.0,
         alpha: int = 20,
         delta: int = 5,
         b_min: int = 1,
@@ -82,7 +124,11 @@ class SLAController:
     ) -> None:
         if b_min < 1 or (b_max is not None and b_max < b_min):
             raise ValueError(f"need 1 <= B_min <= B_max, got b_min={b_min}, b_max={b_max}")
-        self.params = (sla_ms / 1e3, eps_ms / 1e3, alpha, delta)
+        if not window_ms >= 0:
+            raise ValueError(f"window_ms must be >= 0, got {window_ms}")
+        self.sla_ms = sla_ms
+        self.window_s = window_ms / 1e3
+        self.params = ((sla_ms or DEFAULT_SLO.tpot_ms) / 1e3, eps_ms / 1e3, alpha, delta)
         self.b_min, self.b_max_arg = b_min, b_max
         self.chunk = chunk
         self.chunk_params = (chunk_min, chunk_alpha, chunk_delta)
@@ -90,6 +136,7 @@ class SLAController:
         self._build(b_max or b_min, chunk_min)  # validates the parameters before any run
 
     def _build(self, seqs_cap: int, tokens_cap: int) -> None:
+        self.recent = RecentMeans(self.window_s)
         hi = min(self.b_max_arg or seqs_cap, seqs_cap)
         self.search = SLASearch(*self.params, min(self.b_min, hi), hi)
         self.chunk_search: SLASearch | None = None
@@ -101,16 +148,33 @@ class SLAController:
             )
 
     def reset(self, engine: Engine) -> None:
-        """Bounds back to [B_min, B_max]; B_max from the engine's cap unless given."""
+        """Bounds back to [B_min, B_max]; B_max from the engine's cap unless given; D_SLA
+        from the run's TPOT target unless ``sla_ms`` was given."""
+        if self.sla_ms is None:
+            slo = getattr(engine, "slo", None)
+            tpot_ms = getattr(slo, "tpot_ms", None) or DEFAULT_SLO.tpot_ms
+            if tpot_ms / 1e3 <= self.params[1]:
+                raise ValueError(
+                    f"alg2: D_SLA from the run's TPOT target ({tpot_ms:g} ms) must exceed "
+                    f"eps_D ({self.params[1] * 1e3:g} ms); give alg2:eps_ms or alg2:sla_ms"
+                )
+            self.params = (tpot_ms / 1e3, *self.params[1:])
         self._build(engine.max_num_seqs, engine.max_num_batched_tokens)
 
+    @property
+    def sla_s(self) -> float:
+        """D_SLA in force (s)."""
+        return self.search.sla_s
+
     def decide(self, telemetry: Telemetry) -> Limits:
-        tau = telemetry.recent_tbt_s
-        b = self.search.update(tau, telemetry.recent_decode_batch)
+        steps = max(telemetry.interval_iterations, 1)
+        tokens = (telemetry.interval_prompt_tokens + telemetry.interval_output_tokens) / steps
+        tau, b_bar, tokens = self.recent.add(
+            telemetry.time_s, steps, telemetry.recent_tbt_s, telemetry.recent_decode_batch, tokens
+        )
+        b = self.search.update(tau, b_bar)
         b = min(max(b, telemetry.num_decoding), self.search.hi)
         if self.chunk_search is None:
             return Limits(b)
-        steps = max(telemetry.interval_iterations, 1)  # tokens per step, approximately
-        tokens = (telemetry.interval_prompt_tokens + telemetry.interval_output_tokens) / steps
-        budget = self.chunk_search.update(tau, tokens)
+        budget = self.chunk_search.update(tau, tokens)  # b_bar: tokens per step
         return Limits(b, max(budget, b))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,16 +21,26 @@ class SLO:
 
     @classmethod
     def parse(cls, spec: str) -> SLO:
-        """Parse ``ttft:2000,tpot:50`` (comma or space separated, values in ms)."""
+        """Parse ``ttft:2000,tpot:50`` (comma or space separated, values in ms).
+
+        Each value must be a finite number > 0 and each objective given at most once.
+        """
         values: dict[str, float] = {}
         for part in spec.replace(",", " ").split():
             key, _, value = part.partition(":")
             if key not in ("ttft", "tpot", "e2el"):
                 raise ValueError(f"SLO {spec!r}: unknown objective {key!r}; use ttft, tpot, e2el")
+            if f"{key}_ms" in values:
+                raise ValueError(f"SLO {spec!r}: {key} given twice")
             try:
-                values[f"{key}_ms"] = float(value)
+                ms = float(value)
             except ValueError:
                 raise ValueError(f"SLO {spec!r}: {key} value {value!r} is not a number") from None
+            if not (math.isfinite(ms) and ms > 0):
+                raise ValueError(
+                    f"SLO {spec!r}: {key} value {value!r} must be a finite number > 0 (ms)"
+                )
+            values[f"{key}_ms"] = ms
         return cls(**values)
 
     def met(self, ttft_s: float, tpot_s: float, e2el_s: float) -> bool:
@@ -47,6 +58,12 @@ class SLO:
             if v is not None
         ]
         return ",".join(parts) or "none"
+
+
+DEFAULT_SLO = SLO(ttft_ms=2000.0, tpot_ms=50.0)
+"""The one default goodput SLO (``ttft:2000,tpot:50``) of every command, environment and
+server: a 2 s first token and the paper's 50 ms per output token. Algorithm 2 takes its
+D_SLA from the run's TPOT target, so by default it aims at the same 50 ms."""
 
 
 @dataclass(frozen=True, slots=True)

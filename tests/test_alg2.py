@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from telemetry_builder import make_telemetry
 
-from batchpilot.baselines.alg2 import SLAController, SLASearch
+from batchpilot.baselines.alg2 import RecentMeans, SLAController, SLASearch
+from batchpilot.baselines.specs import make_controller
 from batchpilot.baselines.static import StaticController
 from batchpilot.envs.controller import ControlInterval
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
@@ -133,3 +135,62 @@ def test_settles_tbt_inside_the_band_on_a_steady_load() -> None:
     assert 40 <= np.median(tbt) <= 60 and in_band >= 0.6
     static = steady_tbt_ms(StaticController(256))
     assert np.median(static) > 60 and np.mean((static >= 40) & (static <= 60)) < 0.3
+
+
+def test_d_sla_comes_from_the_runs_tpot_target_unless_given() -> None:
+    c = SLAController()
+    c.reset(SimpleNamespace(**vars(ENGINE), slo=SLO.parse("ttft:2000,tpot:100")))
+    assert c.sla_s == pytest.approx(0.100)
+    c = SLAController(sla_ms=40)  # an explicit sla_ms wins
+    c.reset(SimpleNamespace(**vars(ENGINE), slo=SLO.parse("tpot:100")))
+    assert c.sla_s == pytest.approx(0.040)
+    c = SLAController()  # no TPOT target: the default SLO's
+    c.reset(SimpleNamespace(**vars(ENGINE), slo=SLO.parse("ttft:2000")))
+    assert c.sla_s == pytest.approx(DEFAULT_SLO.tpot_ms / 1e3)
+    with pytest.raises(ValueError, match=r"TPOT target \(8 ms\) must exceed eps_D \(10 ms\)"):
+        SLAController().reset(SimpleNamespace(**vars(ENGINE), slo=SLO.parse("tpot:8")))
+
+
+def test_specs_and_combinations_read_the_simulators_slo() -> None:
+    engine = SimEngine(get_profile("llama-7b-a100"), slo=SLO.parse("ttft:2000,tpot:100"))
+    both = make_controller("alg1+alg2")
+    both.reset(engine)
+    assert both.parts[1].sla_s == pytest.approx(0.100)
+    own = make_controller("alg2:sla_ms=30")
+    own.reset(engine)
+    assert own.sla_s == pytest.approx(0.030)
+
+
+def test_recent_latency_is_a_time_window_not_one_interval() -> None:
+    """Decode steps alternating 30 / 70 ms, one per control interval: each interval alone is
+    outside the 40-60 ms band, their mean over the window is inside it."""
+
+    def bounds(window_ms: float) -> tuple[int, int]:
+        c = SLAController(window_ms=window_ms)
+        c.reset(ENGINE)
+        for i in range(40):
+            tau = 0.030 if i % 2 else 0.070
+            c.decide(make_telemetry(time_s=0.05 * i, recent_tbt_s=tau, recent_decode_batch=50))
+        return c.search.b_low, c.search.b_high
+
+    assert bounds(200) == (40, 60)  # re-centred on b_bar = 50 with alpha / 2 = 10
+    assert bounds(0) != (40, 60)
+
+
+def test_window_weights_intervals_by_iterations_and_forgets_old_ones() -> None:
+    w = RecentMeans(1.0)
+    assert w.add(0.0, 1, 10.0) == (10.0,)
+    assert w.add(0.5, 3, 20.0) == (17.5,)
+    assert w.add(1.2, 1, 30.0) == (pytest.approx(22.5),)  # the interval at 0.0 has left
+    assert w.add(5.0, 2, 40.0) == (40.0,)  # only the latest is left
+
+
+def test_settles_on_a_tpot_target_from_the_slo() -> None:
+    """The steady load of the test above with a 30 ms TPOT target: TBT settles in 20-40 ms."""
+    profile = get_profile("llama-7b-a100")
+    workload = make_workload("fixed:512:256", "poisson:15", num_requests=800, seed=0)
+    engine = SimEngine(profile, slo=SLO.parse("ttft:2000,tpot:30"))
+    tl = run(workload, engine, SLAController(), ControlInterval(1)).timeline.array()
+    end = tl["time_s"][-1]
+    keep = (tl["time_s"] > 0.3 * end) & (tl["time_s"] < 0.8 * end)
+    assert 20 <= np.median(tl["recent_tbt_s"][keep] * 1e3) <= 40
