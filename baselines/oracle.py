@@ -33,6 +33,9 @@ class OracleController:
     some requests relative to others (default 0).
     """
 
+    simulator_only = True
+    """Reads the simulator's true request lengths: refused by `batchpilot serve`."""
+
     def __init__(self, slack_blocks: int = 0) -> None:
         if slack_blocks < 0:
             raise ValueError(f"slack_blocks must be >= 0, got {slack_blocks}")

@@ -6,6 +6,7 @@ Keyword arguments are ``:``-separated: ``alg2:sla_ms=40:alpha=10``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,8 @@ def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str
             raise ControllerSpecError(
                 f"{name}: {key}={text!r} is not a valid {kind.__name__}"
             ) from None
+        if kind is float and not math.isfinite(out[key]):
+            raise ControllerSpecError(f"{name}: {key}={text!r} is not a finite number")
     return out
 
 
@@ -92,6 +95,7 @@ ALG2_ARGS = {
     "delta": int,
     "b_min": int,
     "b_max": int,
+    "window_ms": float,
     "chunk": bool,
     "chunk_min": int,
     "chunk_alpha": int,
@@ -118,9 +122,17 @@ FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
 def make_controller(spec: str) -> Controller:
     """Build the controller a spec names; ``A+B`` is the minimum of A and B."""
     parts = [p.strip() for p in spec.split("+")]
+    if not all(parts):
+        raise ControllerSpecError(
+            f"empty controller spec in {spec!r}; use e.g. alg1, static:256 or alg1+alg2"
+        )
     if len(parts) > 1:
         return MinController([make_controller(p) for p in parts])
     name, *args = parts[0].split(":")
+    if "" in args:
+        raise ControllerSpecError(
+            f"{parts[0]!r}: empty argument after ':' (e.g. static:256, policy:PATH)"
+        )
     if name == BEST_STATIC:
         raise ControllerSpecError(
             f"{spec!r} is a grid search over static:N on a workload, not a controller: "
@@ -134,3 +146,11 @@ def make_controller(spec: str) -> Controller:
     controller = FACTORIES[name](args)
     controller.name = parts[0]
     return controller
+
+
+def simulator_only(controller: Controller) -> bool:
+    """Whether the controller, or any part of a combination, needs the simulator (reads
+    the true future, as the oracle does): such a controller cannot drive vLLM."""
+    if getattr(controller, "simulator_only", False):
+        return True
+    return any(simulator_only(p) for p in getattr(controller, "parts", ()))

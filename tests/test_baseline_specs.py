@@ -12,8 +12,9 @@ from batchpilot.baselines.alg1 import MemoryAwareController
 from batchpilot.baselines.alg2 import SLAController
 from batchpilot.baselines.combined import MinController
 from batchpilot.baselines.oracle import OracleController, peak_blocks
-from batchpilot.baselines.specs import ControllerSpecError, make_controller
+from batchpilot.baselines.specs import ControllerSpecError, make_controller, simulator_only
 from batchpilot.baselines.static import StaticController
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
@@ -113,3 +114,55 @@ def test_fixed_source_gives_every_request_the_same_lengths() -> None:
     for bad in ("fixed:128", "fixed:a:1", "fixed:0:5"):
         with pytest.raises(WorkloadError, match="fixed"):
             make_workload(bad, "all-at-once")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("alg2:sla_ms=nan", "sla_ms='nan' is not a finite number"),
+        ("alg2:sla_ms=inf", "sla_ms='inf' is not a finite number"),
+        ("alg1:prior_output_mean=nan", "prior_output_mean='nan' is not a finite number"),
+        ("alg1:eps=-inf", "eps='-inf' is not a finite number"),
+        ("alg1:prior_output_std=1e400", "is not a finite number"),
+        ("alg2:sla_ms=-5", "eps_D < D_SLA"),
+        ("alg2:eps_ms=-1", "eps_D < D_SLA"),
+        ("alg1:prior_output_mean=-3", "prior_output_mean must be > 0"),
+        ("alg2:window_ms=-1", "window_ms must be >= 0"),
+        ("alg2:chunk=1:chunk_min=-5", "B_min"),
+        ("oracle:slack_blocks=-1", "slack_blocks must be >= 0"),
+        ("alg1:b_max=0", "b_max 0 is below b_min"),
+        ("", "empty controller spec"),
+        ("alg1+", "empty controller spec"),
+        ("alg1:", "empty argument"),
+        ("policy:", "empty argument"),
+    ],
+)
+def test_non_finite_negative_and_empty_spec_values_are_refused(spec: str, message: str) -> None:
+    with pytest.raises(ControllerSpecError, match=message):
+        make_controller(spec)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ttft:nan", "ttft value 'nan' must be a finite number > 0"),
+        ("ttft:-5", "ttft value '-5' must be a finite number > 0"),
+        ("tpot:inf", "tpot value 'inf' must be a finite number > 0"),
+        ("e2el:0", "e2el value '0' must be a finite number > 0"),
+        ("tpot:", "tpot value '' is not a number"),
+        ("ttft:100,ttft:200", "ttft given twice"),
+    ],
+)
+def test_bad_slo_values_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SLO.parse(text)
+
+
+def test_default_slo_is_one_object_and_parses_back() -> None:
+    assert SLO.parse(str(DEFAULT_SLO)) == DEFAULT_SLO
+    assert DEFAULT_SLO.tpot_ms is not None and DEFAULT_SLO.ttft_ms is not None
+
+
+@pytest.mark.parametrize("spec", ["oracle", "alg1+oracle", "oracle+alg2:sla_ms=40", "alg1+alg2"])
+def test_simulator_only_is_any_part(spec: str) -> None:
+    assert simulator_only(make_controller(spec)) == ("oracle" in spec)
