@@ -1,0 +1,231 @@
+"""Derive the small step-time tables the measured GPU profiles need from Vidur's operator
+profiles (microsoft/vidur, MIT licence; a copy lives in ``../shared/profiling/vidur``)::
+
+    python -m batchpilot.envs.profile_tables ../shared/profiling/vidur
+
+writes ``envs/data/profile_tables.json`` (``--out`` for elsewhere). Never commit the raw CSVs.
+
+What is derived, per input:
+
+- ``compute/<gpu>/<org>/<model>/mlp.csv`` (one row per token count and TP degree; medians
+  of repeated kernel timings): per layer, the sum of input layernorm, QKV projection, RoPE,
+  output projection, post-attention layernorm, gate/up projection, activation, down
+  projection and the two residual adds (ms); the embedding (once per step); the gate/up
+  projection alone (scaled to the LM head by `batchpilot.envs.profiles`). GEMM timings
+  step up and down with tile quantisation; the tables keep the closest non-decreasing
+  fit (isotonic least squares) at knots on a geometric grid of ratio 2^(1/6).
+- ``compute/a100/attention-70b-shape-tp2/attention.csv`` (64 query / 8 KV heads, head dim
+  128, TP 2, FlashAttention on A100): the only attention table. Fitted per layer by
+  least squares in relative error as an analytic FlashAttention cost: decode
+  ``a + c B K`` (B requests of context K: KV bytes read), prefill ``a + alpha C +
+  beta C (K + C)`` (a chunk of C tokens after K cached ones). The fit's median and 90th
+  percentile relative errors are written beside the coefficients.
+- ``network/<gpu>_dgx/all_reduce.csv`` (NCCL all-reduce within one DGX node): time by
+  message size in bytes for 2, 4 and 8 GPUs, thinned like the linear layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+DATA_PATH = Path(__file__).resolve().parent / "data" / "profile_tables.json"
+LAYER_OPS = (
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+    "add",  # two residual adds per layer
+)
+ATTENTION_TABLE = "compute/a100/attention-70b-shape-tp2/attention.csv"
+ATTENTION_SHAPE = {"q_heads_per_gpu": 32, "kv_heads_per_gpu": 4, "head_dim": 128, "gpu": "a100"}
+"""The measured attention table's shape: 64 query and 8 KV heads split over TP 2."""
+GRID_RATIO = 2 ** (1 / 6)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _column(path: Path, row: dict[str, str], name: str, line: int) -> float:
+    try:
+        return float(row[name])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path}:{line}: column {name!r} missing or not a number") from None
+
+
+def _isotonic(y: np.ndarray) -> np.ndarray:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in y:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks[-1]
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return np.concatenate([np.full(int(n), m) for m, n in blocks])
+
+
+def _thin(x: np.ndarray, y: np.ndarray) -> tuple[list[float], list[float]]:
+    """The isotonic (non-decreasing) fit to the measured points, kept at knots on a
+    geometric grid (and the last point)."""
+    order = np.argsort(x)
+    x, y = x[order], _isotonic(y[order])
+    grid = [float(x[0])]
+    while grid[-1] * GRID_RATIO < x[-1]:
+        grid.append(grid[-1] * GRID_RATIO)
+    picked = sorted({int(np.argmin(np.abs(x - g))) for g in grid} | {len(x) - 1})
+    return [float(x[i]) for i in picked], [round(float(y[i]), 5) for i in picked]
+
+
+def linear_tables(path: Path) -> dict[str, dict[str, list[float]]]:
+    """Per TP degree: token knots, per-layer linear ops (ms), embedding (ms), gate/up (ms)."""
+    by_tp: dict[int, dict[float, list[tuple[float, float, float]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for line, row in enumerate(_rows(path), start=2):
+        ops = [_column(path, row, f"time_stats.{op}.median", line) for op in LAYER_OPS]
+        tp = int(_column(path, row, "num_tensor_parallel_workers", line))
+        tokens = _column(path, row, "num_tokens", line)
+        emb = _column(path, row, "time_stats.emb.median", line)
+        up = _column(path, row, "time_stats.mlp_up_proj.median", line)
+        by_tp[tp][tokens].append((sum(ops), emb, up))
+    out = {}
+    for tp, points in sorted(by_tp.items()):
+        x = np.array(sorted(points))
+        med = np.array([np.median(points[t], axis=0) for t in x])
+        knots, layer = _thin(x, med[:, 0])
+        _, emb = _thin(x, med[:, 1])
+        _, up = _thin(x, med[:, 2])
+        out[str(tp)] = {"tokens": knots, "layer_ms": layer, "emb_ms": emb, "up_proj_ms": up}
+    return out
+
+
+def _fit(columns: list[np.ndarray], t: np.ndarray) -> tuple[list[float], float, float]:
+    """Least squares in relative error; coefficients, median and p90 |relative error|."""
+    X = np.column_stack(columns)
+    coef = np.linalg.lstsq(X / t[:, None], np.ones_like(t), rcond=None)[0]
+    rel = np.abs(X @ coef / t - 1)
+    return coef.tolist(), float(np.median(rel)), float(np.percentile(rel, 90))
+
+
+def attention_fit(path: Path) -> dict[str, object]:
+    """The analytic FlashAttention cost fitted to the one measured attention table."""
+    dec, pre = [], []
+    for line, row in enumerate(_rows(path), start=2):
+        kv = _column(path, row, "kv_cache_size", line)
+        if row.get("is_prefill") == "True":
+            chunk = _column(path, row, "prefill_chunk_size", line)
+            pre.append((chunk, kv, _column(path, row, "time_stats.attn_prefill.median", line)))
+        else:
+            batch = _column(path, row, "batch_size", line)
+            dec.append((batch, kv, _column(path, row, "time_stats.attn_decode.median", line)))
+    if not dec or not pre:
+        raise ValueError(f"{path}: needs both decode and prefill rows")
+    b, k, t = np.array(dec).T
+    (d_base, d_kv), d_med, d_p90 = _fit([np.ones_like(b), b * k], t)
+    c, k, t = np.array(pre).T
+    (p_base, p_tok, p_pair), p_med, p_p90 = _fit([np.ones_like(c), c, c * (k + c)], t)
+    return {
+        "reference": ATTENTION_SHAPE,
+        "decode": {
+            "base_ms": d_base,
+            "kv_token_ms": d_kv,
+            "points": len(dec),
+            "median_rel_error": round(d_med, 4),
+            "p90_rel_error": round(d_p90, 4),
+        },
+        "prefill": {
+            "base_ms": p_base,
+            "token_ms": p_tok,
+            "pair_ms": p_pair,
+            "points": len(pre),
+            "median_rel_error": round(p_med, 4),
+            "p90_rel_error": round(p_p90, 4),
+        },
+    }
+
+
+def all_reduce_tables(path: Path) -> dict[str, dict[str, list[float]]]:
+    """Per GPU count (all in one node): message bytes and milliseconds."""
+    points: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for line, row in enumerate(_rows(path), start=2):
+        n = int(_column(path, row, "num_workers", line))
+        if int(_column(path, row, "devices_per_node", line)) != n:
+            continue  # spans nodes
+        size = _column(path, row, "size", line)
+        points[n][size].append(_column(path, row, "time_stats.all_reduce.median", line))
+    out = {}
+    for n, by_size in sorted(points.items()):
+        x = np.array(sorted(by_size))
+        knots, ms = _thin(x, np.array([np.median(by_size[s]) for s in x]))
+        out[str(n)] = {"bytes": knots, "ms": ms}
+    return out
+
+
+def derive(vidur_dir: Path) -> dict[str, object]:
+    """All tables from a Vidur profiling directory."""
+    vidur_dir = Path(vidur_dir)
+    if not (vidur_dir / "compute").is_dir():
+        raise ValueError(f"{vidur_dir}: not a Vidur profiling directory (no compute/)")
+    linear = {}
+    for path in sorted(vidur_dir.glob("compute/*/*/*/mlp.csv")):
+        gpu, org, model = path.parts[-4:-1]
+        linear[f"{gpu}/{org}/{model}"] = linear_tables(path)
+    attention_path = vidur_dir / ATTENTION_TABLE
+    if not attention_path.is_file():
+        raise ValueError(f"{attention_path}: missing (the measured attention table)")
+    all_reduce = {}
+    for path in sorted(vidur_dir.glob("network/*_dgx/all_reduce.csv")):
+        all_reduce[path.parent.name.removesuffix("_dgx")] = all_reduce_tables(path)
+    return {
+        "source": (
+            "derived by `python -m batchpilot.envs.profile_tables` from Vidur's operator "
+            "profiles (github.com/microsoft/vidur, data/profiling, MIT licence)"
+        ),
+        "linear": linear,
+        "attention": attention_fit(attention_path),
+        "all_reduce": all_reduce,
+    }
+
+
+def load_tables(path: Path = DATA_PATH) -> dict:
+    """The committed tables (or another derivation's JSON)."""
+    return json.loads(Path(path).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m batchpilot.envs.profile_tables", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("vidur_dir", type=Path, help="Vidur profiling directory")
+    parser.add_argument("--out", type=Path, default=DATA_PATH, help="default: %(default)s")
+    args = parser.parse_args(argv)
+    tables = derive(args.vidur_dir)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(tables, separators=(",", ":")) + "\n")
+    att = tables["attention"]
+    print(
+        f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB): "
+        f"{len(tables['linear'])} model/GPU linear tables, attention fit "
+        f"(decode median error {att['decode']['median_rel_error']:.1%}, prefill "
+        f"{att['prefill']['median_rel_error']:.1%}), all-reduce for "
+        f"{', '.join(tables['all_reduce'])}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
