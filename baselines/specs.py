@@ -13,6 +13,7 @@ from typing import Any
 from batchpilot.baselines.alg1 import MemoryAwareController
 from batchpilot.baselines.alg2 import SLAController
 from batchpilot.baselines.combined import MinController
+from batchpilot.baselines.mpc import MPC_ARGS, MPCController
 from batchpilot.baselines.oracle import OracleController
 from batchpilot.baselines.static import StaticController
 from batchpilot.envs.controller import Controller
@@ -114,6 +115,7 @@ FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
     "alg1": _keyword_factory("alg1", MemoryAwareController, ALG1_ARGS),
     "alg2": _keyword_factory("alg2", SLAController, ALG2_ARGS),
     "oracle": _keyword_factory("oracle", OracleController, {"slack_blocks": int}),
+    "mpc": _keyword_factory("mpc", MPCController, MPC_ARGS),
     "policy": _policy,
 }
 """Spec name -> factory taking the spec's ':'-separated arguments."""

@@ -6,11 +6,17 @@ import dataclasses
 
 import numpy as np
 import pytest
+from helpers import unit_profile
 
+from batchpilot.baselines.specs import ControllerSpecError, make_controller, simulator_only
+from batchpilot.baselines.static import StaticController
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.profiles import get_profile
+from batchpilot.envs.profiles import EngineProfile, get_profile
+from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.vllm_engine import VLLMEngine
+from batchpilot.envs.workload import Request, Workload
 from batchpilot.envs.workloads import make_workload
 
 SLO_ = SLO(ttft_ms=2000, tpot_ms=50)
@@ -107,3 +113,45 @@ def test_fork_without_history_reports_only_what_follows() -> None:
 def test_fork_needs_a_reset_engine() -> None:
     with pytest.raises(RuntimeError, match="reset"):
         tight_engine().fork()
+
+
+# ---------------------------------------------------------------------- mpc
+def crowded_cache() -> tuple[Workload, EngineProfile]:
+    """Eight 4+40-token requests at once on a 1 s/step engine whose cache holds two whole:
+    admitting all of them runs out of blocks and preempts again and again."""
+    requests = [Request(f"{i}", 0.0, 4, 40) for i in range(8)]
+    return Workload("crowded", requests), unit_profile(num_gpu_blocks=26, block_size=4)
+
+
+def test_mpc_picks_the_candidate_whose_future_is_better() -> None:
+    workload, profile = crowded_cache()
+    slo = SLO(tpot_ms=1500)
+    goodput = {}
+    for seqs in (2, 8):
+        engine = SimEngine(profile, slo=slo)
+        out = run(workload, engine, StaticController(seqs))
+        goodput[seqs] = out.metrics()["output_goodput"]
+        if seqs == 8:
+            assert out.metrics()["num_preemptions"] > 0
+    best = max(goodput, key=goodput.get)
+    assert goodput[best] > 1.1 * min(goodput.values())
+    mpc = make_controller("mpc:horizon_s=10000:replan_s=10000:seqs=2/8:tokens=100")
+    engine = SimEngine(profile, slo=slo)
+    out = run(workload, engine, mpc)
+    assert out.timeline.array()["max_num_seqs"][0] == best
+    assert out.metrics()["output_goodput"] == pytest.approx(goodput[best])
+
+
+def test_mpc_refuses_an_engine_it_cannot_fork() -> None:
+    mpc = make_controller("mpc")
+    assert simulator_only(mpc)
+    with pytest.raises(TypeError, match=r"VLLMEngine lacks fork.*--engine sim"):
+        mpc.reset(VLLMEngine.__new__(VLLMEngine))
+
+
+@pytest.mark.parametrize(
+    "spec", ["mpc:seqs=8/x", "mpc:horizon_s=0", "mpc:rounds=0", "mpc:depth=3"]
+)
+def test_mpc_spec_errors_name_the_problem(spec: str) -> None:
+    with pytest.raises(ControllerSpecError, match="mpc"):
+        make_controller(spec)

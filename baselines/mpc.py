@@ -1,0 +1,203 @@
+"""`mpc`: a lookahead oracle for the simulator (model-predictive control with the true future).
+
+At each re-plan it forks the running `SimEngine` (which holds the workload's true future
+arrivals and lengths), continues each candidate (max_num_seqs, max_num_batched_tokens)
+pair over a horizon with that pair fixed, and applies the pair whose horizon scores best.
+It is the upper reference the rules and the learned controller are measured against, and
+the teacher for imitation; it reads the simulator's future, so it cannot run on a real
+engine or serve.
+
+The score of a horizon [t0, t0 + H], in output tokens (the units of goodput):
+
+- **+ output** of each request that finishes in the horizon meeting the SLOs;
+- **+ generated so far** of each unfinished request still on track at t0 + H
+  (`batchpilot.envs.telemetry.on_track`: TTFT met or still meetable, TPOT so far within
+  target);
+- **- output** of each request whose TTFT deadline falls inside the horizon and is missed
+  (waiting past it, or first token after it): a request a candidate lets go stale is lost.
+
+Requests whose deadline had passed before t0 score nothing either way. The candidate
+search is coordinate-wise on log grids: from the current pair, every max_num_seqs on the
+grid with the current budget, then every budget with the best max_num_seqs (``rounds``
+times); the current pair wins ties (and must be beaten by more than ``margin``), which
+keeps the limits from flapping between equal futures.
+"""
+
+from __future__ import annotations
+
+import time
+
+from batchpilot.envs.engine import Engine
+from batchpilot.envs.telemetry import Limits, Telemetry
+
+SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TOKENS_GRID = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def parse_grid(text: str) -> tuple[int, ...]:
+    """``8/32/128`` -> (8, 32, 128): a grid written without commas (commas separate specs)."""
+    try:
+        values = tuple(sorted({int(v) for v in text.split("/") if v.strip()}))
+    except ValueError:
+        raise ValueError(f"grid {text!r}: whole numbers separated by '/', e.g. 8/32/128") from None
+    if not values or values[0] < 1:
+        raise ValueError(f"grid {text!r}: give at least one value, each >= 1")
+    return values
+
+
+parse_grid.__name__ = "grid"  # how spec errors name the type
+
+MPC_ARGS = {
+    "horizon_s": float,
+    "replan_s": float,
+    "seqs": parse_grid,
+    "tokens": parse_grid,
+    "rounds": int,
+    "margin": float,
+}
+"""Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048``."""
+
+
+class MPCController:
+    """Lookahead oracle: re-plans every `replan_s` of engine time over `horizon_s`.
+
+    `seqs` and `tokens` are the candidate grids (clipped to the engine's caps, which are
+    always candidates); `rounds` coordinate sweeps per re-plan; `margin` is the relative
+    score gain a new pair needs over the current one. Simulator only.
+    """
+
+    simulator_only = True
+
+    def __init__(
+        self,
+        horizon_s: float = 4.0,
+        replan_s: float = 1.0,
+        seqs: tuple[int, ...] | str = SEQS_GRID,
+        tokens: tuple[int, ...] | str = TOKENS_GRID,
+        rounds: int = 1,
+        margin: float = 0.0,
+    ) -> None:
+        if horizon_s <= 0 or replan_s <= 0:
+            raise ValueError(f"horizon_s and replan_s must be > 0, got {horizon_s}, {replan_s}")
+        if rounds < 1 or margin < 0:
+            raise ValueError(f"rounds must be >= 1 and margin >= 0, got {rounds}, {margin}")
+        self.horizon_s = horizon_s
+        self.replan_s = replan_s
+        self.seqs = parse_grid(seqs) if isinstance(seqs, str) else tuple(sorted(set(seqs)))
+        self.tokens = parse_grid(tokens) if isinstance(tokens, str) else tuple(sorted(set(tokens)))
+        self.rounds = rounds
+        self.margin = margin
+        self.name = "mpc"
+        self._engine: Engine | None = None
+        self.plans = 0
+        self.rollouts = 0
+        self.plan_wall_s = 0.0
+
+    def reset(self, engine: Engine) -> None:
+        """Keep the engine, which must be the simulator (it forks it at each re-plan)."""
+        needed = ("fork", "unfinished_requests")
+        missing = [m for m in needed if not callable(getattr(engine, m, None))]
+        if missing:
+            raise TypeError(
+                f"the mpc controller looks ahead by forking a simulated engine with the true "
+                f"future workload; {type(engine).__name__} lacks {', '.join(missing)} "
+                "(mpc runs only on --engine sim, never on vLLM or in serving)"
+            )
+        self._engine = engine
+        self._seq_grid = _clip(self.seqs, engine.max_num_seqs)
+        self._token_grid = _clip(self.tokens, engine.max_num_batched_tokens)
+        self._current = (engine.max_num_seqs, engine.max_num_batched_tokens)
+        self._full_budget = engine.max_num_batched_tokens
+        step = engine.profile.step  # type: ignore[attr-defined]
+        budget = self._full_budget
+        self._idle_step_s = step.time(0, 0, 0, 0, 0, 0)
+        self._full_chunk_s = step.time(1, budget, budget, 0, 0, 0)
+        self._next_plan = float("-inf")
+        self.plans = self.rollouts = 0
+        self.plan_wall_s = 0.0
+
+    def decide(self, telemetry: Telemetry) -> Limits:
+        if self._engine is None:
+            raise RuntimeError("call reset(engine) before decide()")
+        if telemetry.time_s >= self._next_plan:
+            start = time.perf_counter()
+            self._current = self._plan(telemetry.time_s)
+            self.plan_wall_s += time.perf_counter() - start
+            self.plans += 1
+            self._next_plan = telemetry.time_s + self.replan_s
+        return Limits(*self._current)
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, now: float) -> tuple[int, int]:
+        scores: dict[tuple[int, int], float] = {}
+
+        def score(pair: tuple[int, int]) -> float:
+            if pair not in scores:
+                scores[pair] = self.rollout(now, pair)
+            return scores[pair]
+
+        incumbent = self._current
+        best, best_score = incumbent, score(incumbent)
+
+        def consider(pair: tuple[int, int]) -> None:
+            nonlocal best, best_score
+            bar = best_score + (self.margin * abs(best_score) if best == incumbent else 0.0)
+            if score(pair) > bar:
+                best, best_score = pair, score(pair)
+
+        for _ in range(self.rounds):
+            before = best
+            for s in reversed(self._seq_grid):  # ties go to the larger limit
+                consider((s, best[1]))
+            for t in reversed(self._token_grid):
+                consider((best[0], t))
+            if best == before:
+                break
+        return best
+
+    def rollout(self, now: float, pair: tuple[int, int]) -> float:
+        """The horizon score (output tokens) of holding `pair` from `now` for `horizon_s`."""
+        engine = self._engine.fork(history=False)  # type: ignore[union-attr]
+        self.rollouts += 1
+        engine.set_limits(Limits(*pair))
+        telemetry = engine.advance(until_s=now + self.horizon_s)
+        end = telemetry.time_s  # earlier if the workload ran out
+        score = telemetry.interval_good_output_tokens + telemetry.inflight_on_track_tokens
+        ttft = engine.slo.ttft_ms
+        if ttft is None:
+            return float(score)
+        limit = ttft / 1e3
+        for r in engine.result().records:
+            deadline = r.arrival_s + limit
+            if now < deadline < r.first_token_s:
+                score -= r.output_tokens
+        # a request not started by `end` is lost if even prefilling the queue up to it at
+        # the engine's full token budget (no decodes) would give its first token too late
+        queued = 0
+        for arrival, first_token, output, prefill in engine.unfinished_requests():
+            deadline = arrival + limit
+            if first_token >= 0:
+                if now < deadline < first_token:
+                    score -= output
+                continue
+            queued += prefill
+            if deadline > now and end + self._prefill_s(queued) > deadline:
+                score -= output
+        return float(score)
+
+    def _prefill_s(self, tokens: int) -> float:
+        """Engine time to prefill `tokens` in full-budget chunks and nothing else, from the
+        profile's step model (attention over earlier chunks left out: an optimistic estimate)."""
+        chunks, rest = divmod(tokens, self._full_budget)
+        partial = self._idle_step_s + (self._full_chunk_s - self._idle_step_s) * (
+            rest / self._full_budget
+        )
+        return chunks * self._full_chunk_s + (partial if rest else 0.0)
+
+    def cost(self) -> dict[str, float]:
+        """Planning totals so far: re-plans, rollouts, wall seconds spent planning."""
+        return {"plans": self.plans, "rollouts": self.rollouts, "plan_wall_s": self.plan_wall_s}
+
+
+def _clip(grid: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    return tuple(sorted({min(v, cap) for v in grid} | {cap}))
