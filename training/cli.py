@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "quickstart": "Main job: train a small policy on the embedded default, export, compare.",
     "serve": "Start vLLM's OpenAI server with a batchpilot controller inside its scheduler.",
     "calibrate": "Fit the simulator's step-time model to a real vLLM engine; write a profile.",
+    "profiles": "List the engine profiles (model, GPU, TP, KV capacity), or build one.",
 }
 """Subcommand -> one-line help. Each lives in `batchpilot.training.commands.<name>` with
 ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside ``main``."""

@@ -1,0 +1,149 @@
+"""List the simulator's engine profiles, or build one from Vidur's operator profiles.
+
+A profile is one deployment: model, GPU, tensor parallelism, KV-cache capacity (as vLLM
+computes it: GPU memory x gpu_memory_utilization, less weights, activation peak and a
+runtime reserve, in 16-token blocks) and a step-time model. ``table (measured)`` profiles
+take their step times from per-operator GPU measurements (Vidur: linear layers per token
+count, attention fitted to the one measured table and scaled, NCCL all-reduce) plus
+explicit per-step and per-request CPU overheads; ``linear`` ones from a roofline or a
+`batchpilot calibrate` fit. `batchpilot profiles --json` prints each profile's sources.
+
+examples:
+  batchpilot profiles
+  batchpilot profiles --json
+  batchpilot profiles build --model llama-2-70b --gpu a100 --tp 4 --out profiles/70b-tp4.json
+  batchpilot profiles build --model llama-3-8b --gpu a100 --tp 1 --gpu-memory-gib 22 \\
+      --gpu-memory-utilization 0.85 --out profiles/8b-24gb.json
+  batchpilot simulate --profile profiles/70b-tp4.json --controller alg1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DEFAULT_VIDUR = Path("..") / "shared" / "profiling" / "vidur"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    build = sub.add_parser(
+        "build",
+        help="build a measured profile from a Vidur profiling directory",
+        description=(
+            "Derive the step-time tables from --vidur (see `python -m "
+            "batchpilot.envs.profile_tables --help`) and build one profile. The CPU overheads "
+            "are explicit parameters: the defaults (1 ms per step, 10 us per scheduled "
+            "request) are an assumption for vLLM V1 whose sources each profile states "
+            "(`batchpilot profiles --json`, step.source.overheads)."
+        ),
+    )
+    build.add_argument(
+        "--model",
+        required=True,
+        help="llama-2-7b | llama-2-70b | llama-3-8b | llama-3-70b | codellama-34b",
+    )
+    build.add_argument("--gpu", required=True, help="a100 | h100 | a40: whose timings apply")
+    build.add_argument("--tp", type=int, default=1, help="tensor parallel size. Default: 1")
+    build.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the GPU's)")
+    build.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="vLLM's. Default: %(default)s"
+    )
+    build.add_argument("--max-num-seqs", type=int, default=1024, help="Default: %(default)s")
+    build.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192, help="Default: %(default)s"
+    )
+    build.add_argument("--block-size", type=int, default=16, help="Default: %(default)s")
+    build.add_argument(
+        "--step-overhead-ms", type=float, help="CPU time per step on the critical path (1)"
+    )
+    build.add_argument(
+        "--seq-overhead-us", type=float, help="CPU time per scheduled request per step (10)"
+    )
+    build.add_argument(
+        "--runtime-reserve-gib", type=float, help="non-torch memory and CUDA graphs per GPU (1)"
+    )
+    build.add_argument(
+        "--vidur",
+        type=Path,
+        default=DEFAULT_VIDUR,
+        help="Vidur profiling directory (compute/, network/). Default: %(default)s",
+    )
+    build.add_argument("--name", help="profile name (default: the output file's stem)")
+    build.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+
+
+def _table(rows: list[dict]) -> str:
+    cols = [
+        ("name", "name", "<"),
+        ("model", "model", "<"),
+        ("tp", "TP", ">"),
+        ("context", "context", ">"),
+        ("kv_capacity_tokens", "KV tokens", ">"),
+        ("step_model", "step model", "<"),
+        ("gpu", "GPU", "<"),
+    ]
+    cells = [[h for _, h, _ in cols]]
+    for r in rows:
+        cells.append(
+            [f"{r[k]:,}" if isinstance(r[k], int) and k != "tp" else str(r[k]) for k, _, _ in cols]
+        )
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    lines = []
+    for row in cells:
+        parts = [f"{c:{a}{w}}" for c, (_, _, a), w in zip(row, cols, widths, strict=True)]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from batchpilot.envs.profiles import PROFILES
+
+    if args.action == "build":
+        return _build(args)
+    rows = []
+    for p in PROFILES.values():
+        row = p.summary()
+        if args.json:
+            row["step"] = p.step.to_dict()
+            for key in ("token_knots", "token_s", "seq_knots", "seq_s"):
+                row["step"].pop(key, None)  # the tables themselves: see the profile JSON
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_table(rows))
+        print("\n`batchpilot profiles --json` for descriptions and sources of each step model.")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from batchpilot.envs.profile_tables import derive
+    from batchpilot.envs.profiles import measured_profile
+
+    if not args.vidur.is_dir():
+        raise ValueError(f"{args.vidur}: no such Vidur profiling directory (--vidur)")
+    optional = {
+        "gpu_memory_gib": args.gpu_memory_gib,
+        "step_overhead_s": None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
+        "seq_overhead_s": None if args.seq_overhead_us is None else args.seq_overhead_us / 1e6,
+        "runtime_reserve_gib": args.runtime_reserve_gib,
+    }
+    profile = measured_profile(
+        derive(args.vidur),
+        args.model,
+        args.gpu,
+        args.tp,
+        name=args.name or args.out.stem,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        **{k: v for k, v in optional.items() if v is not None},
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(profile.to_json() + "\n")
+    print(f"wrote {args.out}: {profile.description}")
+    return 0
