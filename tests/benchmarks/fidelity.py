@@ -1,16 +1,22 @@
-"""Simulator fidelity: the same workloads and controllers on the real vLLM engine and in the
-simulator with a calibrated profile (`batchpilot calibrate`), errors side by side.
+"""Simulator fidelity: the same workloads and controllers on the real vLLM engine, repeated,
+and in the simulator with one or more calibrated profiles (`batchpilot calibrate`).
 
-    OMP_NUM_THREADS=1 python tests/benchmarks/fidelity.py --profile profiles/cpu-tiny.json
+    OMP_NUM_THREADS=1 python tests/benchmarks/fidelity.py --profile cpu-tiny-llama \\
+        --profile profiles/cpu-tiny-table.json --repeats 5
 
-Per run: output throughput, median TTFT and TPOT, preemptions and mean KV usage (sim vs
-real, relative error), and for all-at-once runs the share of iterations whose scheduling
-(running, waiting, prefill tokens, decode requests) is identical.
+Every case runs --repeats times on the real engine (its timings vary run to run); the
+simulator is deterministic and runs once per profile. Per case and profile: output
+throughput and median TTFT and TPOT, the real engine's median over repeats with its
+spread (min-max), and the simulator's relative error against each real repeat as a median
+with its spread, judged against the targets (5% throughput, 10% TTFT and TPOT) on the
+median. For all-at-once runs, the share of iterations whose scheduling (running, waiting,
+prefill tokens, decode requests) is identical on both engines.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from dataclasses import replace
@@ -18,19 +24,21 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import numpy as np
+
 from batchpilot.baselines.specs import make_controller
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.profiles import get_profile
+from batchpilot.envs.profiles import EngineProfile, get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
-from batchpilot.envs.vllm_engine import make_vllm_engine
-from batchpilot.envs.vllm_models import tiny_llama
+from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import make_workload
 
-METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "num_preemptions", "mean_kv_usage")
+TARGETS = {"output_throughput": 0.05, "median_ttft_ms": 0.10, "median_tpot_ms": 0.10}
+"""Largest acceptable |median relative error| of the simulator per metric."""
 SLO_SPEC = SLO.parse("ttft:2000,tpot:50")
 CASES = [  # (source, arrival, requests, controller)
     ("fixed:128:64", "all-at-once", 48, "static:16"),
@@ -41,48 +49,149 @@ CASES = [  # (source, arrival, requests, controller)
 ]
 
 
-def step_trace(engine: Engine, workload, limit: int) -> list[tuple[int, int, int, int]]:
+def step_trace(engine: Engine, workload: Workload, limit: int) -> list[tuple[int, int, int, int]]:
     """(running, waiting, prefill tokens, decode requests) after each iteration."""
     engine.reset(workload, Limits(limit))
     out = []
     while not engine.done:
         t = engine.advance(max_iterations=1)
-        out.append((t.num_requests_running, t.num_requests_waiting, t.step_prefill_tokens, t.step_decode_tokens))
+        out.append(
+            (
+                t.num_requests_running,
+                t.num_requests_waiting,
+                t.step_prefill_tokens,
+                t.step_decode_tokens,
+            )
+        )
+    return out
+
+
+def metrics(workload: Workload, engine: Engine, spec: str) -> dict[str, float]:
+    m = run(workload, engine, make_controller(spec), ControlInterval.parse("1it")).metrics()
+    return {k: float(m[k]) for k in TARGETS}
+
+
+def compare(real: list[dict[str, float]], sim: dict[str, float]) -> dict[str, dict]:
+    """Per metric: real median and spread, sim value, sim error vs each repeat (median,
+    spread) and whether the median error meets the target."""
+    out = {}
+    for key, target in TARGETS.items():
+        values = np.array([r[key] for r in real])
+        errors = sim[key] / values - 1
+        med = float(np.median(errors))
+        out[key] = {
+            "real_median": float(np.median(values)),
+            "real_min": float(values.min()),
+            "real_max": float(values.max()),
+            "sim": sim[key],
+            "error_median": med,
+            "error_min": float(errors.min()),
+            "error_max": float(errors.max()),
+            "target": target,
+            "within_target": abs(med) <= target,
+        }
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", required=True, help="calibrated profile JSON (or name)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--profile",
+        action="append",
+        required=True,
+        help="calibrated profile JSON or name (repeatable: every profile against the same "
+        "real runs)",
+    )
     parser.add_argument("--model", help="model directory (default: a tiny random Llama)")
-    parser.add_argument("--blocks", type=int, default=40, help="KV blocks on both sides (KV pressure)")
+    parser.add_argument(
+        "--blocks", type=int, default=40, help="KV blocks on both sides (KV pressure)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="real runs per case. Default: %(default)s"
+    )
+    parser.add_argument("--cases", help="comma-separated case numbers (default: all)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_models import tiny_llama
+
     model = args.model or str(tiny_llama(Path(tempfile.mkdtemp()) / "tiny"))
-    profile = replace(get_profile(args.profile), num_gpu_blocks=args.blocks)
-    real = make_vllm_engine(
-        model, slo=SLO_SPEC, max_num_seqs=profile.max_num_seqs, max_model_len=profile.max_model_len,
-        max_num_batched_tokens=profile.max_num_batched_tokens, num_gpu_blocks=args.blocks,
+    profiles: list[EngineProfile] = [
+        replace(get_profile(p), num_gpu_blocks=args.blocks) for p in args.profile
+    ]
+    first = profiles[0]
+    if any(
+        (p.max_num_seqs, p.max_model_len, p.max_num_batched_tokens, p.block_size)
+        != (first.max_num_seqs, first.max_model_len, first.max_num_batched_tokens, first.block_size)
+        for p in profiles
+    ):
+        parser.error("profiles must share caps and block size (one real engine serves all)")
+    real_engine = make_vllm_engine(
+        model, slo=SLO_SPEC, max_num_seqs=first.max_num_seqs, max_model_len=first.max_model_len,
+        max_num_batched_tokens=first.max_num_batched_tokens, num_gpu_blocks=args.blocks,
     )  # fmt: skip
-    sim = SimEngine(profile, slo=SLO_SPEC, fast_forward=False)
-    header = f"{'workload':<36}{'controller':<22}" + "".join(f"{m:>24}" for m in METRICS)
-    print(header)
-    for source, arrival, n, spec in CASES:
-        w = make_workload(source, arrival, num_requests=n, seed=0, max_model_len=profile.max_model_len, overlong="truncate")
-        row = {}
-        for name, engine in (("real", real), ("sim", sim)):
-            row[name] = run(w, engine, make_controller(spec), ControlInterval.parse("1it")).metrics()
-        cells = []
-        for m in METRICS:
-            r, s = row["real"][m], row["sim"][m]
-            err = f"{(s / r - 1) * 100:+.1f}%" if r else "n/a"
-            cells.append(f"{s:>8.1f}/{r:<8.1f}{err:>8}")
-        print(f"{source + '@' + arrival:<36}{spec:<22}" + "".join(f"{c:>24}" for c in cells))
+    chosen = (
+        [int(c) for c in args.cases.split(",")] if args.cases else list(range(len(CASES)))
+    )
+    results = []
+    for index in chosen:
+        source, arrival, n, spec = CASES[index]
+        w = make_workload(
+            source, arrival, num_requests=n, seed=0, max_model_len=first.max_model_len,
+            overlong="truncate",
+        )  # fmt: skip
+        real = [metrics(w, real_engine, spec) for _ in range(args.repeats)]
+        case = {"case": f"{source}@{arrival}", "controller": spec, "profiles": {}}
+        for p in profiles:
+            sim = metrics(w, SimEngine(p, slo=SLO_SPEC), spec)
+            case["profiles"][p.name] = compare(real, sim)
         if arrival == "all-at-once":  # static controllers only
             limit = int(spec.removeprefix("static:"))
-            a, b = step_trace(real, w, limit), step_trace(sim, w, limit)
-            same = sum(x == y for x, y in zip(a, b, strict=False)) / max(len(a), len(b))
-            print(f"{'':<58}iterations real {len(a)}, sim {len(b)}; identical scheduling {same:.1%}")
-    print("cells: sim/real and the simulator's relative error")
+            a = step_trace(real_engine, w, limit)
+            for p in profiles:
+                b = step_trace(SimEngine(p, slo=SLO_SPEC, fast_forward=False), w, limit)
+                same = sum(x == y for x, y in zip(a, b, strict=False)) / max(len(a), len(b))
+                case["profiles"][p.name]["identical_scheduling"] = same
+        results.append(case)
+        print_case(case, args.repeats)
+    print_summary(results)
+    if args.json:
+        args.json.write_text(json.dumps({"repeats": args.repeats, "cases": results}, indent=2))
+        print(f"wrote {args.json}")
+
+
+def print_case(case: dict, repeats: int) -> None:
+    print(f"\n{case['case']}  {case['controller']}  ({repeats} real runs)")
+    for name, res in case["profiles"].items():
+        cells = []
+        for key in TARGETS:
+            r = res[key]
+            mark = "ok" if r["within_target"] else "MISS"
+            cells.append(
+                f"{key} real {r['real_median']:.1f} [{r['real_min']:.1f}-{r['real_max']:.1f}] "
+                f"sim {r['sim']:.1f} err {r['error_median']:+.1%} "
+                f"[{r['error_min']:+.1%}..{r['error_max']:+.1%}] {mark}"
+            )
+        same = res.get("identical_scheduling")
+        extra = f"; identical scheduling {same:.0%}" if same is not None else ""
+        print(f"  {name}: " + "; ".join(cells) + extra)
+
+
+def print_summary(results: list[dict]) -> None:
+    names = list(results[0]["profiles"]) if results else []
+    print("\nmedian |error| over cases (targets: " + ", ".join(
+        f"{k} {v:.0%}" for k, v in TARGETS.items()) + ")")  # fmt: skip
+    for name in names:
+        parts = []
+        for key in TARGETS:
+            errs = [abs(c["profiles"][name][key]["error_median"]) for c in results]
+            hits = sum(c["profiles"][name][key]["within_target"] for c in results)
+            parts.append(f"{key} {np.median(errs):.1%} ({hits}/{len(results)} within)")
+        print(f"  {name}: " + "; ".join(parts))
 
 
 if __name__ == "__main__":

@@ -1,18 +1,28 @@
 """Measure a real vLLM engine's iteration times (schedule, forward pass, outputs) across
-batch sizes, prefill chunk sizes and context lengths, fit the simulator's step-time model
-to them, and write an engine profile (JSON) the simulator takes as ``--profile PATH``.
+batch sizes, prefill chunk sizes and context lengths, fit a step-time model to them, and
+write an engine profile (JSON) the simulator takes as ``--profile PATH``.
+
+Every run of the grid is repeated (--repeats) and each step's median time is fitted, so a
+slow outlier does not lead the fit. Both forms are fitted and reported; --form picks the one
+written: ``linear`` (base + per prefill token + per decode request + per KV token) or
+``table`` (the measured tabular form of the GPU profiles: step tokens and requests through
+piecewise-linear tables, attention in chunk x context and decode contexts). A fit with
+R^2 below 0.9 is flagged.
 
 The profile's KV cache is the engine's (block size, blocks) and its caps are the ones the
 engine ran with. Set OMP_NUM_THREADS before starting (1 gives the steadiest times on CPU).
 
 examples:
   OMP_NUM_THREADS=1 batchpilot calibrate --model /tmp/tiny --out profiles/cpu-tiny.json
+  OMP_NUM_THREADS=1 batchpilot calibrate --model /tmp/tiny --form table --repeats 5 \\
+      --out profiles/cpu-tiny-table.json
   batchpilot simulate --profile profiles/cpu-tiny.json --controller alg1
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -20,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model directory vLLM can load")
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
     parser.add_argument("--name", help="profile name (default: the output file's stem)")
+    parser.add_argument(
+        "--form",
+        choices=("linear", "table"),
+        default="linear",
+        help="step-time model written to the profile (both are fitted and reported). "
+        "Default: %(default)s",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64, help="largest batch. Default: 64")
     parser.add_argument(
         "--max-model-len", type=int, default=2048, help="context length. Default: 2048"
@@ -30,20 +47,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-gpu-blocks", type=int, help="KV blocks (default: what vLLM allocates)"
     )
-    parser.add_argument("--repeats", type=int, default=2, help="runs of the grid. Default: 2")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="runs of the grid; each step's median time is fitted. Default: %(default)s",
+    )
+    parser.add_argument(
+        "--samples",
+        type=Path,
+        help="also write the median step samples (JSON: the 6 step counts and seconds per "
+        "step) to refit later with batchpilot.envs.calibration.fit_step_model",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def main(args: argparse.Namespace) -> int:
+    import json
     import time
 
     from rich.progress import Progress
 
-    from batchpilot.envs.calibration import calibration_workloads, fit_step_model
+    from batchpilot.envs.calibration import (
+        FORMS,
+        calibration_workloads,
+        fit_step_model,
+        group_repeats,
+    )
     from batchpilot.envs.profiles import EngineProfile
     from batchpilot.envs.telemetry import Limits
     from batchpilot.envs.vllm_engine import make_vllm_engine
 
+    if args.repeats < 1:
+        raise ValueError("--repeats must be >= 1")
     engine = make_vllm_engine(
         args.model,
         max_num_seqs=args.max_num_seqs,
@@ -51,30 +87,44 @@ def main(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_gpu_blocks=args.num_gpu_blocks,
     )
-    runs = calibration_workloads(engine.max_model_len, engine.max_num_seqs)
-    samples: list[tuple[int, int, int, float]] = []
-    warm = runs[len(runs) // 2][0]
+    grid = calibration_workloads(engine.max_model_len, engine.max_num_seqs)
+    warm = grid[len(grid) // 2][0]
     engine.reset(warm, Limits(engine.max_num_seqs))  # first steps are slow: not measured
     while not engine.done:
         engine.advance(max_iterations=100)
     tracker = engine.scheduler.tracker
+    runs = []
     with Progress(disable=args.no_progress) as bar:
-        task = bar.add_task("calibrating", total=len(runs) * args.repeats)
+        task = bar.add_task("calibrating", total=len(grid) * args.repeats)
         for _ in range(args.repeats):
-            for workload, batch in runs:
+            for workload, batch in grid:
                 engine.reset(workload, Limits(batch))
+                steps = []
                 while not engine.done:  # a whole iteration, as the simulator's step is
                     start = time.perf_counter()
                     engine.advance(max_iterations=1)
-                    prefill, decode, kv, _ = tracker.step_log[-1]
-                    samples.append((prefill, decode, kv, time.perf_counter() - start))
+                    elapsed = time.perf_counter() - start
+                    steps.append((*tracker.step_log[-1][:6], elapsed))
+                runs.append(steps)
                 bar.advance(task)
-    fit = fit_step_model(samples)
-    name = args.name or args.out.stem
+    samples = group_repeats(runs, len(grid))
+    if args.samples:
+        args.samples.parent.mkdir(parents=True, exist_ok=True)
+        args.samples.write_text(json.dumps(samples) + "\n")
+    source = f"batchpilot calibrate --model {args.model} --repeats {args.repeats}"
+    fits = {form: fit_step_model(samples, form, source=source) for form in FORMS}
+    for fit in fits.values():
+        print(fit.summary())
+    fit = fits[args.form]
+    warning = fit.warning()
+    if warning:
+        print(warning, file=sys.stderr)
+    steps_measured = sum(len(r) for r in runs)
     profile = EngineProfile(
-        name=name,
+        name=args.name or args.out.stem,
         description=(
-            f"{args.model} measured by batchpilot calibrate ({fit.samples} steps, R^2 "
+            f"{args.model} measured by batchpilot calibrate ({steps_measured} steps, "
+            f"{args.repeats} repeats, {fit.samples} median step times; {fit.form} fit R^2 "
             f"{fit.r2:.3f}, median |error| {fit.median_abs_rel_error:.1%})"
         ),
         block_size=engine.block_size,
@@ -86,12 +136,10 @@ def main(args: argparse.Namespace) -> int:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(profile.to_json() + "\n")
-    m = fit.model
+    m = fits["linear"].model
     print(
-        f"fitted {fit.samples} steps: base {m.base_s * 1e3:.3f} ms + {m.prefill_token_s * 1e6:.3f} "
-        f"us/prefill token + {m.decode_seq_s * 1e6:.2f} us/decode request + "
-        f"{m.kv_token_s * 1e9:.2f} ns/KV token; R^2 {fit.r2:.3f}, median |error| "
-        f"{fit.median_abs_rel_error:.1%}"
+        f"linear: base {m.base_s * 1e3:.3f} ms + {m.prefill_token_s * 1e6:.3f} us/prefill token "
+        f"+ {m.decode_seq_s * 1e6:.2f} us/decode request + {m.kv_token_s * 1e9:.2f} ns/KV token"
     )
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({fit.form} step model)")
     return 0
