@@ -68,9 +68,13 @@ class StepTracker:
         self.last_step = (0, 0, 0.0)
         self.recent = (0.0, 0.0, 0.0)
         self._step_start = 0.0
-        self._step_kv = 0
-        self.step_log: deque[tuple[int, int, int, float]] = deque(maxlen=STEP_LOG_LEN)
-        """(prefill tokens, decode requests, KV tokens attended, seconds) of recent steps."""
+        self._step_counts = (0, 0, 0, 0, 0, 0)
+        self.step_log: deque[tuple[int, int, int, int, int, int, float]] = deque(
+            maxlen=STEP_LOG_LEN
+        )
+        """Recent steps as the simulator's step model sees them, and their seconds:
+        (prefill requests, prefill tokens, prefill contexts, sum of chunk x context,
+        decode requests, decode contexts, seconds)."""
         self.last_added = ""
         """vLLM's internal id of the newest request (it appends a random suffix)."""
 
@@ -98,16 +102,21 @@ class StepTracker:
         self._step_start = self.now()
         self._kv_mark(self._step_start, kv_usage)
         prefill = decode = kv = 0
+        prefill_seqs = prefill_kv = prefill_attn = 0
         for rid, n in out.num_scheduled_tokens.items():
             req = requests.get(rid)
             if req is None:
                 continue
             before = req.num_computed_tokens - n  # schedule() already advanced it
+            context = req.num_computed_tokens
             if n == 1 and req.num_output_tokens > 0 and before == req.num_tokens - 1:
                 decode += 1
             else:
                 prefill += n
-            kv += req.num_computed_tokens
+                prefill_seqs += 1
+                prefill_kv += context
+                prefill_attn += n * context
+            kv += context
         for rid in out.preempted_req_ids or ():
             track, req = self.tracks.get(rid), requests.get(rid)
             if track is not None:
@@ -117,7 +126,8 @@ class StepTracker:
                 self.interval.recomputed_tokens += dropped
             self.interval.preemptions += 1
         self.interval.prompt_tokens += prefill
-        self._step_kv = kv
+        decode_kv = kv - prefill_kv
+        self._step_counts = (prefill_seqs, prefill, prefill_kv, prefill_attn, decode, decode_kv)
         self.last_step = (prefill, decode, 0.0)
 
     def on_update(self, new_tokens: dict[str, int], finished: set[str], kv_usage: float) -> None:
@@ -130,7 +140,7 @@ class StepTracker:
         self._kv_mark(now, kv_usage)
         prefill, decode, _ = self.last_step
         self.last_step = (prefill, decode, duration)
-        self.step_log.append((prefill, decode, self._step_kv, duration))
+        self.step_log.append((*self._step_counts, duration))
         if decode:
             iv.decode_steps += 1
             iv.decode_seqs += decode
