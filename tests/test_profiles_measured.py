@@ -1,0 +1,279 @@
+"""Measured step-time models and GPU profiles: derived from Vidur's tables, non-linear where
+GPUs are, exact in the simulator's decode fast path, listed and built by the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchpilot.envs.profile_tables import LAYER_OPS, derive, load_tables
+from batchpilot.envs.profiles import (
+    ARCHITECTURES,
+    GIB,
+    PROFILES,
+    SHIPPED_MEASURED,
+    EngineProfile,
+    StepTimeModel,
+    activation_peak_bytes,
+    get_profile,
+    measured_profile,
+)
+from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.step_models import TableStepModel, _interp
+from batchpilot.envs.telemetry import Limits
+from batchpilot.envs.workload import Request, Workload
+from batchpilot.training.cli import main as cli
+
+VIDUR = Path(__file__).resolve().parents[1].parent / "shared" / "profiling" / "vidur"
+
+
+@pytest.fixture(scope="module")
+def derived() -> dict:
+    return derive(VIDUR)
+
+
+def test_committed_tables_are_what_the_script_derives(derived) -> None:
+    committed = load_tables()
+    assert committed["linear"] == derived["linear"]
+    assert committed["all_reduce"] == derived["all_reduce"]
+    for kind in ("decode", "prefill"):
+        for key, value in derived["attention"][kind].items():
+            assert committed["attention"][kind][key] == pytest.approx(value, rel=1e-9)
+
+
+def _measured_linear_ms(path: Path, tp: int) -> dict[int, float]:
+    """Per token count: layers' summed linear ops (median row), straight from the CSV."""
+    out: dict[int, list[float]] = {}
+    with path.open() as fh:
+        for row in csv.DictReader(fh):
+            if int(row["num_tensor_parallel_workers"]) == tp:
+                ms = sum(float(row[f"time_stats.{op}.median"]) for op in LAYER_OPS)
+                out.setdefault(int(row["num_tokens"]), []).append(ms)
+    return {n: float(np.median(v)) for n, v in out.items()}
+
+
+def test_table_model_follows_the_measured_linear_layers() -> None:
+    """Llama-2-7B on H100: the profile's token table against the raw CSV, and its shape:
+    flat while weights dominate, then growing with the tokens."""
+    profile = PROFILES["llama-2-7b-h100"]
+    step = profile.step
+    assert isinstance(step, TableStepModel)
+    raw = _measured_linear_ms(VIDUR / "compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv", 1)
+    errors = []
+    for n in (1, 8, 64, 256, 512, 1024, 2048, 4096):
+        table_ms = np.interp(n, step.token_knots, step.token_s) * 1e3
+        errors.append(table_ms / (32 * raw[n]) - 1)  # the embedding adds < 1%
+    assert max(abs(e) for e in errors) < 0.12, errors
+    t = {n: float(np.interp(n, step.token_knots, step.token_s)) for n in (1, 64, 256, 1024, 4096)}
+    assert t[64] / t[1] < 1.1  # flat below the knee
+    assert t[1024] / t[256] > 2.0 and t[4096] / t[1024] > 3.5  # then ~linear in tokens
+    # the step as a whole: a batch of 64 decodes costs well under 64 single decodes
+    assert step.decode_time(64, 64 * 512) < 3 * step.decode_time(1, 512)
+    # and a straight line through the ends misses the middle (what the linear model does)
+    line = t[1] + (t[4096] - t[1]) * (256 - 1) / (4096 - 1)
+    assert abs(line / t[256] - 1) > 0.1
+
+
+def test_interpolation_hits_knots_and_extends_linearly() -> None:
+    step = PROFILES["llama-2-70b-a100x4"].step
+    knots, values = step.token_knots, step.token_s
+    for x, y in zip(knots, values, strict=True):
+        assert _interp(knots, values, x) == pytest.approx(y, rel=1e-12)
+    mid = (knots[5] + knots[6]) / 2
+    assert _interp(knots, values, mid) == pytest.approx((values[5] + values[6]) / 2)
+    slope = (values[-1] - values[-2]) / (knots[-1] - knots[-2])
+    far = knots[-1] * 2
+    assert _interp(knots, values, far) == pytest.approx(values[-1] + slope * knots[-1])
+
+
+def test_attention_and_tensor_parallelism_behave() -> None:
+    tp2, tp4, tp8 = (PROFILES[f"llama-2-70b-a100x{n}"].step for n in (2, 4, 8))
+    assert tp2.decode_time(1, 512) > tp4.decode_time(1, 512) > tp8.decode_time(1, 512)
+    # KV read per decode token halves with the KV heads per GPU
+    assert tp2.attn_decode_kv_s == pytest.approx(2 * tp4.attn_decode_kv_s)
+    # prefill attention grows with chunk x context: a chunk late in a long prompt costs more
+    early = tp4.time(1, 512, 512, 512 * 512, 0, 0)
+    late = tp4.time(1, 512, 4096, 512 * 4096, 0, 0)
+    assert late > early
+    h100 = PROFILES["llama-2-70b-h100x4"].step
+    assert h100.prefill_time(2048) < tp4.prefill_time(2048)
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b-a100", "llama-2-70b-a100x8", "cpu-tiny-llama"])
+def test_decode_run_is_bit_identical_to_single_steps(name: str) -> None:
+    step = PROFILES[name].step
+    for n, kv, k in ((1, 17, 50), (64, 64 * 700, 300), (300, 300 * 3000, 20)):
+        run = step.decode_run(n, kv, k)
+        singles = [step.time(0, 0, 0, 0, n, kv + n * i) for i in range(k)]
+        assert run.tolist() == singles
+
+
+def _small_table_profile(blocks: int) -> EngineProfile:
+    step = TableStepModel(
+        token_knots=(1.0, 8.0, 16.0, 64.0),
+        token_s=(0.01, 0.0101, 0.0107, 0.04),
+        seq_knots=(1.0, 64.0),
+        seq_s=(0.001, 0.003),
+        attn_base_s=1e-4,
+        attn_prefill_token_s=1e-5,
+        attn_pair_s=3e-7,
+        attn_decode_kv_s=7e-6,
+        step_overhead_s=1e-3,
+        seq_overhead_s=1e-5,
+    )
+    return EngineProfile("t", "table property profile", 4, blocks, 4096, 64, 32, step)
+
+
+requests = st.lists(
+    st.tuples(st.floats(0, 20, allow_nan=False), st.integers(1, 40), st.integers(1, 30)),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(requests, st.lists(st.integers(1, 12), min_size=1, max_size=20), st.integers(20, 60))
+def test_fast_path_equals_step_by_step_with_the_table_model(reqs, limits, blocks) -> None:
+    work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
+    results = []
+    for fast in (True, False):
+        engine = SimEngine(_small_table_profile(blocks), fast_forward=fast)
+        engine.reset(work, Limits(8))
+        i = 0
+        while not engine.done:
+            engine.set_limits(Limits(limits[i % len(limits)]))
+            engine.advance(max_iterations=3)
+            i += 1
+        results.append(engine.result())
+    fast, slow = results
+    assert fast.duration_s == slow.duration_s  # the clock, summed in the same order
+    assert [(r.request_id, r.first_token_s, r.finish_s) for r in fast.records] == [
+        (r.request_id, r.first_token_s, r.finish_s) for r in slow.records
+    ]
+    assert fast.metrics() == pytest.approx(slow.metrics(), rel=1e-12)
+
+
+def test_shipped_profiles_describe_themselves_truly() -> None:
+    for name, spec in SHIPPED_MEASURED.items():
+        p = PROFILES[name]
+        arch = ARCHITECTURES[spec["model"]]
+        assert (p.model, p.max_model_len, p.tensor_parallel_size) == (
+            arch.title,
+            arch.max_model_len,
+            spec["tp"],
+        )
+        assert f"{arch.max_model_len:,}-token context" in p.description
+        assert f"KV cache {p.kv_capacity_tokens:,} tokens" in p.description
+        assert p.gpu
+    assert PROFILES["llama-2-7b-a100"].max_model_len == 4096  # Llama-2-7B's real context
+    assert "4,096" in PROFILES["llama-7b-a100"].description  # the stretched one says so
+    assert "24 GB" in PROFILES["llama-3-8b-24gb"].gpu
+    assert "A100" in PROFILES["llama-3-8b-24gb"].gpu  # whose step times it uses
+
+
+def test_kv_capacity_is_vllms_arithmetic() -> None:
+    p = PROFILES["llama-2-70b-a100x2"]
+    arch = ARCHITECTURES["llama-2-70b"]
+    weights = arch.weight_bytes_per_gpu(2)
+    assert weights / GIB == pytest.approx(64.2, abs=0.1)  # 68.98e9 parameters / 2 in fp16
+    free = 79.2 * GIB * 0.9 - weights - activation_peak_bytes(arch, 2, 8192, 1024) - 1 * GIB
+    kv_token = 2 * 80 * 4 * 128 * 2  # K and V, 80 layers, 4 of 8 KV heads per GPU, fp16
+    assert p.num_gpu_blocks == int(free // (kv_token * 16))
+    assert p.kv_capacity_tokens < 10 * arch.max_model_len  # KV-tight on two GPUs
+    assert PROFILES["llama-3-8b-24gb"].kv_capacity_tokens < 5 * 8192  # and on 24 GB
+
+
+def test_profile_files_round_trip(tmp_path: Path) -> None:
+    for name in ("llama-2-70b-h100x4", "llama-3-8b-24gb", "llama-7b-a100"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(PROFILES[name].to_json())
+        assert get_profile(str(path)) == PROFILES[name]
+    old = tmp_path / "old.json"  # files without step.kind (older calibrate output): linear
+    data = json.loads(PROFILES["cpu-tiny-llama"].to_json())
+    del data["step"]["kind"], data["model"], data["gpu"], data["tensor_parallel_size"]
+    old.write_text(json.dumps(data))
+    assert get_profile(str(old)).step == PROFILES["cpu-tiny-llama"].step
+    assert isinstance(get_profile(str(old)).step, StepTimeModel)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["step"].update(kind="cubic"), "step.kind 'cubic' unknown"),
+        (lambda d: d["step"]["token_knots"].reverse(), "step.token_knots must be strictly"),
+        (lambda d: d["step"].update(token_s=[0.1]), "step.token_knots and step.token_s"),
+        (lambda d: d["step"].update(attn_pair_s=-1.0), "step.attn_pair_s must be >= 0"),
+        (lambda d: d["step"].update(attn_pair_s="fast"), "step.attn_pair_s must be a number"),
+        (lambda d: d["step"].pop("seq_s"), "step.seq_s missing"),
+        (lambda d: d["step"].update(warp=1), "step.warp is not a field"),
+        (lambda d: d.update(num_gpu_blocks=0), "num_gpu_blocks must be an integer >= 1"),
+        (lambda d: d.update(tensor_parallel_size=1.5), "tensor_parallel_size must be an integer"),
+        (lambda d: d.update(colour="red"), "colour is not an engine profile field"),
+        (lambda d: d.pop("block_size"), "block_size missing"),
+    ],
+)
+def test_bad_profile_files_are_rejected_naming_the_field(tmp_path: Path, edit, message) -> None:
+    data = json.loads(PROFILES["llama-2-7b-a40"].to_json())
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message) as info:
+        get_profile(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_profiles_cli_lists_and_prints_json(capsys) -> None:
+    assert cli(["profiles"]) == 0
+    out = capsys.readouterr().out
+    for name in (*SHIPPED_MEASURED, "llama-65b-8xa100", "llama3-70b-8xa100"):
+        assert name in out
+    assert "table (measured)" in out and "KV tokens" in out
+    assert cli(["profiles", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(PROFILES)
+    row = rows["llama-2-70b-a100x4"]
+    assert (row["model"], row["tp"], row["context"]) == ("Llama-2-70B", 4, 4096)
+    assert row["kv_capacity_tokens"] == PROFILES["llama-2-70b-a100x4"].kv_capacity_tokens
+    assert "all_reduce.csv" in row["step"]["source"]["all_reduce"]
+
+
+def test_profiles_build_from_the_vidur_directory(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "llama-2-70b-a100x4.json"
+    args = ["profiles", "build", "--model", "llama-2-70b", "--gpu", "a100", "--tp", "4"]
+    assert cli([*args, "--vidur", str(VIDUR), "--out", str(out)]) == 0
+    assert get_profile(str(out)) == PROFILES["llama-2-70b-a100x4"]  # shipped = built
+    small = tmp_path / "small.json"
+    more = ["--gpu-memory-gib", "48", "--gpu-memory-utilization", "0.85", "--step-overhead-ms", "3"]
+    assert cli([*args, *more, "--vidur", str(VIDUR), "--out", str(small)]) == 0
+    built = get_profile(str(small))
+    assert built.kv_capacity_tokens < PROFILES["llama-2-70b-a100x4"].kv_capacity_tokens
+    assert built.step.step_overhead_s == pytest.approx(3e-3)
+    assert built.step == replace(
+        PROFILES["llama-2-70b-a100x4"].step, step_overhead_s=built.step.step_overhead_s
+    )
+    capsys.readouterr()
+    assert cli([*args, "--vidur", str(tmp_path / "none"), "--out", str(small)]) == 2
+    assert "no such Vidur profiling directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "tp", "kwargs", "message"),
+    [
+        ("llama-2-70b", "a40", 2, {}, "no all-reduce table for 2 x A40"),
+        ("llama-3-8b", "h100", 1, {}, "no linear-layer table for Llama-3-8B on H100"),
+        ("llama-2-70b", "a100", 1, {}, "less than one 4096-token context"),
+        ("llama-2-7b", "a100", 3, {}, "tensor parallel size must be 1, 2, 4 or 8"),
+        ("llama-2-7b", "a100", 1, {"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ("mistral-7b", "a100", 1, {}, "unknown model 'mistral-7b'"),
+    ],
+)
+def test_unbuildable_profiles_say_why(model, gpu, tp, kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        measured_profile(load_tables(), model, gpu, tp, **kwargs)
