@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.vec_env import VecNormalize
 
+from batchpilot.agents.checkpoint import save_checkpoint
 from batchpilot.agents.policy import PolicyController
 from batchpilot.agents.residual import ResidualSpec
 from batchpilot.baselines.specs import make_controller
@@ -147,12 +147,3 @@ class BaselineEvalCallback(BaseCallback):
             record = {"timesteps": self.num_timesteps, **score, "baselines": self.reference}
             (self.best_dir / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
         return True
-
-
-def save_checkpoint(model: Any, directory: Path) -> None:
-    """``model.zip`` and ``vecnormalize.pkl`` (if the env is normalised) in `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save(directory / "model.zip")
-    vecnorm: VecNormalize | None = model.get_vec_normalize_env()
-    if vecnorm is not None:
-        vecnorm.save(str(directory / "vecnormalize.pkl"))

@@ -2,28 +2,37 @@
 
 The graph takes the raw observation (`observation_layout`), applies the run's
 VecNormalize statistics, and returns the deterministic residual action in [-1, 1]; the
-sidecar (`batchpilot.agents.policy`) carries everything else a controller needs.
+sidecar (`batchpilot.agents.policy`) carries everything else a controller needs. The run
+is read as data only (`batchpilot.agents.checkpoint`: safetensors and JSON, no pickle).
 """
 
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch as th
 
+from batchpilot.agents.checkpoint import (
+    STATE,
+    CheckpointError,
+    load_policy_module,
+    normalisation,
+    read_state,
+)
 from batchpilot.agents.policy import (
     FORMAT,
     FORMAT_VERSION,
     PolicyFileError,
     observation_layout,
+    seal,
     sha256,
     sidecar_path,
 )
 from batchpilot.agents.residual import ResidualSpec
+from batchpilot.envs.metrics import DEFAULT_SLO
 
 OPSET = 17
 
@@ -50,40 +59,39 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
     if not meta_path.is_file():
         raise PolicyFileError(f"{run_dir} is not a training run (no run.json)")
     ckpt = run_dir / checkpoint
-    if not (ckpt / "model.zip").is_file():
-        raise PolicyFileError(f"{ckpt}/model.zip does not exist (checkpoints: best, final)")
-    return json.loads(meta_path.read_text()), ckpt
-
-
-def normalisation(ckpt: Path, n_obs: int) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """(mean, var, epsilon, clip) of the checkpoint's VecNormalize; identity without one."""
-    path = ckpt / "vecnormalize.pkl"
-    if not path.is_file():
-        return np.zeros(n_obs), np.ones(n_obs), 0.0, float("inf")
-    with path.open("rb") as f:  # our own training output, never a downloaded file
-        vn = pickle.load(f)
-    if not vn.norm_obs:
-        return np.zeros(n_obs), np.ones(n_obs), 0.0, float("inf")
-    return vn.obs_rms.mean, vn.obs_rms.var, float(vn.epsilon), float(vn.clip_obs)
+    if not (ckpt / STATE).is_file():
+        raise PolicyFileError(f"{ckpt}/{STATE} does not exist (checkpoints: best, final)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        ResidualSpec(**meta["residual"])
+        ok = isinstance(meta["env_kwargs"], dict) and isinstance(meta["control_interval"], str)
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise PolicyFileError(f"{meta_path}: not a readable run description ({exc})") from None
+    if not ok:
+        raise PolicyFileError(f"{meta_path}: env_kwargs or control_interval has the wrong type")
+    return meta, ckpt
 
 
 def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]:
     """Write ``out`` (ONNX) and ``out.json`` (sidecar); returns the sidecar."""
     import onnx
     import stable_baselines3 as sb3
-    from stable_baselines3 import PPO
 
     meta, ckpt = load_run(run_dir, checkpoint)
     spec = ResidualSpec(**meta["residual"])
     layout = observation_layout(spec)
-    model = PPO.load(ckpt / "model.zip", device="cpu")
-    n_obs = model.observation_space.shape[0]
-    if n_obs != len(layout):
-        raise PolicyFileError(
-            f"{ckpt}: the model takes {n_obs} inputs, this version's layout has {len(layout)}"
-        )
-    mean, var, eps, clip = normalisation(ckpt, n_obs)
-    module = OnnxablePolicy(model.policy, mean, var, eps, clip).eval()
+    try:
+        policy = load_policy_module(ckpt)
+        n_obs = policy.observation_space.shape[0]
+        if n_obs != len(layout):
+            raise PolicyFileError(
+                f"{ckpt}: the model takes {n_obs} inputs, this version's layout has {len(layout)}"
+            )
+        mean, var, eps, clip = normalisation(ckpt, n_obs)
+        timesteps = read_state(ckpt)["num_timesteps"]
+    except CheckpointError as exc:
+        raise PolicyFileError(str(exc)) from None
+    module = OnnxablePolicy(policy, mean, var, eps, clip).eval()
     out.parent.mkdir(parents=True, exist_ok=True)
     th.onnx.export(
         module,
@@ -115,11 +123,11 @@ def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]
             "hold": "a is kept for `hold` decisions; the baselines decide at every one",
         },
         "residual": spec.to_dict(),
-        "slo": env.get("slo", "ttft:2000,tpot:100"),
+        "slo": env.get("slo", str(DEFAULT_SLO)),
         "control_interval": meta["control_interval"],
         "trained_on": {"profile": env.get("profile"), "workload": env.get("workload")},
         "algo": meta["algo"],
-        "timesteps": int(model.num_timesteps),
+        "timesteps": timesteps,
         "checkpoint": str(ckpt),
         "versions": {
             "batchpilot": meta["versions"]["batchpilot"],
@@ -130,5 +138,6 @@ def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]
         },
         "sha256": sha256(out),
     }
-    sidecar_path(out).write_text(json.dumps(sidecar, indent=2) + "\n")
+    sidecar = seal(sidecar)
+    sidecar_path(out).write_text(json.dumps(sidecar, indent=2, allow_nan=False) + "\n")
     return sidecar

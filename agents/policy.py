@@ -5,10 +5,18 @@ The JSON sidecar ``PATH.json`` (written by `batchpilot export`) says how to use 
 network: the observation layout, the residual action's baselines and range, the SLO the
 observation is normalised by, and the sha256 of the ``.onnx`` file, checked on load.
 The observation normalisation (VecNormalize) is part of the ONNX graph.
+
+The sidecar is sealed: ``sidecar_sha256`` is the sha256 of the canonical JSON of every
+other field (`canonical_json`), so any edit to its semantic content (``cap_by``,
+``max_log2_step``, a new field) is refused, and its values are range-checked against
+`SIDECAR_SCHEMA` and the types of `ResidualSpec`'s fields. A checksum is not a signature:
+it catches edits and mix-ups, not an author who re-seals; the range checks and the absence
+of any executable content (no pickle, ONNX run by onnxruntime) are the safety boundary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -18,14 +26,18 @@ from typing import Any
 import numpy as np
 
 from batchpilot.agents.residual import ResidualCore, ResidualSpec
+from batchpilot.agents.schema import Check, dataclass_hints, mapping_problems, number
 from batchpilot.envs.batching_env import OBSERVATION_FIELDS, observe
+from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 FORMAT = "batchpilot-policy"
-FORMAT_VERSION = 2
-"""2: the residual's limit is capped by `ResidualSpec.cap_by`."""
+FORMAT_VERSION = 3
+"""2: the residual's limit is capped by `ResidualSpec.cap_by`; 3: the sidecar is sealed
+(``sidecar_sha256``) and range-checked."""
+SEAL = "sidecar_sha256"
 
 Act = Callable[[np.ndarray], np.ndarray]
 """Raw observation (n,) float32 -> residual action (1,) in [-1, 1]."""
@@ -41,6 +53,60 @@ def sidecar_path(onnx_path: Path) -> Path:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def canonical_json(meta: dict[str, Any]) -> bytes:
+    """The sidecar's fields other than the seal, as canonical JSON (sorted keys, no spaces,
+    no NaN or infinity)."""
+    body = {k: v for k, v in meta.items() if k != SEAL}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def seal(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` with its ``sidecar_sha256``."""
+    return meta | {SEAL: hashlib.sha256(canonical_json(meta)).hexdigest()}
+
+
+RESIDUAL_RANGES: dict[str, Check] = {
+    "max_log2_step": number(0.0, 8.0, low_open=True),
+    "hold": number(1, 100_000, integer=True),
+}
+"""Ranges of `ResidualSpec` fields. A field without one is still type-checked from its
+annotation (a float must be finite); a field may also declare ``metadata={"check": ...}``."""
+
+
+def _residual_problems(residual: Any) -> list[str]:
+    if not isinstance(residual, dict):
+        return [f"residual is {residual!r}, not an object"]
+    ranges = dict(RESIDUAL_RANGES)
+    for f in dataclasses.fields(ResidualSpec):
+        if "check" in f.metadata:
+            ranges[f.name] = f.metadata["check"]
+    hints = dataclass_hints(ResidualSpec)
+    return mapping_problems(residual, hints, ranges, prefix="residual.", what="residual")
+
+
+SIDECAR_SCHEMA: dict[str, Check] = {
+    "timesteps": number(0, 1e15, integer=True),
+    "sha256": lambda v: (
+        None
+        if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+        else f"{v!r} is not a sha256 hex digest"
+    ),
+    "control_interval": lambda v: None if isinstance(v, str) else f"{v!r} is not a string",
+    "slo": lambda v: None if isinstance(v, str) else f"{v!r} is not a string",
+}
+"""Checks of top-level sidecar fields (every field is covered by the seal either way)."""
+
+
+def sidecar_problems(meta: dict[str, Any]) -> list[str]:
+    """What is out of range or of the wrong type in a sidecar (empty: nothing)."""
+    problems = [
+        f"{key}: {problem}"
+        for key, check in SIDECAR_SCHEMA.items()
+        if key in meta and (problem := check(meta[key]))
+    ]
+    return problems + _residual_problems(meta.get("residual"))
 
 
 def observation_layout(spec: ResidualSpec) -> list[str]:
@@ -109,6 +175,18 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             f"{side}: format version {meta.get('format_version')!r}, this batchpilot reads "
             f"{FORMAT_VERSION}; re-export the policy with this version"
         )
+    try:
+        sealed = meta.get(SEAL) == hashlib.sha256(canonical_json(meta)).hexdigest()
+    except ValueError:  # NaN or infinity somewhere
+        sealed = False
+    if not sealed:
+        raise PolicyFileError(
+            f"{side}: {SEAL} does not match the sidecar's content: it was edited after "
+            "`batchpilot export` (re-export the policy)"
+        )
+    problems = sidecar_problems(meta)
+    if problems:
+        raise PolicyFileError(f"{side}: {'; '.join(problems)}")
     if meta.get("sha256") != sha256(onnx_path):
         raise PolicyFileError(
             f"{onnx_path}: sha256 does not match its sidecar: the file was modified or "
@@ -117,8 +195,11 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
     try:
         spec = ResidualSpec(**meta["residual"])
         SLO.parse(meta["slo"])
+        ControlInterval.parse(meta["control_interval"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise PolicyFileError(f"{side}: bad or missing residual/slo entry ({exc})") from None
+        raise PolicyFileError(
+            f"{side}: bad or missing residual/slo/control_interval entry ({exc})"
+        ) from None
     expected = observation_layout(spec)
     if meta.get("observation") != expected:
         raise PolicyFileError(

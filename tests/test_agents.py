@@ -86,9 +86,9 @@ def run_metrics(controller, num_requests: int = 150, seed: int = 5) -> dict[str,
         ("[1, 2]", "one top-level key"),
         ("other/Env-v0: {}", "batchpilot trains on"),
         ("batchpilot/Batching-v0: {algo: dqn}", "algo 'dqn'"),
-        ("batchpilot/Batching-v0: {n_timesteps: 0}", "n_timesteps must be >= 1"),
+        ("batchpilot/Batching-v0: {n_timesteps: 0}", "n_timesteps: 0 is outside"),
         ("batchpilot/Batching-v0: {residual: {bogus: 1}}", "residual"),
-        ("batchpilot/Batching-v0: {residual: {hold: 0}}", "hold >= 1"),
+        ("batchpilot/Batching-v0: {residual: {hold: 0}}", "residual.hold: 0 is outside"),
         ("batchpilot/Batching-v0: {env_kwargs: {action_mode: delta}}", "action_mode"),
         ("batchpilot/Batching-v0: [unclosed", "not valid YAML"),
     ],
@@ -134,9 +134,10 @@ def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> No
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for name in ("best", "final"):
-        assert (trained_run / name / "model.zip").is_file()
-        assert (trained_run / name / "vecnormalize.pkl").is_file()
-    assert list((trained_run / "checkpoints").glob("ckpt_*_steps.zip"))
+        for file in ("checkpoint.json", "policy.safetensors", "vecnormalize.json"):
+            assert (trained_run / name / file).is_file()
+    assert list((trained_run / "checkpoints").glob("step_*/policy.safetensors"))
+    assert not list(trained_run.rglob("*.pkl")) and not list(trained_run.rglob("*.zip"))
     (events,) = list((trained_run / "tb").rglob("events.out.tfevents.*"))
     acc = EventAccumulator(str(events.parent))
     acc.Reload()
@@ -157,8 +158,7 @@ def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> No
 def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path) -> None:
     import shutil
 
-    from stable_baselines3 import PPO
-
+    from batchpilot.agents.checkpoint import read_state
     from batchpilot.training.train import train
 
     data = json.loads(json.dumps(TINY))
@@ -167,7 +167,7 @@ def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path) -> N
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
     train(load_config(config), config, run_dir, resume=True, progress=False)
-    assert PPO.load(run_dir / "final" / "model.zip").num_timesteps >= 384
+    assert read_state(run_dir / "final")["num_timesteps"] >= 384
     with pytest.raises(ValueError, match="already holds a run"):
         train(load_config(config), config, run_dir, resume=False, progress=False)
 
@@ -183,22 +183,21 @@ def exported(trained_run: Path) -> Path:
 
 def test_onnx_matches_the_sb3_policy(trained_run: Path, exported: Path) -> None:
     """The exported graph (normalisation included) acts as SB3's predict does."""
-    import pickle
-
     import onnxruntime as ort
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import VecNormalize
 
-    model = PPO.load(trained_run / "final" / "model.zip", device="cpu")
-    with (trained_run / "final" / "vecnormalize.pkl").open("rb") as f:
-        vn = pickle.load(f)
+    from batchpilot.agents.checkpoint import load_policy_module, normalisation
+
+    policy = load_policy_module(trained_run / "final")
+    n_obs = policy.observation_space.shape[0]
+    mean, var, eps, clip = normalisation(trained_run / "final", n_obs)
+    assert np.isfinite(clip) and not np.allclose(mean, 0)  # real statistics, not the identity
     rng = np.random.default_rng(0)
-    obs = rng.uniform(0, 2, size=(64, model.observation_space.shape[0])).astype(np.float32)
-    expected = np.clip(model.predict(vn.normalize_obs(obs), deterministic=True)[0], -1, 1)
+    obs = rng.uniform(0, 2, size=(64, n_obs)).astype(np.float32)
+    normalised = np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
+    expected = np.clip(policy.predict(normalised, deterministic=True)[0], -1, 1)
     session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
     got = session.run(None, {"observation": obs})[0]
     np.testing.assert_allclose(got, expected, atol=1e-5)
-    assert isinstance(vn, VecNormalize)
 
 
 def test_sidecar_describes_the_policy(exported: Path) -> None:
@@ -224,8 +223,11 @@ def copy_policy(src: Path, dst_dir: Path) -> Path:
 
 
 def edit_sidecar(path: Path, **changes) -> None:
+    """Change sidecar fields and re-seal it (as an author of a new sidecar would)."""
+    from batchpilot.agents.policy import seal
+
     meta = json.loads(sidecar_path(path).read_text()) | changes
-    sidecar_path(path).write_text(json.dumps(meta))
+    sidecar_path(path).write_text(json.dumps(seal(meta)))
 
 
 def test_missing_policy_file(tmp_path: Path) -> None:
@@ -315,7 +317,7 @@ def test_quickstart_trains_exports_and_reports(tmp_path: Path) -> None:
     assert f"policy:{out / 'policy.onnx'}" in rows
     assert "alg1+alg2" in rows
     assert "policy:" in (out / "report.md").read_text()
-    assert (out / "run" / "best" / "model.zip").is_file()
+    assert (out / "run" / "best" / "policy.safetensors").is_file()
 
 
 @pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml"])

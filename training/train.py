@@ -8,7 +8,7 @@ A config has one top-level key, the env id, mapping to the run's settings; the k
       n_envs: 2
       n_timesteps: 50000
       residual: {baseline: alg1+alg2, max_log2_step: 2.0, hold: 16}
-      env_kwargs: {profile: [llama-7b-a100], workload: [...], slo: "ttft:2000,tpot:100"}
+      env_kwargs: {profile: [llama-7b-a100], workload: [...], slo: "ttft:2000,tpot:50"}
       eval: {freq: 10000, profile: llama-7b-a100, workload: {...}, seeds: [1000, 1001]}
       n_steps: 256
       policy_kwargs: {net_arch: [64, 64], log_std_init: -1.0}
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import shutil
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -31,21 +30,17 @@ from typing import Any
 import yaml
 
 from batchpilot.agents.residual import ResidualSpec
-from batchpilot.envs import ENV_ID
-
-RUN_KEYS = (
-    "algo",
-    "seed",
-    "n_envs",
-    "n_timesteps",
-    "max_episode_steps",
-    "normalize",
-    "policy",
-    "residual",
-    "env_kwargs",
-    "eval",
-    "checkpoint_freq",
+from batchpilot.agents.schema import (
+    Check,
+    dataclass_hints,
+    mapping_problems,
+    number,
+    signature_hints,
+    unknown_key,
 )
+from batchpilot.envs import ENV_ID
+from batchpilot.envs.metrics import DEFAULT_SLO
+
 ALGOS = ("ppo",)
 
 
@@ -66,6 +61,7 @@ class TrainConfig:
     eval: dict[str, Any] | None = None
     checkpoint_freq: int = 10_000
     hyperparams: dict[str, Any] = field(default_factory=dict)
+    """Every other key: keyword arguments of the algorithm (PPO)."""
 
     @property
     def control_interval(self) -> str:
@@ -76,12 +72,110 @@ class TrainConfig:
         return f"{self.env_kwargs.get('control_interval_s', 0.25) * 1e3:g}ms"
 
 
+RUN_KEYS = tuple(f for f in TrainConfig.__dataclass_fields__ if f not in ("env_id", "hyperparams"))
+"""batchpilot's own config keys: `TrainConfig`'s fields (checked against their types)."""
+RUN_RANGES: dict[str, Check] = {
+    "seed": number(0, 2**32 - 1, integer=True),
+    "n_envs": number(1, 64, integer=True),
+    "n_timesteps": number(1, 1e12, integer=True),
+    "max_episode_steps": number(1, 1e9, integer=True),
+    "checkpoint_freq": number(1, 1e12, integer=True),
+}
+SET_BY_BATCHPILOT = ("policy", "env", "seed", "tensorboard_log", "device", "_init_setup_model")
+"""PPO arguments a config may not give (batchpilot passes them; ``policy`` is a run key)."""
+PPO_RANGES: dict[str, Check] = {
+    "learning_rate": number(0.0, 1.0, low_open=True),
+    "n_steps": number(1, 1e7, integer=True),
+    "batch_size": number(1, 1e7, integer=True),
+    "n_epochs": number(1, 1e4, integer=True),
+    "gamma": number(0.0, 1.0),
+    "gae_lambda": number(0.0, 1.0),
+    "clip_range": number(0.0, 10.0, low_open=True),
+    "clip_range_vf": number(0.0, 1e6, low_open=True),
+    "ent_coef": number(0.0, 1e3),
+    "vf_coef": number(0.0, 1e3),
+    "max_grad_norm": number(0.0, 1e6, low_open=True),
+    "target_kl": number(0.0, 1e3, low_open=True),
+    "stats_window_size": number(1, 1e6, integer=True),
+    "verbose": number(0, 2, integer=True),
+}
+EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True)}
+
+
+def _env_hints() -> dict[str, Any]:
+    """Keyword arguments of the registered env's constructor and their annotations."""
+    import importlib
+
+    import gymnasium as gym
+
+    module, _, name = str(gym.registry[ENV_ID].entry_point).partition(":")
+    return signature_hints(getattr(importlib.import_module(module), name).__init__)
+
+
+def config_problems(body: dict[str, Any]) -> list[str]:
+    """Every unknown key, wrong type and out-of-range value of a config's settings."""
+    from stable_baselines3 import PPO
+
+    from batchpilot.agents.callbacks import EvalScenario
+    from batchpilot.agents.policy import RESIDUAL_RANGES
+
+    run_hints = dataclass_hints(TrainConfig)
+    ppo_hints = {
+        k: v for k, v in signature_hints(PPO.__init__).items() if k not in SET_BY_BATCHPILOT
+    }
+    problems = []
+    for key, value in body.items():
+        if key in RUN_KEYS:
+            hint = dict if key == "residual" else run_hints[key]
+            problems += mapping_problems({key: value}, {key: hint}, RUN_RANGES)
+        elif key in ppo_hints:
+            problems += mapping_problems({key: value}, ppo_hints, PPO_RANGES)
+        else:
+            known = [*RUN_KEYS, *ppo_hints]
+            what = "not a batchpilot setting nor a PPO argument"
+            if key in SET_BY_BATCHPILOT:
+                what = "batchpilot sets it"
+            problems.append(f"{key}: {unknown_key(key, known, what)}")
+    if problems:
+        return problems  # the nested checks below assume the right container types
+    residual = body.get("residual", {})
+    problems += mapping_problems(
+        residual, dataclass_hints(ResidualSpec), RESIDUAL_RANGES, prefix="residual.", what="it"
+    )
+    env_kwargs = body.get("env_kwargs", {})
+    problems += mapping_problems(
+        env_kwargs, _env_hints(), prefix="env_kwargs.", what=f"a keyword of {ENV_ID}"
+    )
+    eval_hints = dataclass_hints(EvalScenario) | {"freq": int}
+    eval_hints = {k: v for k, v in eval_hints.items() if k not in ("slo", "interval")}
+    problems += mapping_problems(
+        body.get("eval") or {}, eval_hints, EVAL_RANGES, prefix="eval.", what="eval"
+    )
+    policy_kwargs = body.get("policy_kwargs") or {}
+    policy_hints = signature_hints(PPO.policy_aliases["MlpPolicy"].__init__)
+    for k in ("observation_space", "action_space", "lr_schedule"):
+        policy_hints.pop(k)
+    problems += mapping_problems(
+        policy_kwargs, policy_hints, prefix="policy_kwargs.", what="a policy keyword"
+    )
+    if body.get("policy", "MlpPolicy") != "MlpPolicy":
+        problems.append(f"policy: {body['policy']!r}; batchpilot's observations need MlpPolicy")
+    if body.get("algo", "ppo") not in ALGOS:
+        problems.append(f"algo {body['algo']!r}; supported: {', '.join(ALGOS)}")
+    n_rollout = body.get("n_steps", 2048) * body.get("n_envs", 2)
+    if n_rollout <= 1:
+        problems.append(f"n_steps x n_envs is {n_rollout}; PPO needs more than 1")
+    return problems
+
+
 def load_config(path: Path) -> TrainConfig:
-    """Parse and check a config file; errors name the file and the bad key."""
+    """Parse and check a whole config file up front; errors name the file and every bad key."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
     if not isinstance(data, dict) or len(data) != 1:
         raise ValueError(f"{path}: expected one top-level key, the env id ({ENV_ID})")
     ((env_id, body),) = data.items()
@@ -89,19 +183,15 @@ def load_config(path: Path) -> TrainConfig:
         raise ValueError(f"{path}: env id {env_id!r}; batchpilot trains on {ENV_ID}")
     if not isinstance(body, dict):
         raise ValueError(f"{path}: {env_id} must map to a dict of settings")
+    problems = config_problems(body)
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
     run = {k: body[k] for k in RUN_KEYS if k in body}
     hyper = {k: v for k, v in body.items() if k not in RUN_KEYS}
-    if run.get("algo", "ppo") not in ALGOS:
-        raise ValueError(f"{path}: algo {run['algo']!r}; supported: {', '.join(ALGOS)}")
     try:
         run["residual"] = ResidualSpec(**run.get("residual", {}))
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: residual: {exc}") from None
-    for key in ("n_timesteps", "n_envs", "max_episode_steps", "checkpoint_freq"):
-        if key in run:
-            run[key] = int(run[key])
-            if run[key] < 1:
-                raise ValueError(f"{path}: {key} must be >= 1")
     cfg = TrainConfig(env_id=env_id, hyperparams=hyper, **run)
     if cfg.env_kwargs.get("action_mode", "absolute") != "absolute":
         raise ValueError(f"{path}: env_kwargs.action_mode must be absolute (the residual's)")
@@ -129,20 +219,6 @@ def make_vec_env(cfg: TrainConfig) -> Any:
     return venv
 
 
-def latest_checkpoint(run_dir: Path) -> tuple[Path, Path | None] | None:
-    """(model zip, VecNormalize pickle or None) of the newest periodic checkpoint."""
-    found = []
-    for p in (run_dir / "checkpoints").glob("ckpt_*_steps.zip"):
-        m = re.fullmatch(r"ckpt_(\d+)_steps\.zip", p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    if not found:
-        return None
-    steps, model = max(found)
-    vecnorm = run_dir / "checkpoints" / f"ckpt_vecnormalize_{steps}_steps.pkl"
-    return model, vecnorm if vecnorm.exists() else None
-
-
 def _new_model(cfg: TrainConfig, venv: Any, tb: Path) -> Any:
     from stable_baselines3 import PPO
 
@@ -158,23 +234,49 @@ def _new_model(cfg: TrainConfig, venv: Any, tb: Path) -> Any:
 
 def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progress: bool) -> Path:
     """Train (or resume) a run in `out`; returns the directory of the best checkpoint."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+    from stable_baselines3.common.callbacks import CallbackList
     from stable_baselines3.common.vec_env import VecNormalize
 
     from batchpilot.agents.callbacks import (
         BaselineEvalCallback,
         DomainMetricsCallback,
         EvalScenario,
+    )
+    from batchpilot.agents.checkpoint import (
+        VECNORMALIZE,
+        PeriodicCheckpoint,
+        latest_checkpoint,
+        load_checkpoint,
+        load_vecnormalize,
         save_checkpoint,
     )
     from batchpilot.envs.metrics import SLO
 
-    previous = latest_checkpoint(out) if resume else None
+    previous = latest_checkpoint(out / "checkpoints") if resume else None
     if resume and previous is None:
-        raise ValueError(f"--resume: no checkpoint under {out}/checkpoints")
-    if not resume and (out / "run.json").exists():
+        raise ValueError(
+            f"--resume: no checkpoint under {out}/checkpoints (a run stopped before its first "
+            "checkpoint is started again without --resume)"
+        )
+    if not resume and _holds_run(out):
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
+
+    venv = make_vec_env(cfg)
+    try:  # the model is rebuilt from the config; a checkpoint holds only data (no pickle)
+        if previous is not None:
+            if (previous / VECNORMALIZE).is_file():
+                venv = load_vecnormalize(previous / VECNORMALIZE, venv)
+            model = _new_model(cfg, venv, out / "tb")
+            load_checkpoint(model, previous)
+        else:
+            if cfg.normalize:
+                venv = VecNormalize(
+                    venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99)
+                )
+            model = _new_model(cfg, venv, out / "tb")
+    except BaseException:
+        venv.close()
+        raise
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
         shutil.copyfile(config_path, out / "config.yml")
@@ -188,28 +290,10 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
     }
     (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
-    venv = make_vec_env(cfg)
-    if previous is not None:
-        model_path, vecnorm_path = previous
-        if vecnorm_path is not None:
-            venv = VecNormalize.load(str(vecnorm_path), venv)
-        model = PPO.load(model_path, env=venv, device="cpu", tensorboard_log=str(out / "tb"))
-    else:
-        if cfg.normalize:
-            venv = VecNormalize(
-                venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99)
-            )
-        model = _new_model(cfg, venv, out / "tb")
-
-    slo = SLO.parse(cfg.env_kwargs.get("slo", "ttft:2000,tpot:100"))
+    slo = SLO.parse(cfg.env_kwargs.get("slo", str(DEFAULT_SLO)))
     callbacks = [
         DomainMetricsCallback(),
-        CheckpointCallback(
-            max(1, cfg.checkpoint_freq // cfg.n_envs),
-            str(out / "checkpoints"),
-            name_prefix="ckpt",
-            save_vecnormalize=True,
-        ),
+        PeriodicCheckpoint(max(1, cfg.checkpoint_freq // cfg.n_envs), out / "checkpoints"),
     ]
     if cfg.eval:
         ev = dict(cfg.eval)
@@ -232,4 +316,14 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
     finally:
         venv.close()
     save_checkpoint(model, out / "final")
-    return out / "best" if (out / "best" / "model.zip").exists() else out / "final"
+    return out / "best" if (out / "best" / "checkpoint.json").exists() else out / "final"
+
+
+def _holds_run(out: Path) -> bool:
+    """`out` has a run with something to resume (a run that failed before its first
+    checkpoint may be started again)."""
+    from batchpilot.agents.checkpoint import STATE, latest_checkpoint
+
+    return (out / "run.json").exists() and (
+        latest_checkpoint(out / "checkpoints") is not None or (out / "final" / STATE).exists()
+    )

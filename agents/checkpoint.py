@@ -1,0 +1,307 @@
+"""Training checkpoints in data formats only: no pickle anywhere a run directory is read.
+
+SB3's ``model.zip`` and ``VecNormalize.save`` are pickles (cloudpickled spaces and
+schedules, a pickled wrapper): loading one runs whatever code the file names, so a run
+directory someone hands you could execute a command. Following SB3's guidance on
+exporting a policy (its ``state_dict``), a checkpoint directory holds instead:
+
+- ``policy.safetensors``: the policy's weights and the optimizer's tensors (safetensors:
+  raw tensors and a JSON header, nothing executable);
+- ``checkpoint.json``: step counts, the policy class and its keyword arguments, the
+  observation and action bounds and the optimizer's hyperparameters;
+- ``vecnormalize.json``: VecNormalize's running statistics, if the env is normalised.
+
+A model is rebuilt from the config (resume) or from ``checkpoint.json`` (export), then
+the tensors are loaded into it by name and shape. Every reader checks what it reads and
+raises `CheckpointError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+
+FORMAT = "batchpilot-checkpoint"
+FORMAT_VERSION = 1
+WEIGHTS = "policy.safetensors"
+STATE = "checkpoint.json"
+VECNORMALIZE = "vecnormalize.json"
+_OPT = "optimizer."
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is missing, corrupt or made for another model."""
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` as plain JSON data (tuples -> lists); raises for anything else."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise TypeError(f"{value!r} ({type(value).__name__}) has no JSON form")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def _floats(data: dict[str, Any], key: str, path: Path, n: int | None = None) -> np.ndarray:
+    """`data[key]` as a finite float64 vector (of length `n` if given)."""
+    try:
+        arr = np.asarray(data[key], dtype=np.float64)
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{path}: {key} is missing or not a list of numbers") from None
+    if arr.ndim != 1 or (n is not None and len(arr) != n) or not np.isfinite(arr).all():
+        want = f"{n} finite numbers" if n is not None else "a list of finite numbers"
+        raise CheckpointError(f"{path}: {key} must be {want}")
+    return arr
+
+
+def _number(data: dict[str, Any], key: str, path: Path, low: float = -math.inf) -> float:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value:
+        raise CheckpointError(f"{path}: {key} is {value!r}; need a number >= {low}")
+    return float(value)
+
+
+# ---------------------------------------------------------------------- VecNormalize
+def save_vecnormalize(vecnorm: Any, path: Path) -> None:
+    """VecNormalize's statistics and settings as JSON."""
+    data = {
+        "norm_obs": bool(vecnorm.norm_obs),
+        "norm_reward": bool(vecnorm.norm_reward),
+        "clip_obs": float(vecnorm.clip_obs),
+        "clip_reward": float(vecnorm.clip_reward),
+        "gamma": float(vecnorm.gamma),
+        "epsilon": float(vecnorm.epsilon),
+        "obs_mean": vecnorm.obs_rms.mean.tolist(),
+        "obs_var": vecnorm.obs_rms.var.tolist(),
+        "obs_count": float(vecnorm.obs_rms.count),
+        "ret_mean": float(np.asarray(vecnorm.ret_rms.mean).reshape(-1)[0]),
+        "ret_var": float(np.asarray(vecnorm.ret_rms.var).reshape(-1)[0]),
+        "ret_count": float(vecnorm.ret_rms.count),
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
+    """The checked contents of a ``vecnormalize.json`` for `n_obs` observation entries."""
+    data = _read_json(path)
+    for key in ("norm_obs", "norm_reward"):
+        if not isinstance(data.get(key), bool):
+            raise CheckpointError(f"{path}: {key} must be true or false")
+    out: dict[str, Any] = {k: data[k] for k in ("norm_obs", "norm_reward")}
+    for key in ("clip_obs", "clip_reward", "obs_count", "ret_count"):
+        out[key] = _number(data, key, path, low=0.0)
+    out["gamma"] = _number(data, "gamma", path, low=0.0)
+    out["epsilon"] = _number(data, "epsilon", path, low=0.0)
+    out["ret_mean"] = _number(data, "ret_mean", path)
+    out["ret_var"] = _number(data, "ret_var", path, low=0.0)
+    out["obs_mean"] = _floats(data, "obs_mean", path, n_obs)
+    out["obs_var"] = _floats(data, "obs_var", path, n_obs)
+    if (out["obs_var"] < 0).any():
+        raise CheckpointError(f"{path}: obs_var has negative entries")
+    if out["gamma"] > 1.0:
+        raise CheckpointError(f"{path}: gamma {out['gamma']} is over 1")
+    return out
+
+
+def load_vecnormalize(path: Path, venv: Any) -> Any:
+    """A VecNormalize around `venv` with the statistics in `path`."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    s = read_vecnormalize(path, venv.observation_space.shape[0])
+    vn = VecNormalize(
+        venv,
+        norm_obs=s["norm_obs"],
+        norm_reward=s["norm_reward"],
+        clip_obs=s["clip_obs"],
+        clip_reward=s["clip_reward"],
+        gamma=s["gamma"],
+        epsilon=s["epsilon"],
+    )
+    vn.obs_rms.mean, vn.obs_rms.var, vn.obs_rms.count = s["obs_mean"], s["obs_var"], s["obs_count"]
+    vn.ret_rms.mean, vn.ret_rms.var = np.float64(s["ret_mean"]), np.float64(s["ret_var"])
+    vn.ret_rms.count = s["ret_count"]
+    return vn
+
+
+def normalisation(directory: Path, n_obs: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """(mean, var, epsilon, clip) of a checkpoint's observation normalisation (identity
+    without ``vecnormalize.json`` or with ``norm_obs`` off)."""
+    path = directory / VECNORMALIZE
+    if not path.is_file():
+        return np.zeros(n_obs), np.ones(n_obs), 0.0, math.inf
+    s = read_vecnormalize(path, n_obs)
+    if not s["norm_obs"]:
+        return np.zeros(n_obs), np.ones(n_obs), 0.0, math.inf
+    return s["obs_mean"], s["obs_var"], s["epsilon"], s["clip_obs"]
+
+
+# ---------------------------------------------------------------------- model
+def save_checkpoint(model: Any, directory: Path) -> None:
+    """Weights, optimizer state, step counts and (if normalised) VecNormalize statistics."""
+    import torch as th
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    policy = model.policy
+    tensors = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
+    opt = policy.optimizer.state_dict()
+    for idx, state in opt["state"].items():
+        for name, value in state.items():
+            tensors[f"{_OPT}{idx}.{name}"] = th.as_tensor(value).detach().cpu().contiguous()
+    save_file(tensors, str(directory / WEIGHTS))
+    aliases = {cls: name for name, cls in model.policy_aliases.items()}
+    state = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "num_timesteps": int(model.num_timesteps),
+        "n_updates": int(model._n_updates),
+        "policy": aliases[type(policy)],
+        "policy_kwargs": _jsonable(model.policy_kwargs),
+        "observation_low": model.observation_space.low.tolist(),
+        "observation_high": model.observation_space.high.tolist(),
+        "action_low": model.action_space.low.tolist(),
+        "action_high": model.action_space.high.tolist(),
+        "optimizer_param_groups": _jsonable(opt["param_groups"]),
+    }
+    (directory / STATE).write_text(json.dumps(state, indent=1) + "\n")
+    vecnorm = model.get_vec_normalize_env()
+    if vecnorm is not None:
+        save_vecnormalize(vecnorm, directory / VECNORMALIZE)
+
+
+def read_state(directory: Path) -> dict[str, Any]:
+    """The checked ``checkpoint.json`` of `directory`."""
+    path = directory / STATE
+    data = _read_json(path)
+    if data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: not a {FORMAT} version {FORMAT_VERSION} file (a checkpoint written by "
+            "another batchpilot version: retrain, or export with the version that trained it)"
+        )
+    for key in ("num_timesteps", "n_updates"):
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(f"{path}: {key} is {value!r}, not a count")
+    if not isinstance(data.get("policy_kwargs"), dict):
+        raise CheckpointError(f"{path}: policy_kwargs must be a JSON object")
+    if not isinstance(data.get("optimizer_param_groups"), list):
+        raise CheckpointError(f"{path}: optimizer_param_groups must be a list")
+    return data
+
+
+def _read_tensors(directory: Path) -> dict[str, Any]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = directory / WEIGHTS
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def _load_weights(policy: Any, tensors: dict[str, Any], directory: Path) -> None:
+    weights = {k: v for k, v in tensors.items() if not k.startswith(_OPT)}
+    try:
+        policy.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise CheckpointError(
+            f"{directory / WEIGHTS}: weights do not fit this model ({first}); was the config's "
+            "policy or observation changed since this checkpoint?"
+        ) from None
+
+
+def load_checkpoint(model: Any, directory: Path) -> None:
+    """Load weights, optimizer state and step counts of `directory` into `model` (built from
+    the same config)."""
+    state = read_state(directory)
+    tensors = _read_tensors(directory)
+    _load_weights(model.policy, tensors, directory)
+    opt_state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith(_OPT):
+            idx, _, name = key.removeprefix(_OPT).partition(".")
+            opt_state.setdefault(int(idx), {})[name] = value
+    try:
+        model.policy.optimizer.load_state_dict(
+            {"state": opt_state, "param_groups": state["optimizer_param_groups"]}
+        )
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{directory}: optimizer state does not fit ({exc})") from None
+    model.num_timesteps = state["num_timesteps"]
+    model._n_updates = state["n_updates"]
+
+
+def load_policy_module(directory: Path) -> Any:
+    """The SB3 policy network of a checkpoint, rebuilt from ``checkpoint.json`` (no env)."""
+    from gymnasium import spaces
+    from stable_baselines3 import PPO
+
+    state = read_state(directory)
+    path = directory / STATE
+    if state.get("policy") not in PPO.policy_aliases:
+        raise CheckpointError(
+            f"{path}: policy {state.get('policy')!r}; known: {', '.join(PPO.policy_aliases)}"
+        )
+    bounds = {}
+    for key in ("observation_low", "observation_high", "action_low", "action_high"):
+        try:
+            bounds[key] = np.asarray(state[key], dtype=np.float32)
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: {key} is missing or not numbers") from None
+    try:
+        obs = spaces.Box(bounds["observation_low"], bounds["observation_high"], dtype=np.float32)
+        act = spaces.Box(bounds["action_low"], bounds["action_high"], dtype=np.float32)
+        policy = PPO.policy_aliases[state["policy"]](
+            obs, act, lambda _: 0.0, **state["policy_kwargs"]
+        )
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot build the policy ({exc})") from None
+    _load_weights(policy, _read_tensors(directory), directory)
+    return policy.eval()
+
+
+class PeriodicCheckpoint(BaseCallback):
+    """Every `save_freq` calls, `save_checkpoint` into ``<directory>/step_<timesteps>``
+    (`latest_checkpoint` finds the newest for ``--resume``)."""
+
+    def __init__(self, save_freq: int, directory: Path) -> None:
+        super().__init__()
+        self.save_freq, self.directory = save_freq, directory
+
+    def _on_step(self) -> bool:
+        if self.n_calls % self.save_freq == 0:
+            save_checkpoint(self.model, self.directory / f"step_{self.num_timesteps}")
+        return True
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete ``step_<N>`` checkpoint under `directory`, or None."""
+    found = []
+    for p in directory.glob("step_*"):
+        steps = p.name.removeprefix("step_")
+        if steps.isdigit() and (p / STATE).is_file() and (p / WEIGHTS).is_file():
+            found.append((int(steps), p))
+    return max(found)[1] if found else None

@@ -1,0 +1,133 @@
+"""Value checks for files a user writes or is handed (training configs, policy sidecars).
+
+A field is checked against its type annotation (`type_problem`: a float must be finite,
+an int whole and not a bool, ``list[int]`` a list of ints, ...) and, where one is
+declared, a range (`number`). Schemas are derived from dataclasses and signatures, so a
+field added to them is checked without another edit here.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import difflib
+import inspect
+import math
+import types
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Check = Callable[[Any], str | None]
+"""A value check: None if the value is fine, else what is wrong with it."""
+
+
+def number(low: float, high: float, *, integer: bool = False, low_open: bool = False) -> Check:
+    """A finite number in [low, high] ((low, high] with `low_open`); a whole one if `integer`."""
+
+    def check(value: Any) -> str | None:
+        kind = int if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            return f"{value!r} is not {'a whole number' if integer else 'a number'}"
+        if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+            return f"{value!r} is outside {'(' if low_open else '['}{low:g}, {high:g}]"
+        return None
+
+    return check
+
+
+def _name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def type_problem(value: Any, annotation: Any) -> str | None:
+    """None if `value` (as parsed from YAML or JSON) fits `annotation`, else the problem."""
+    if annotation is Any or annotation is inspect.Parameter.empty or isinstance(annotation, str):
+        return None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        problems = [type_problem(value, a) for a in args]
+        if None in problems:
+            return None
+        usable = [p for p in problems if "cannot be given" not in p]
+        return usable[0] if len(usable) == 1 else f"{value!r} is not of type {_name(annotation)}"
+    if annotation is None or annotation is type(None):
+        return None if value is None else f"{value!r} is not null"
+    if annotation is bool:
+        return None if isinstance(value, bool) else f"{value!r} is not true or false"
+    if annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"{value!r} is not of type int"
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"{value!r} is not of type float"
+        return None if math.isfinite(value) else f"{value!r} is not finite"
+    if annotation is str:
+        return None if isinstance(value, str) else f"{value!r} is not of type str"
+    if origin is typing.Literal:
+        return None if value in args else f"{value!r} is not one of {list(args)}"
+    if annotation in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
+        if not isinstance(value, list):
+            return f"{value!r} is not a list"
+        for item in value:
+            problem = type_problem(item, args[0]) if args else None
+            if problem:
+                return f"an entry: {problem}"
+        return None
+    if annotation is dict or origin in (dict, collections.abc.Mapping):
+        if not isinstance(value, dict):
+            return f"{value!r} is not a mapping"
+        for key, item in value.items():
+            problem = type_problem(item, args[1]) if len(args) == 2 else None
+            if problem:
+                return f"{key}: {problem}"
+        return None
+    return f"{value!r}: a {_name(annotation)} cannot be given in a file"
+
+
+def unknown_key(key: str, known: Iterable[str], what: str) -> str:
+    """'unknown key ...' with the closest known key as a suggestion."""
+    known = sorted(known)
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown key {key!r} ({what}); {hint}known: {', '.join(known)}"
+
+
+def signature_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Parameter name -> annotation of `fn` (unresolvable annotations: Any)."""
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError):
+        sig = inspect.signature(fn)
+    return {
+        name: p.annotation
+        for name, p in sig.parameters.items()
+        if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+
+
+def mapping_problems(
+    data: dict[str, Any],
+    hints: dict[str, Any],
+    ranges: dict[str, Check] | None = None,
+    *,
+    prefix: str = "",
+    what: str = "",
+) -> list[str]:
+    """Unknown keys, wrong types and out-of-range values of `data` against `hints`."""
+    problems = []
+    for key, value in data.items():
+        if key not in hints:
+            problems.append(f"{prefix}{key}: " + unknown_key(key, hints, what))
+            continue
+        problem = type_problem(value, hints[key])
+        if problem is None and ranges and key in ranges:
+            problem = ranges[key](value)
+        if problem:
+            problems.append(f"{prefix}{key}: {problem}")
+    return problems
+
+
+def dataclass_hints(cls: type) -> dict[str, Any]:
+    """Field name -> resolved annotation of a dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f: hints[f] for f in cls.__dataclass_fields__}

@@ -1,0 +1,231 @@
+"""No code runs from a file a user was handed: run directories hold data only (JSON and
+safetensors), export and --resume never unpickle, and a policy sidecar is sealed and
+range-checked."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("onnxruntime")
+
+from batchpilot.agents.checkpoint import CheckpointError, normalisation
+from batchpilot.agents.policy import PolicyFileError, load_policy, seal, sidecar_path
+from batchpilot.training.cli import main
+
+CONFIG = {
+    "batchpilot/Batching-v0": {
+        "n_envs": 1,
+        "n_timesteps": 64,
+        "residual": {"baseline": "alg1+alg2", "max_log2_step": 2.0, "hold": 4},
+        "env_kwargs": {
+            "profile": ["llama-7b-a100"],
+            "workload": [{"source": "embedded:azure-conv", "num_requests": 30}],
+            "slo": "ttft:2000,tpot:50",
+            "control_interval_s": None,
+            "control_interval_iters": 1,
+        },
+        "checkpoint_freq": 32,
+        "n_steps": 32,
+        "batch_size": 32,
+        "n_epochs": 1,
+        "policy_kwargs": {"net_arch": [8]},
+    }
+}
+
+
+class Boom:
+    """A pickle that, when loaded, writes `marker` (stands for any command)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "code ran"))
+
+
+def plant(directory: Path, marker: Path) -> None:
+    """The pickles SB3 would write, crafted to run code when unpickled."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("vecnormalize.pkl", "model.zip"):
+        (directory / name).write_bytes(pickle.dumps(Boom(marker)))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("run")
+    config = root / "c.yml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    assert (
+        main(["train", "--config", str(config), "--out", str(root / "run"), "--no-progress"]) == 0
+    )
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def policy(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("policy") / "p.onnx"
+    assert main(["export", str(run_dir), "--checkpoint", "final", "--out", str(out)]) == 0
+    return out
+
+
+def test_a_run_directory_holds_no_pickle(run_dir: Path) -> None:
+    assert not [p for p in run_dir.rglob("*") if p.suffix in (".pkl", ".zip", ".pth")]
+    assert (run_dir / "final" / "vecnormalize.json").is_file()
+
+
+def test_export_never_unpickles_a_planted_file(run_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    marker = tmp_path / "pwned"
+    plant(run / "final", marker)
+    assert (
+        main(["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]) == 0
+    )
+    assert not marker.exists()
+
+
+def test_resume_never_unpickles_a_planted_file(run_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    marker = tmp_path / "pwned"
+    for ckpt in (run / "checkpoints").iterdir():
+        plant(ckpt, marker)
+    data = json.loads(json.dumps(CONFIG))
+    data["batchpilot/Batching-v0"]["n_timesteps"] = 96
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump(data))
+    argv = ["train", "--config", str(config), "--out", str(run), "--resume", "--no-progress"]
+    assert main(argv) == 0
+    assert not marker.exists()
+    state = json.loads((run / "final" / "checkpoint.json").read_text())
+    assert state["num_timesteps"] >= 96
+
+
+def test_an_old_pickle_only_run_is_refused_by_name(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    marker = tmp_path / "pwned"
+    plant(run / "best", marker)
+    (run / "run.json").write_text(json.dumps({"residual": {}}))
+    assert main(["export", str(run), "--out", str(tmp_path / "p.onnx")]) == 2
+    assert "checkpoint.json does not exist" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"obs_var": "abc"}, "obs_var is missing or not a list of numbers"),
+        ({"obs_mean": [0.0]}, "obs_mean must be"),
+        ({"clip_obs": -1}, "clip_obs"),
+        ({"norm_obs": "yes"}, "norm_obs must be true or false"),
+    ],
+)
+def test_bad_normalisation_file_is_named(run_dir: Path, tmp_path: Path, edit, message) -> None:
+    ckpt = tmp_path / "final"
+    shutil.copytree(run_dir / "final", ckpt)
+    path = ckpt / "vecnormalize.json"
+    data = json.loads(path.read_text())
+    n_obs = len(data["obs_mean"])
+    path.write_text(json.dumps(data | edit))
+    with pytest.raises(CheckpointError, match=message) as err:
+        normalisation(ckpt, n_obs)
+    assert "vecnormalize.json" in str(err.value)
+
+
+def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "final" / "policy.safetensors").write_bytes(b"\x00" * 64)
+    assert (
+        main(["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]) == 2
+    )
+    assert "policy.safetensors: not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_export_writes_a_policy_that_loads(policy: Path) -> None:
+    meta = json.loads(sidecar_path(policy).read_text())
+    assert meta["sidecar_sha256"] == seal(meta)["sidecar_sha256"]
+    assert load_policy(policy).spec.hold == 4
+
+
+def copy(policy: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "p.onnx"
+    dst.write_bytes(policy.read_bytes())
+    sidecar_path(dst).write_text(sidecar_path(policy).read_text())
+    return dst
+
+
+def edit(path: Path, residual: dict | None = None, reseal: bool = False, **top) -> None:
+    meta = json.loads(sidecar_path(path).read_text()) | top
+    meta["residual"] = meta["residual"] | (residual or {})
+    sidecar_path(path).write_text(json.dumps(seal(meta) if reseal else meta))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"residual": {"cap_by": None}},
+        {"residual": {"max_log2_step": 3.0}},
+        {"slo": "ttft:9e9"},
+        {"extra": 1},
+    ],
+    ids=["cap_by", "max_log2_step", "slo", "new-field"],
+)
+def test_an_edited_sidecar_is_refused(policy: Path, tmp_path: Path, change: dict) -> None:
+    p = copy(policy, tmp_path)
+    edit(p, **change)
+    with pytest.raises(PolicyFileError, match="sidecar_sha256 does not match"):
+        load_policy(p)
+
+
+@pytest.mark.parametrize(
+    ("residual", "message"),
+    [
+        ({"max_log2_step": 1e308}, r"residual.max_log2_step: 1e\+308 is outside \(0, 8\]"),
+        ({"max_log2_step": 0.0}, "residual.max_log2_step"),
+        ({"max_log2_step": "2"}, "residual.max_log2_step: '2' is not of type float"),
+        ({"hold": 2.5}, "residual.hold: 2.5 is not of type int"),
+        ({"hold": 0}, "residual.hold: 0 is outside"),
+        ({"hold": True}, "residual.hold: True is not of type int"),
+        ({"cap_by": 5}, "residual.cap_by: 5 is not of type str"),
+    ],
+)
+def test_out_of_range_sidecar_values_are_refused(
+    policy: Path, tmp_path: Path, residual, message
+) -> None:
+    p = copy(policy, tmp_path)
+    edit(p, residual, reseal=True)
+    with pytest.raises(PolicyFileError, match=message):
+        load_policy(p)
+
+
+def test_non_finite_sidecar_values_are_refused(policy: Path, tmp_path: Path) -> None:
+    p = copy(policy, tmp_path)
+    meta = json.loads(sidecar_path(p).read_text())
+    meta["normalisation"]["clip"] = float("nan")
+    sidecar_path(p).write_text(json.dumps(meta))  # Python writes NaN; the seal cannot cover it
+    with pytest.raises(PolicyFileError, match="sidecar_sha256 does not match"):
+        load_policy(p)
+
+
+def test_a_failed_train_leaves_nothing_that_blocks_a_fresh_run(tmp_path: Path, capsys) -> None:
+    data = json.loads(json.dumps(CONFIG))
+    data["batchpilot/Batching-v0"]["env_kwargs"]["profile"] = "no-such-profile"  # fails in the env
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump(data))
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(bad), "--out", str(out), "--no-progress"]) == 2
+    assert not (out / "run.json").exists()
+    capsys.readouterr()
+    # a run.json from an older failure (no checkpoint) does not block a fresh start either
+    out.mkdir(exist_ok=True)
+    (out / "run.json").write_text("{}")
+    err = main(["train", "--config", str(bad), "--out", str(out), "--resume", "--no-progress"])
+    assert err == 2 and "started again without --resume" in capsys.readouterr().err

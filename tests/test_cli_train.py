@@ -1,0 +1,90 @@
+"""A training config is checked whole before anything runs: every bad key is named with
+the file, and a refused config leaves no run directory behind."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("stable_baselines3")
+
+from batchpilot.training.cli import main
+from batchpilot.training.train import load_config
+
+BASE = {
+    "n_envs": 1,
+    "n_timesteps": 64,
+    "env_kwargs": {"profile": ["llama-7b-a100"], "slo": "ttft:2000,tpot:50"},
+    "n_steps": 32,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"n_timestep": 100}, "n_timestep: unknown key 'n_timestep' .*did you mean 'n_timesteps'"),
+        ({"lerning_rate": 0.1}, "did you mean 'learning_rate'"),
+        ({"device": "cuda"}, "device: unknown key 'device' \\(batchpilot sets it\\)"),
+        ({"env_kwargs": {"profil": "llama-7b-a100"}}, "env_kwargs.profil: unknown key"),
+        ({"env_kwargs": 3}, "env_kwargs: 3 is not a mapping"),
+        ({"env_kwargs": {"profile": 5}}, "env_kwargs.profile: 5 is not of type"),
+        ({"n_timesteps": [256]}, r"n_timesteps: \[256\] is not of type int"),
+        ({"n_timesteps": 0}, r"n_timesteps: 0 is outside \[1, "),
+        ({"seed": "abc"}, "seed: 'abc' is not of type int"),
+        ({"seed": -1}, "seed: -1 is outside"),
+        ({"learning_rate": "fast"}, "learning_rate: 'fast' is not of type float"),
+        ({"learning_rate": float("nan")}, "learning_rate: nan is not finite"),
+        ({"batch_size": 0}, r"batch_size: 0 is outside \[1, "),
+        ({"gamma": 2}, "gamma: 2 is outside"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": {}, "seeds": 7}}, "eval.seeds: 7 is not a list"),
+        ({"eval": {"profile": 5, "workload": {}}}, "eval.profile: 5 is not of type str"),
+        ({"eval": {"freq": 0, "profile": "llama-7b-a100", "workload": {}}}, "eval.freq: 0 is outside"),
+        ({"n_envs": "two"}, "n_envs: 'two' is not of type int"),
+        ({"n_envs": 100_000}, r"n_envs: 100000 is outside \[1, 64\]"),
+        ({"normalize": "maybe"}, "normalize: 'maybe' is not true or false"),
+        ({"residual": {"hold": 2.5}}, "residual.hold: 2.5 is not of type int"),
+        ({"residual": {"max_log2_step": 1e308}}, "residual.max_log2_step: 1e\\+308 is outside"),
+        ({"residual": {"bogus": 1}}, "residual.bogus: unknown key"),
+        ({"residual": 3}, "residual: 3 is not a mapping"),
+        ({"policy_kwargs": {"net_arch": ["a"]}}, "policy_kwargs.net_arch"),
+        ({"policy_kwargs": {"activation_fn": "nn.ReLU"}}, "policy_kwargs.activation_fn: 'nn.ReLU'"),
+        ({"policy_kwargs": {"netarch": [8]}}, "did you mean 'net_arch'"),
+        ({"n_steps": 1}, "n_steps x n_envs is 1"),
+    ],
+)
+def test_bad_config_is_refused_by_key_and_file(tmp_path: Path, capsys, change, message) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | change}))
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(path), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err
+    assert re.search(message, err), err
+    assert "Traceback" not in err
+    assert not out.exists()  # nothing written: a corrected config starts cleanly
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"seed": "x", "n_envs": 0}}))
+    with pytest.raises(ValueError) as err:
+        load_config(path)
+    assert "seed: 'x'" in str(err.value) and "n_envs: 0" in str(err.value)
+
+
+def test_config_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_bytes(b"\xff\xfe\x00batchpilot")
+    with pytest.raises(ValueError, match="not UTF-8 text"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("name", ["quick.yml", "mix.yml", "llama-7b.yml", "llama3-70b.yml"])
+def test_shipped_configs_pass(name: str) -> None:
+    cfg = load_config(Path(str(files("batchpilot.training") / "configs" / name)))
+    assert cfg.n_timesteps >= 1 and json.dumps(cfg.env_kwargs)
