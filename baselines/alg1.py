@@ -13,6 +13,23 @@ tokens, gives b * mu + theta * sqrt(b) * sigma <= n with theta = Phi^-1(1 - eps_
 Blocks: n = KV blocks x block size. A request holds ceil(len / block_size) blocks, so it
 wastes (block_size - 1) / 2 tokens in expectation; ``blocks=True`` (the default) adds that
 to mu, which is how the token rule is applied to vLLM's paged cache.
+
+Deviations from the paper, and why:
+- Start-up: the first L0 is taken at b_ref = the exact bound, the fixed point of the
+  linearisation (the paper computes L0 offline). Starting from b_ref = B_max gave a buffer
+  larger than a small KV cache, a limit of 1 until the first refresh, and a slow
+  oscillation towards the fixed point after it.
+- E[l_out]: the mean over finished requests alone is biased short (short requests finish
+  first: 80 tokens against a true 205 after 20 finishes on Azure conversation). The
+  estimate here also counts the running requests, as censored observations: each finished
+  request counts its length, each running one what it has generated so far plus the mean
+  remaining length of a request met at a random point of its life, m (1 + cv^2) / 2 (cv
+  the finished requests' coefficient of variation, capped at 1). Solving
+  m = (generated tokens + N_run m (1 + cv^2) / 2) / (N_finished + N_run) gives
+  m = generated / (N_finished + N_run (1 - cv^2) / 2): for memoryless lengths (cv = 1)
+  the geometric maximum-likelihood mean, generated tokens per finished request. Both sums
+  come from the telemetry's per-interval counts, so no engine has to report per-request
+  state. Var(l_out) keeps the finished requests' cv.
 """
 
 from __future__ import annotations
@@ -51,8 +68,8 @@ class MemoryAwareController:
         eps: eps_M, the tolerated probability of overflowing the KV cache. Default 0.05.
         bound: ``linear`` (the paper's rule with buffer L0) or ``exact`` (the quadratic).
         refresh: decisions between recomputations of L0. Default 100.
-        min_samples: finished requests needed before the telemetry's output-length
-            estimates replace the prior. Default 20.
+        min_samples: finished requests needed before the output-length estimate (see
+            the module notes) replaces the prior. Default 20.
         prior_output_mean, prior_output_std: the prior for l_out (tokens). Default 256, 256.
         blocks: add the expected block-rounding waste (block_size - 1) / 2 to mu.
         b_min, b_max: B_min and B_max; b_max defaults to the engine's cap.
@@ -94,6 +111,8 @@ class MemoryAwareController:
         self.buffer = 0.0
         self._decisions = 0
         self._limit = self.b_max
+        self._generated = 0
+        self._finished = 0
 
     def reset(self, engine: Engine) -> None:
         """Take B_max from the engine's cap unless given; forget the previous run."""
@@ -102,12 +121,28 @@ class MemoryAwareController:
         self.buffer = 0.0
         self._decisions = 0
         self._limit = self.b_max
+        self._generated = 0
+        self._finished = 0
+
+    def output_moments(self, t: Telemetry) -> tuple[float, float]:
+        """(E, Var) of l_out with the running requests as censored observations (see the
+        module notes) once `min_samples` requests have finished under this controller;
+        before that the telemetry's
+        finished-request estimates if they rest on `min_samples` (a controller attached
+        to a running engine), else the prior."""
+        enough = max(self.min_samples, 1)
+        if self._finished >= enough:
+            cv2 = min(t.output_var / max(t.output_mean, 1.0) ** 2, 1.0)
+            censored = t.num_requests_running * (1.0 - cv2) / 2.0
+            mean = self._generated / (self._finished + censored)
+            return mean, cv2 * mean * mean
+        if t.num_output_samples >= enough:
+            return t.output_mean, t.output_var
+        return self.prior
 
     def moments(self, t: Telemetry) -> tuple[float, float]:
         """(mu, sigma^2) per request in tokens: E and Var of l_in + l_out (plus block waste)."""
-        out_mean, out_var = self.prior
-        if t.num_output_samples >= max(self.min_samples, 1):
-            out_mean, out_var = t.output_mean, t.output_var
+        out_mean, out_var = self.output_moments(t)
         mu = t.prompt_mean + out_mean
         if self.blocks:
             mu += (t.block_size - 1) / 2.0
@@ -122,8 +157,14 @@ class MemoryAwareController:
         return math.floor(linear_bound(n, mu, self.buffer))
 
     def decide(self, telemetry: Telemetry) -> Limits:
-        if self._decisions % self.refresh == 0:  # L0 = theta * sigma_S at b_ref = b_{t-1}
-            self.buffer = self.theta * math.sqrt(self._limit * self.moments(telemetry)[1])
+        self._generated += telemetry.interval_output_tokens
+        self._finished += telemetry.interval_finished
+        if self._decisions % self.refresh == 0:  # L0 = theta * sigma_S at b_ref
+            mu, var = self.moments(telemetry)
+            b_ref = self._limit
+            if self._decisions == 0:  # the fixed point: where the linear and exact bounds meet
+                b_ref = exact_bound(telemetry.kv_capacity_tokens, mu, math.sqrt(var), self.theta)
+            self.buffer = self.theta * math.sqrt(b_ref * var)
         b = self._limit
         if self._decisions == 0 or (
             telemetry.num_requests_waiting > 0 and telemetry.num_decoding > 0
