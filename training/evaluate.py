@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from batchpilot.baselines.specs import BEST_STATIC, make_controller
+from batchpilot.agents.specs import make_controller
+from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.run import run

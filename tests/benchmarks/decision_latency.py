@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchpilot.baselines.specs import make_controller
+from batchpilot.agents.specs import make_controller
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO

