@@ -1,7 +1,8 @@
 """Trace readers: Azure LLM inference CSV, length-only CSVs, Mooncake JSONL, BurstGPT CSV.
 
-The format is detected from the file's header (or first JSON line). Every bad row raises a
-`TraceError` naming the file, the line and the problem.
+The format is detected from the file's header (or first JSON line). Files are read as
+UTF-8 (a byte order mark is skipped); every bad row, and every line that is not UTF-8 text,
+raises a `TraceError` naming the file, the line and the problem.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -47,19 +49,71 @@ class _CsvFormat:
 
 def _azure_time(text: str) -> float:
     """'2023-11-16 18:17:03.9799600' -> seconds since the epoch (float, ns precision kept)."""
-    ns = np.datetime64(text.strip().replace(" ", "T"), "ns").astype(np.int64)
-    return float(ns) * 1e-9
+    stamp = np.datetime64(text.strip().replace(" ", "T"), "ns")
+    if np.isnat(stamp):  # '' and 'NaT' parse as Not-a-Time
+        raise ValueError(text)
+    return float(stamp.astype(np.int64)) * 1e-9
+
+
+def _seconds(text: str) -> float:
+    """A finite, non-negative number of seconds."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
 
 
 _CSV_FORMATS = (
     _CsvFormat("azure", "ContextTokens", "GeneratedTokens", "TIMESTAMP", _azure_time),
-    _CsvFormat("burstgpt", "Request tokens", "Response tokens", "Timestamp", float),
+    _CsvFormat("burstgpt", "Request tokens", "Response tokens", "Timestamp", _seconds),
     _CsvFormat("sharegpt", "num_prefill_tokens", "num_decode_tokens", None, None),
     _CsvFormat("gsm8k", "prompt_tokens_llama2", "output_tokens_llama2", None, None),
 )
 
 
+_COMPRESSED = {
+    b"\x1f\x8b": "gzip-compressed (gunzip it first)",
+    b"PK\x03\x04": "a zip archive (unzip it first)",
+    b"BZh": "bzip2-compressed (bunzip2 it first)",
+    b"\xfd7zXZ": "xz-compressed (unxz it first)",
+    b"\x28\xb5\x2f\xfd": "zstd-compressed (unzstd it first)",
+}
+MAX_FIELD = csv.field_size_limit()
+"""Longest CSV field read (the csv module's limit, 131,072 characters)."""
+
+
+def _text_lines(path: Path, handle: BinaryIO) -> Iterator[str]:
+    """The file's lines as text (UTF-8, a BOM skipped); a `TraceError` names the first line
+    that is binary or not UTF-8."""
+    for number, raw in enumerate(handle, start=1):
+        if number == 1:
+            if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise TraceError(f"{path}:1: not UTF-8 text (UTF-16); save it as UTF-8")
+            for magic, what in _COMPRESSED.items():
+                if raw.startswith(magic):
+                    raise TraceError(f"{path}:1: the file is {what}")
+            raw = raw.removeprefix(b"\xef\xbb\xbf")
+        if b"\x00" in raw:
+            raise TraceError(f"{path}:{number}: binary data (NUL bytes), not a text trace")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(
+                f"{path}:{number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                f"{exc.start + 1}); save the file as UTF-8"
+            ) from None
+
+
+def _json_number(value: Any, what: str, where: str) -> float:
+    """A JSON number (not a string, bool or null)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TraceError(f"{where}: {what} is {value!r}, not a number")
+    return float(value)
+
+
 def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
+    if isinstance(value, bool) or value is None:
+        raise TraceError(f"{where}: {what} is {value!r}, not a number")
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -72,9 +126,13 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
 
 
 def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str]]]]:
-    handle = path.open(newline="")
-    reader = csv.DictReader(handle)
-    header = [h.strip() for h in (reader.fieldnames or [])]
+    handle = path.open("rb")
+    reader = csv.DictReader(_text_lines(path, handle))
+    try:
+        header = [h.strip() for h in (reader.fieldnames or [])]
+    except (TraceError, csv.Error) as exc:
+        handle.close()
+        raise _csv_error(path, 1, exc) from None
     reader.fieldnames = header
     for fmt in _CSV_FORMATS:
         if fmt.prompt in header and fmt.output in header:
@@ -89,10 +147,24 @@ def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str
 
     def rows() -> Iterator[tuple[int, dict[str, str]]]:
         with handle:
-            for row in reader:
-                yield reader.line_num, row
+            try:
+                for row in reader:
+                    yield reader.line_num, row
+            except csv.Error as exc:  # raised before line_num counts the record's line
+                raise _csv_error(path, reader.line_num + 1, exc) from None
 
     return fmt, rows()
+
+
+def _csv_error(path: Path, line: int, exc: Exception) -> TraceError:
+    if isinstance(exc, TraceError):
+        return exc
+    if "field larger than field limit" in str(exc):
+        return TraceError(
+            f"{path}:{line}: a field is longer than {MAX_FIELD:,} characters; not a trace "
+            "(or a quote is never closed)"
+        )
+    return TraceError(f"{path}:{line}: not readable as CSV ({exc})")
 
 
 def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
@@ -131,8 +203,8 @@ def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
     outputs: list[int] = []
     times: list[float] = []
     skipped = 0
-    with path.open() as handle:
-        for line, text in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line, text in enumerate(_text_lines(path, handle), start=1):
             if not text.strip():
                 continue
             where = f"{path}:{line}"
@@ -148,9 +220,13 @@ def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
                     raise TraceError(f"{where}: missing field(s) {sorted(missing)}")
                 p = _parse_int(row["input_length"], "input_length", where)
                 o = _parse_int(row["output_length"], "output_length", where)
-                t = float(row["timestamp"])
-                if not math.isfinite(t):
-                    raise TraceError(f"{where}: timestamp is {row['timestamp']!r}")
+                for key in ("input_length", "output_length"):
+                    _json_number(row[key], key, where)
+                t = _json_number(row["timestamp"], "timestamp", where)
+                if not math.isfinite(t) or t < 0:
+                    raise TraceError(
+                        f"{where}: timestamp is {row['timestamp']!r}; need a time >= 0 (ms)"
+                    )
             except TraceError:
                 if not skip_bad_rows:
                     raise
@@ -196,11 +272,17 @@ def load_trace(path: str | Path, *, skip_bad_rows: bool = False) -> Trace:
     With `skip_bad_rows`, rows that would raise are counted in `Trace.skipped_rows` instead
     (BurstGPT, for one, logs failed requests with zero response tokens).
     """
+    from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_names
+
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
-    with path.open() as handle:
-        first = handle.readline().lstrip()
+        names = ", ".join(f"{EMBEDDED_PREFIX}{n}" for n in embedded_names())
+        raise TraceError(
+            f"{path}: no such trace file; the embedded workloads need no file ({names}), "
+            "or see the README for where to get the public traces"
+        )
+    with path.open("rb") as handle:
+        first = next(_text_lines(path, handle), "").lstrip()
     if first.startswith("{"):
         return _read_mooncake(path, skip_bad_rows)
     return _read_csv(path, skip_bad_rows)

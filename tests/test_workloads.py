@@ -171,3 +171,59 @@ def test_bad_requests_are_rejected() -> None:
         Workload("w", [Request("a", 0, 0, 5)])
     with pytest.raises(WorkloadError, match="arrival_s=nan"):
         Workload("w", [Request("a", float("nan"), 3, 5)])
+
+
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+MOONCAKE_ROW = '{"timestamp": 0, "input_length": 5, "output_length": 3}\n'
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ((AZURE + "2023-11-16 18:15:46.68,10,5\n,10,5\n").encode(), ":3: TIMESTAMP is '', not a time"),
+        ((AZURE + "2023-11-16 18:15:46.68,10,5\nNaT,10,5\n").encode(), ":3: TIMESTAMP is 'NaT', not a time"),
+        ((MOONCAKE_ROW + '{"timestamp": null, "input_length": 5, "output_length": 3}\n').encode(), ":2: timestamp is None, not a number"),
+        ((MOONCAKE_ROW + '{"timestamp": "abc", "input_length": 5, "output_length": 3}\n').encode(), ":2: timestamp is 'abc', not a number"),
+        ((MOONCAKE_ROW + '{"timestamp": -5, "input_length": 5, "output_length": 3}\n').encode(), ":2: timestamp is -5"),
+        ((MOONCAKE_ROW + '{"timestamp": 1, "input_length": true, "output_length": 3}\n').encode(), ":2: input_length is True, not a number"),
+        ((MOONCAKE_ROW + '{"timestamp": 1, "input_length": 5, "output_length": "7"}\n').encode(), ":2: output_length is '7', not a number"),
+        (b"\x1f\x8b\x08\x00" + bytes(range(256)), "gzip-compressed"),
+        (b"num_prefill_tokens,num_decode_tokens\n5,6\n\x00\x01\x02\xff\xfe,3\n", ":3: binary data"),
+        ("num_prefill_tokens,num_decode_tokens\n5,6\n7,8\n9,caf\u00e9\n".encode("latin-1"), ":4: not UTF-8 text"),
+        (("num_prefill_tokens,num_decode_tokens\n5,6\n7," + "9" * 140_000 + "\n").encode(), ":3: a field is longer than 131,072 characters"),
+        (b"\xff\xfe" + "num_prefill_tokens\n".encode("utf-16-le"), ":1: not UTF-8 text"),
+    ],
+    ids=["azure-empty-time", "azure-NaT", "mooncake-null-time", "mooncake-abc-time", "mooncake-negative-time", "mooncake-bool-length", "mooncake-string-length", "gzip", "binary", "latin-1", "huge-field", "utf-16"],
+)
+def test_unreadable_traces_name_file_and_line(tmp_path: Path, data: bytes, message: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(err.value).startswith(str(path)), err.value
+    assert message in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt"),
+    [
+        (AZURE + "2023-11-16 18:15:46.68,10,5\n2023-11-16 18:15:47.68,11,6\n", "azure"),
+        ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n0,m,10,5,15,x\n2,m,11,6,17,x\n", "burstgpt"),
+        ("num_prefill_tokens,num_decode_tokens\n10,5\n11,6\n", "sharegpt"),
+        ("prompt_tokens_llama2,output_tokens_llama2\n10,5\n11,6\n", "gsm8k"),
+        (MOONCAKE_ROW + '{"timestamp": 1000, "input_length": 11, "output_length": 6}\n', "mooncake"),
+    ],
+)
+def test_a_utf8_bom_is_accepted_in_every_format(tmp_path: Path, text: str, fmt: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes("\ufeff".encode() + text.encode())
+    trace = load_trace(path)
+    assert trace.format == fmt
+    assert trace.prompt_tokens.tolist()[-1] == 11 and len(trace) == 2
+    if trace.arrival_s is not None:
+        assert trace.arrival_s.tolist() == pytest.approx([0.0, 1.0 if fmt in ("azure", "mooncake") else 2.0])
+
+
+def test_missing_trace_suggests_the_embedded_workloads(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="no such trace file.*embedded:azure-conv"):
+        make_workload(str(tmp_path / "nope.csv"))
