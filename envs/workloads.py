@@ -34,6 +34,10 @@ def make_workload(
     a fixed source (1,000 by default). `max_model_len` with `overlong` applies the context
     policy.
     """
+    if num_requests is not None and (isinstance(num_requests, bool) or num_requests < 1):
+        raise WorkloadError(f"num_requests is {num_requests!r}; need at least 1 (None: default)")
+    if isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise WorkloadError(f"seed is {seed!r}; need a whole number in [0, 2**32)")
     process = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
     rng = np.random.default_rng(seed)
     if source.startswith(FIXED_PREFIX):
@@ -49,7 +53,8 @@ def make_workload(
         prompt, output = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
         for i, name in enumerate(names):
             rows = pick == i
-            prompt[rows], output[rows] = embedded_lengths(name).sample(int(rows.sum()), rng)
+            if rows.any():
+                prompt[rows], output[rows] = embedded_lengths(name).sample(int(rows.sum()), rng)
         if process.kind == "replay":
             raise WorkloadError(f"workload {source!r}: a mix has no timestamps to replay")
         times = process.times(n, rng)

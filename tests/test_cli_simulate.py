@@ -71,3 +71,65 @@ def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
     )
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["simulate", "--num-requests", "0"], "--num-requests"),
+        (["simulate", "--num-requests", "-1"], "--num-requests"),
+        (["simulate", "--num-requests", "-5"], "--num-requests"),
+        (["simulate", "--num-requests", "1e3"], "--num-requests"),
+        (["simulate", "--seed", "-1"], "--seed"),
+        (["simulate", "--seed", "abc"], "--seed"),
+        (["simulate", "--seed", str(2**32)], "--seed"),
+        (["compare", "--workers", "-3"], "--workers"),
+        (["compare", "--workers", "0"], "--workers"),
+        (["compare", "--seeds", "0"], "--seeds"),
+        (["compare", "--seed", "-1"], "--seed"),
+        (["compare", "--num-requests", "0"], "--num-requests"),
+        (["compare", "--tuning-seeds", "-2"], "--tuning-seeds"),
+        (["compare", "--capacity-requests", "0"], "--capacity-requests"),
+        (["paper", "--workers", "-3"], "--workers"),
+        (["paper", "--seeds", "0"], "--seeds"),
+        (["quickstart", "--seeds", "-1"], "--seeds"),
+        (["calibrate", "--repeats", "0"], "--repeats"),
+        (["calibrate", "--max-num-seqs", "-4"], "--max-num-seqs"),
+        (["calibrate", "--num-gpu-blocks", "0"], "--num-gpu-blocks"),
+        (["serve", "--decision-budget-ms", "nan"], "--decision-budget-ms"),
+        (["serve", "--decision-budget-ms", "-1"], "--decision-budget-ms"),
+    ],
+)
+def test_bad_numbers_are_refused_naming_the_option(argv, option, capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and "Traceback" not in err, err
+
+
+def test_every_numeric_option_is_range_checked() -> None:
+    """No command takes a bare int/float: each numeric option has a validator naming it."""
+    from batchpilot.training.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    bare = []
+    for name, sub in commands.items():
+        subparsers = [sub] + [
+            p for a in sub._actions if a.choices and isinstance(a.choices, dict) for p in a.choices.values()
+        ]
+        for p in subparsers:
+            bare += [f"{name} {a.option_strings}" for a in p._actions if a.type in (int, float)]
+    assert bare == []
+
+
+def test_library_refuses_non_positive_request_counts() -> None:
+    from batchpilot.envs.workload import WorkloadError
+    from batchpilot.envs.workloads import make_workload
+
+    for n in (0, -1):
+        with pytest.raises(WorkloadError, match="num_requests"):
+            make_workload("embedded:gsm8k", "poisson:1", num_requests=n)
+    with pytest.raises(WorkloadError, match="seed"):
+        make_workload("embedded:gsm8k", "poisson:1", seed=-1)

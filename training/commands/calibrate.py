@@ -25,6 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from batchpilot.training.commands.common import COUNT
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model directory vLLM can load")
@@ -37,19 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="step-time model written to the profile (both are fitted and reported). "
         "Default: %(default)s",
     )
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="largest batch. Default: 64")
+    parser.add_argument("--max-num-seqs", type=COUNT, default=64, help="largest batch. Default: 64")
     parser.add_argument(
-        "--max-model-len", type=int, default=2048, help="context length. Default: 2048"
+        "--max-model-len", type=COUNT, default=2048, help="context length. Default: 2048"
     )
     parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="token budget. Default: 2048"
+        "--max-num-batched-tokens", type=COUNT, default=2048, help="token budget. Default: 2048"
     )
     parser.add_argument(
-        "--num-gpu-blocks", type=int, help="KV blocks (default: what vLLM allocates)"
+        "--num-gpu-blocks", type=COUNT, help="KV blocks (default: what vLLM allocates)"
     )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=COUNT,
         default=5,
         help="runs of the grid; each step's median time is fitted. Default: %(default)s",
     )

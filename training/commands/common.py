@@ -4,9 +4,64 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
+
+
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=``: a whole number in [low, high]; argparse names the option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"{value} is out of range; need a number {bound}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argparse ``type=``: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is out of range; need a finite number > 0")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """An argparse ``type=``: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is out of range; need a finite number >= 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type=``: a number in (0, 1]."""
+    value = positive(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text} is out of range; need a number in (0, 1]")
+    return value
+
+
+COUNT = whole(1)
+"""At least one (requests, seeds, workers, repeats, sizes)."""
+SEED = whole(0, 2**32 - 1)
+"""A random seed (numpy's range)."""
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,12 +83,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--num-requests",
-        type=int,
+        type=COUNT,
         default=None,
         help="first N requests of a trace (default: all), or N drawn from an embedded table "
         "(default: 1000)",
     )
-    g.add_argument("--seed", type=int, default=0, help="seed for sampled lengths and arrivals")
+    g.add_argument("--seed", type=SEED, default=0, help="seed for sampled lengths and arrivals")
     g.add_argument(
         "--overlong",
         choices=["error", "drop", "truncate"],

@@ -20,6 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from batchpilot.training.commands.common import COUNT
+
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
 
 
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "capacity, where the limit matters)",
     )
     parser.add_argument(
-        "--num-requests", type=int, help="requests per run (default: whole trace, or 1000)"
+        "--num-requests", type=COUNT, help="requests per run (default: whole trace, or 1000)"
     )
     parser.add_argument(
         "--overlong",
@@ -73,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--slo", default="ttft:2000,tpot:50", help="goodput SLOs in ms. Default: %(default)s"
     )
     parser.add_argument("--interval", default="1it", help="control interval. Default: %(default)s")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1. Default: %(default)s")
+    parser.add_argument("--seeds", type=COUNT, default=3, help="seeds 0..N-1. Default: %(default)s")
     parser.add_argument(
         "--capacity-slo",
         default="p90_itl_ms:50,p90_ttft_ms:2000",
@@ -81,13 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--capacity-requests",
-        type=int,
+        type=COUNT,
         default=500,
         help="requests per capacity probe. Default: %(default)s",
     )
     parser.add_argument("--no-capacity", action="store_true", help="skip the capacity search")
     parser.add_argument(
-        "--workers", type=int, help="worker processes (default: CPU count; 1 for vllm)"
+        "--workers", type=COUNT, help="worker processes (default: CPU count; 1 for vllm)"
     )
     parser.add_argument("--out", type=Path, required=True, help="report directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

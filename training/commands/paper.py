@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from batchpilot.training.commands.common import COUNT
+
 TABLE1_CONTROLLERS = "static:256,alg1,alg1:bound=exact,alg2,alg1+alg2,oracle,best-static"
 TABLE2_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,alg1+alg2:chunk=1,oracle,best-static"
 FIG3_STEP = {"base_s": 0.0269, "decode_seq_s": 0.000231}
@@ -48,14 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GSM8K lengths: the trace CSV or embedded:gsm8k. Default: %(default)s",
     )
     parser.add_argument(
-        "--seeds", type=int, default=3, help="seeds for Table II (Table I is deterministic)"
+        "--seeds", type=COUNT, default=3, help="seeds for Table II (Table I is deterministic)"
     )
     parser.add_argument(
         "--capacity-slo",
         default="p90_itl_ms:50,p90_ttft_ms:2000",
         help="Table II capacity criterion (METRIC:MAX list). Default: %(default)s",
     )
-    parser.add_argument("--workers", type=int, help="worker processes (default: CPU count)")
+    parser.add_argument("--workers", type=COUNT, help="worker processes (default: CPU count)")
     parser.add_argument("--out", type=Path, required=True, help="report directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -23,6 +23,8 @@ import argparse
 import json
 from pathlib import Path
 
+from batchpilot.training.commands.common import COUNT, fraction, non_negative, positive
+
 DEFAULT_VIDUR = Path("..") / "shared" / "profiling" / "vidur"
 
 
@@ -46,24 +48,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="llama-2-7b | llama-2-70b | llama-3-8b | llama-3-70b | codellama-34b",
     )
     build.add_argument("--gpu", required=True, help="a100 | h100 | a40: whose timings apply")
-    build.add_argument("--tp", type=int, default=1, help="tensor parallel size. Default: 1")
-    build.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the GPU's)")
+    build.add_argument("--tp", type=COUNT, default=1, help="tensor parallel size. Default: 1")
     build.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9, help="vLLM's. Default: %(default)s"
-    )
-    build.add_argument("--max-num-seqs", type=int, default=1024, help="Default: %(default)s")
-    build.add_argument(
-        "--max-num-batched-tokens", type=int, default=8192, help="Default: %(default)s"
-    )
-    build.add_argument("--block-size", type=int, default=16, help="Default: %(default)s")
-    build.add_argument(
-        "--step-overhead-ms", type=float, help="CPU time per step on the critical path (1)"
+        "--gpu-memory-gib", type=positive, help="memory per GPU (default: the GPU's)"
     )
     build.add_argument(
-        "--seq-overhead-us", type=float, help="CPU time per scheduled request per step (10)"
+        "--gpu-memory-utilization", type=fraction, default=0.9, help="vLLM's. Default: %(default)s"
+    )
+    build.add_argument("--max-num-seqs", type=COUNT, default=1024, help="Default: %(default)s")
+    build.add_argument(
+        "--max-num-batched-tokens", type=COUNT, default=8192, help="Default: %(default)s"
+    )
+    build.add_argument("--block-size", type=COUNT, default=16, help="Default: %(default)s")
+    build.add_argument(
+        "--step-overhead-ms", type=non_negative, help="CPU time per step on the critical path (1)"
     )
     build.add_argument(
-        "--runtime-reserve-gib", type=float, help="non-torch memory and CUDA graphs per GPU (1)"
+        "--seq-overhead-us", type=non_negative, help="CPU time per scheduled request per step (10)"
+    )
+    build.add_argument(
+        "--runtime-reserve-gib",
+        type=non_negative,
+        help="non-torch memory and CUDA graphs per GPU (1)",
     )
     build.add_argument(
         "--vidur",

@@ -18,6 +18,8 @@ import argparse
 from importlib.resources import files
 from pathlib import Path
 
+from batchpilot.training.commands.common import COUNT
+
 QUICK_CONFIG = "quick.yml"
 CONTROLLERS = "static:256,best-static,alg1,alg2,alg1+alg2,oracle"
 
@@ -34,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comparison workload SOURCE@ARRIVAL, repeatable. Default: the config's "
         "evaluation workload and embedded:sharegpt@poisson:1.3 (never seen in training)",
     )
-    parser.add_argument("--seeds", type=int, default=3, help="comparison seeds. Default: 3")
+    parser.add_argument("--seeds", type=COUNT, default=3, help="comparison seeds. Default: 3")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -22,6 +22,7 @@ import sys
 import tempfile
 
 from batchpilot.serving.config import DEFAULT_BUDGET_MS, DEFAULT_SLO
+from batchpilot.training.commands.common import positive
 
 SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
 
@@ -46,7 +47,7 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
     )
     parser.add_argument(
         "--decision-budget-ms",
-        type=float,
+        type=positive,
         default=DEFAULT_BUDGET_MS,
         help="3 decisions in a row slower than this fall back to static. Default: %(default)s",
     )
