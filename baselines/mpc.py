@@ -13,14 +13,19 @@ The score of a horizon [t0, t0 + H], in output tokens (the units of goodput):
 - **+ generated so far** of each unfinished request still on track at t0 + H
   (`batchpilot.envs.telemetry.on_track`: TTFT met or still meetable, TPOT so far within
   target);
-- **- output** of each request whose TTFT deadline falls inside the horizon and is missed
-  (waiting past it, or first token after it): a request a candidate lets go stale is lost.
+- **- output** of each request whose TTFT deadline falls after t0 and is missed: first
+  token after it, or none by t0 + H while the queue ahead of it, drained at the prompt
+  tokens per second this candidate prefilled at, would reach it too late;
+- **- arrival rate x mean output x (drain time - TTFT target)** (at most H): while the
+  queue left at t0 + H takes longer than the TTFT target to drain, new arrivals are lost
+  too. Without this terminal term a short horizon prefers starving a queue whose requests
+  are already lost, which leaves every later arrival behind them.
 
 Requests whose deadline had passed before t0 score nothing either way. The candidate
 search is coordinate-wise on log grids: from the current pair, every max_num_seqs on the
 grid with the current budget, then every budget with the best max_num_seqs (``rounds``
 times); the current pair wins ties (and must be beaten by more than ``margin``), which
-keeps the limits from flapping between equal futures.
+keeps the limits from flapping between equal futures (other ties go to the larger value).
 """
 
 from __future__ import annotations
@@ -107,11 +112,6 @@ class MPCController:
         self._seq_grid = _clip(self.seqs, engine.max_num_seqs)
         self._token_grid = _clip(self.tokens, engine.max_num_batched_tokens)
         self._current = (engine.max_num_seqs, engine.max_num_batched_tokens)
-        self._full_budget = engine.max_num_batched_tokens
-        step = engine.profile.step  # type: ignore[attr-defined]
-        budget = self._full_budget
-        self._idle_step_s = step.time(0, 0, 0, 0, 0, 0)
-        self._full_chunk_s = step.time(1, budget, budget, 0, 0, 0)
         self._next_plan = float("-inf")
         self.plans = self.rollouts = 0
         self.plan_wall_s = 0.0
@@ -171,28 +171,33 @@ class MPCController:
             deadline = r.arrival_s + limit
             if now < deadline < r.first_token_s:
                 score -= r.output_tokens
-        # a request not started by `end` is lost if even prefilling the queue up to it at
-        # the engine's full token budget (no decodes) would give its first token too late
+        # Past the horizon, the queue drains at the pace this candidate prefilled at: a
+        # request not started by `end` is lost if at that pace its first token would come
+        # after its deadline, and while the queue takes longer than the TTFT target to
+        # drain, new arrivals (at the recent arrival rate, mean output) are lost too.
+        span = end - now
+        pace = telemetry.interval_prompt_tokens / span if span > 0 else 0.0
         queued = 0
         for arrival, first_token, output, prefill in engine.unfinished_requests():
             deadline = arrival + limit
             if first_token >= 0:
                 if now < deadline < first_token:
                     score -= output
+                queued += prefill
                 continue
             queued += prefill
-            if deadline > now and end + self._prefill_s(queued) > deadline:
+            if deadline > now and end + self._drain_s(queued, pace) > deadline:
                 score -= output
+        backlog = min(self._drain_s(queued, pace) - limit, self.horizon_s)
+        if backlog > 0:
+            score -= backlog * telemetry.arrival_rate * telemetry.output_mean
         return float(score)
 
-    def _prefill_s(self, tokens: int) -> float:
-        """Engine time to prefill `tokens` in full-budget chunks and nothing else, from the
-        profile's step model (attention over earlier chunks left out: an optimistic estimate)."""
-        chunks, rest = divmod(tokens, self._full_budget)
-        partial = self._idle_step_s + (self._full_chunk_s - self._idle_step_s) * (
-            rest / self._full_budget
-        )
-        return chunks * self._full_chunk_s + (partial if rest else 0.0)
+    def _drain_s(self, tokens: int, pace: float) -> float:
+        """Seconds to prefill `tokens` at `pace` tokens/s (infinite at pace 0)."""
+        if tokens <= 0:
+            return 0.0
+        return tokens / pace if pace > 0 else float("inf")
 
     def cost(self) -> dict[str, float]:
         """Planning totals so far: re-plans, rollouts, wall seconds spent planning."""

@@ -200,10 +200,14 @@ class SimEngine:
         return [(r.prompt + r.generated, r.output - r.generated) for r in self._waiting]
 
     # ------------------------------------------------------------------ forking
-    def unfinished_requests(self) -> list[tuple[float, float, int]]:
-        """(arrival s, first token s or -1, output tokens) of each admitted unfinished
-        request, running then waiting. Clairvoyant (true output lengths): for `mpc`."""
-        return [(r.arrival, r.first_token, r.output) for r in (*self._running, *self._waiting)]
+    def unfinished_requests(self) -> list[tuple[float, float, int, int]]:
+        """(arrival s, first token s or -1, output tokens, tokens left to prefill) of each
+        admitted unfinished request, running then waiting in queue order. Clairvoyant
+        (true output lengths): for `mpc`."""
+        return [
+            (r.arrival, r.first_token, r.output, r.prompt + r.generated - r.computed)
+            for r in (*self._running, *self._waiting)
+        ]
 
     def fork(self, *, history: bool = True) -> SimEngine:
         """An independent copy whose future is identical to this engine's.
