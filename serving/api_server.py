@@ -43,7 +43,6 @@ def install_vocab_check() -> None:
                 f"Token id {low if low < 0 else high} is out of vocabulary "
                 f"(the model's vocabulary has ids 0..{vocab - 1})",
                 parameter=parameter,
-                value=low if low < 0 else high,
             )
 
     validate_token_ids.batchpilot = True  # type: ignore[attr-defined]
