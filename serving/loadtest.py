@@ -2,6 +2,9 @@
 for a fixed time, then the server's ``/metrics`` (vLLM's and batchpilot's).
 
     python -m batchpilot.serving.loadtest --url http://127.0.0.1:8000 --clients 8 --seconds 30
+
+Prints a short table (what the clients saw, the server's key metrics) and writes every
+number to a JSON file (``--out``). Histograms are reported as count, sum and mean.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -62,15 +66,80 @@ def stream_once(url: str, model: str, prompt: list[int], max_tokens: int) -> tup
 
 
 def scrape(url: str, prefixes: tuple[str, ...] = ("vllm:", "batchpilot:")) -> dict[str, float]:
-    """Unlabelled sums of the server's Prometheus samples whose names start with `prefixes`."""
+    """The server's Prometheus samples whose names start with `prefixes`.
+
+    Counters and gauges by sample name (a series per label set is kept apart as
+    ``name{k="v",...}`` when there are several); histograms as ``_count`` and ``_sum`` summed
+    over label sets (buckets and quantiles dropped).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    series: dict[str, list[tuple[str, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(prefixes):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_bucket", "_created", "_gcount", "_gsum")):
+                continue
+            if "quantile" in sample.labels:
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            series.setdefault(sample.name, []).append((labels, float(sample.value)))
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(prefixes):
-            name, _, value = line.rpartition(" ")
-            key = name.split("{")[0]
-            out[key] = out.get(key, 0.0) + float(value)
+    for name, values in series.items():
+        if len(values) == 1 or name.endswith(("_count", "_sum")):
+            out[name] = sum(v for _, v in values)
+        else:
+            out.update({f"{name}{{{labels}}}": v for labels, v in values})
     return out
+
+
+def table(result: LoadResult) -> str:
+    """A short plain-text table of `result`: client view first, then the server's."""
+    s, m = result.summary(), result.metrics
+
+    def mean_ms(name: str) -> str:
+        n = m.get(f"{name}_count", 0.0)
+        return f"{m[f'{name}_sum'] / n * 1e3:.1f}" if n else "-"
+
+    rows = [
+        ("requests ok / failed", f"{s['requests_ok']} / {s['requests_failed']}"),
+        ("output tokens/s (clients)", f"{s['output_tokens_per_s']:.1f}"),
+        ("TTFT median / p99 (ms)", f"{s['median_ttft_ms']:.1f} / {s['p99_ttft_ms']:.1f}"),
+        (
+            "vllm: mean TTFT / ITL / e2e (ms)",
+            " / ".join(
+                mean_ms(f"vllm:{n}")
+                for n in (
+                    "time_to_first_token_seconds",
+                    "inter_token_latency_seconds",
+                    "e2e_request_latency_seconds",
+                )
+            ),
+        ),
+        ("vllm:num_preemptions", f"{m.get('vllm:num_preemptions_total', 0):g}"),
+        (
+            "batchpilot:max_num_seqs (now)",
+            ", ".join(f"{v:g}" for k, v in m.items() if k.startswith("batchpilot:max_num_seqs"))
+            or "-",
+        ),
+        (
+            "batchpilot: decisions, mean (ms)",
+            (
+                f"{m.get('batchpilot:decision_time_seconds_count', 0):g}, "
+                f"{mean_ms('batchpilot:decision_time_seconds')}"
+            ),
+        ),
+        (
+            "batchpilot:controller_fallbacks",
+            f"{m.get('batchpilot:controller_fallbacks_total', 0):g}",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines += [f"error: {e}" for e in s["errors"]]
+    return "\n".join(lines)
 
 
 def run_load(
@@ -122,6 +191,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--out", default="loadtest.json", help="JSON file for every number. Default: %(default)s"
+    )
     args = parser.parse_args()
     model = (
         args.model or json.load(urllib.request.urlopen(f"{args.url}/v1/models"))["data"][0]["id"]
@@ -134,7 +206,9 @@ def main() -> None:
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
     )
-    print(json.dumps(result.summary(), indent=2))
+    print(table(result))
+    Path(args.out).write_text(json.dumps(result.summary(), indent=2) + "\n")
+    print(f"all numbers: {args.out}")
 
 
 if __name__ == "__main__":

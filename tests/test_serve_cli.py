@@ -69,7 +69,7 @@ def test_openai_client_gets_a_completion(server) -> None:
 
 
 def test_load_without_failures_and_controller_in_effect(server) -> None:
-    from batchpilot.serving.loadtest import run_load
+    from batchpilot.serving.loadtest import run_load, table
 
     url, model = server
     result = run_load(url, model, clients=6, seconds=8, prompt_tokens=32, max_tokens=16)
@@ -80,6 +80,9 @@ def test_load_without_failures_and_controller_in_effect(server) -> None:
     assert m["batchpilot:decision_time_seconds_count"] > 0
     assert m.get("batchpilot:controller_fallbacks_total", 0) == 0
     assert "vllm:num_requests_running" in m
+    assert not [k for k in m if k.endswith("_bucket")]  # histograms as count and sum only
+    assert m["vllm:e2e_request_latency_seconds_count"] >= result.requests_ok
+    assert "requests ok / failed" in table(result) and "fallbacks" in table(result)
 
 
 @pytest.mark.parametrize("prompt", [[1, 2048, 3], [2**31 - 1]])
