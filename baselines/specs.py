@@ -27,15 +27,20 @@ class ControllerSpecError(ValueError):
 
 
 def _static(args: list[str]) -> Controller:
-    if len(args) != 1:
-        raise ControllerSpecError("static takes one argument: static:N (max_num_seqs)")
-    try:
-        n = int(args[0])
-    except ValueError:
-        raise ControllerSpecError(f"static:{args[0]}: N must be an integer") from None
-    if n < 1:
-        raise ControllerSpecError(f"static:{n}: N must be >= 1")
-    return StaticController(n)
+    if len(args) not in (1, 2):
+        raise ControllerSpecError(
+            "static takes static:N (max_num_seqs) or static:N:T (and max_num_batched_tokens)"
+        )
+    spec, values = "static:" + ":".join(args), []
+    for what, text in zip(("N", "T"), args, strict=False):
+        try:
+            value = int(text)
+        except ValueError:
+            raise ControllerSpecError(f"{spec}: {what} must be an integer") from None
+        if value < 1:
+            raise ControllerSpecError(f"{spec}: {what} must be >= 1")
+        values.append(value)
+    return StaticController(*values)
 
 
 def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str, Any]:

@@ -1,18 +1,38 @@
-"""The evaluation harness (runs, best-static, capacity bisection) and `batchpilot compare`."""
+"""The evaluation harness (runs, best-static, capacity bisection, paired comparisons, suites)
+and `batchpilot compare`."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import batchpilot.training.evaluate as ev
+from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
 from batchpilot.envs.metrics import SLO
+from batchpilot.envs.workloads import make_workload
 from batchpilot.training.cli import main
 from batchpilot.training.engines import make_engine
-from batchpilot.training.evaluate import CapacityTarget, Scenario, Task, capacity_search, evaluate
+from batchpilot.training.evaluate import (
+    CapacityTarget,
+    Scenario,
+    StaticGrid,
+    Task,
+    capacity_search,
+    evaluate,
+    rank_candidates,
+    scenario_workload,
+    vllm_default_limits,
+)
+from batchpilot.training.paired import paired_difference, t975
+from batchpilot.training.report import verdict
+from batchpilot.training.suite import SuiteError, load_suite, suite_names
 
 SMALL = Scenario("small", "fixed:64:32", "poisson:4", 60, profile="llama-7b-a100")
+GRID = StaticGrid(seqs=(1, 2, 4, 64), tokens=(256, 2048), first_seqs=4)
 
 
 def test_capacity_target_parses_and_checks() -> None:
@@ -39,26 +59,199 @@ def test_capacity_is_bracketed_by_a_failing_rate() -> None:
     assert all(not p["met"] for p in probes if p["rate"] > above)
 
 
-def test_evaluate_runs_every_controller_and_resolves_best_static() -> None:
-    res = evaluate(
-        [SMALL], ["static:4", "alg1", "best-static"], [0, 1], workers=1, progress=False,
-        best_static_grid=(4, 64),
+def test_best_static_searches_both_knobs_on_tuning_seeds_only(monkeypatch) -> None:
+    """Grid runs use the tuning seed alone; the evaluation seeds see only the chosen pair;
+    the choice is the best candidate's score recomputed from scratch on the tuning seed."""
+    seen: list[tuple[str, int]] = []
+    real = ev.run_task
+
+    def spy(task: Task):
+        seen.append((task.controller, task.seed))
+        return real(task)
+
+    monkeypatch.setattr(ev, "run_task", spy)
+    sc = Scenario("drawn", "embedded:sharegpt", "poisson:3", 40, rate_scale=(0.5, 2.0))
+    res = evaluate([sc], ["best-static", "alg1"], [0, 1], tuning_seeds=[7], workers=1,
+                   progress=False, static_grid=GRID)  # fmt: skip
+    bs = res["scenarios"][0]["best_static"]
+    assert bs["tuning_seeds"] == [7]
+    grid_runs = [(c, s) for c, s in seen if s == 7]
+    assert {c for c, _ in grid_runs} == {f"static:{c['seqs']}:{c['tokens']}" for c in bs["candidates"]}
+    assert {c["tokens"] for c in bs["candidates"]} >= {256, 2048, 8192}  # grid + engine cap
+    assert {(c, s) for c, s in seen if s != 7} == {(bs["best"], 0), (bs["best"], 1), ("alg1", 0), ("alg1", 1)}
+    scores = {
+        (c["seqs"], c["tokens"]): (
+            real(Task(sc, f"static:{c['seqs']}:{c['tokens']}", 7))["metrics"]["output_goodput"],
+            c["output_throughput"],
+        )
+        for c in bs["candidates"]
+    }
+    (n, t), _, _ = rank_candidates(scores, "output_goodput")
+    assert bs["best"] == f"static:{n}:{t}"
+    assert res["scenarios"][0]["results"]["best-static"]["spec"] == bs["best"]
+    with pytest.raises(ValueError, match="overlap the evaluation seeds"):
+        evaluate([sc], ["alg1"], [0, 1], tuning_seeds=[1], workers=1, progress=False)
+
+
+def test_best_static_extends_the_grid_down_to_small_limits() -> None:
+    """Long prompts at a high rate with a tight TTFT target: the best limit is small, so the
+    search runs limits below `first_seqs` too (issue 13: today's grid started at 8)."""
+    sc = Scenario("tight", "fixed:1500:20", "poisson:6", 80, slo="ttft:1500")
+    res = evaluate([sc], ["best-static"], [0], workers=1, progress=False, static_grid=GRID)
+    bs = res["scenarios"][0]["best_static"]
+    tried = {c["seqs"] for c in bs["candidates"]}
+    assert tried >= {4, 64}
+    if bs["seqs"] <= 4:
+        assert min(tried) < 4
+
+
+def test_rank_by_throughput_when_goodput_cannot_separate() -> None:
+    scores = {(8, 512): (0.4, 900.0), (64, 2048): (0.0, 1200.0), (256, 2048): (1.0, 1000.0)}
+    best, ranked_by, note = rank_candidates(scores, "output_goodput")
+    assert best == (64, 2048) and ranked_by == "output_throughput"
+    assert "cannot separate" in note
+    separated = {(8, 512): (500.0, 900.0), (64, 2048): (499.0, 1200.0), (256, 2048): (300.0, 1e3)}
+    assert rank_candidates(separated, "output_goodput")[0] == (64, 2048)  # a tie: throughput
+    separated[(8, 512)] = (600.0, 900.0)
+    assert rank_candidates(separated, "output_goodput") == ((8, 512), "output_goodput", None)
+
+
+def test_all_at_once_goodput_zero_report_says_ranked_by_throughput(tmp_path: Path) -> None:
+    """Every request at t=0 with a 50 ms TTFT target: no controller meets it, and both the
+    best-static note and the report's first line say the ranking is by throughput."""
+    out = tmp_path / "cmp"
+    code = main(
+        ["compare", "--workload", "fixed:256:64@all-at-once", "--num-requests", "150",
+         "--controllers", "static:4,static:64,best-static", "--slo", "ttft:50", "--seeds", "1",
+         "--tuning-seeds", "1", "--no-capacity", "--workers", "1", "--no-progress", "--out", str(out)]
     )  # fmt: skip
-    sc = res["scenarios"][0]
-    assert sc["best_static"]["best"] == 64  # 4 running at a time starves a 4 req/s load
-    assert sc["results"]["best-static"]["spec"] == "static:64"
-    small, big = sc["results"]["static:4"], sc["results"]["best-static"]
-    assert len(small["per_seed"]) == 2 and small["mean"]["completed"] == 60
-    assert big["mean"]["median_ttft_ms"] < small["mean"]["median_ttft_ms"]
-    assert set(sc["timelines"]["alg1"]) >= {"time_s", "max_num_seqs", "kv_cache_usage"}
-    assert len(sc["itl_ms_quantiles"]["alg1"]) == 201
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    sc = results["scenarios"][0]
+    assert sc["seeds"] == [0] and "ran once" in sc["seed_note"]
+    assert sc["best_static"]["ranked_by"] == "output_throughput"
+    md = (out / "report.md").read_text()
+    assert "cannot separate the candidates" in md
+    first = md.splitlines()[2]
+    assert "ranked by throughput" in first and "output throughput" in first
 
 
-def test_engine_factory_errors_name_the_problem() -> None:
-    with pytest.raises(ValueError, match="needs a model"):
-        make_engine("vllm", profile="llama-7b-a100", slo=SLO())
-    with pytest.raises(ValueError, match="unknown engine 'tpu'"):
-        make_engine("tpu", profile="llama-7b-a100", slo=SLO())
+def test_paired_interval_matches_a_hand_computation() -> None:
+    p = paired_difference([10.0, 12.0, 14.0], [9.0, 10.0, 11.0])  # differences 1, 2, 3
+    half = 4.303 * 1.0 / math.sqrt(3)  # t(0.975, 2 dof) x sd 1 / sqrt(3)
+    assert p.n == 3 and p.diff == pytest.approx(2.0)
+    assert (p.low, p.high) == (pytest.approx(2.0 - half), pytest.approx(2.0 + half))
+    assert p.rel == pytest.approx(0.2) and not p.significant
+    q = paired_difference([11.0, 11.1, 10.9], [10.0, 10.0, 10.0])  # differences 1, 1.1, 0.9
+    assert q.significant and q.low == pytest.approx(1.0 - 4.303 * 0.1 / math.sqrt(3))
+    assert paired_difference([5.0], [4.0]).low is None
+    assert t975(30) == 2.042 and t975(120) == pytest.approx(1.980, abs=2e-3)
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_difference([1.0, 2.0], [1.0])
+
+
+def _fake_scenario(a: list[float], b: list[float]) -> dict:
+    def entry(values: list[float]) -> dict:
+        per_seed = [{"output_goodput": v, "output_throughput": 1000.0} for v in values]
+        return {"per_seed": per_seed, "mean": {"output_goodput": float(np.mean(values)),
+                                               "output_throughput": 1000.0}}  # fmt: skip
+
+    return {"name": "S", "scenario": {"score": "output_goodput"},
+            "results": {"alg1": entry(a), "mpc": entry(b)}}  # fmt: skip
+
+
+def test_verdict_names_the_winner_from_the_numbers() -> None:
+    line = verdict(_fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0]), ["alg1", "mpc"])
+    assert line.startswith("**S**: mpc wins on goodput, +7.5% (95% CI")  # (15/200)
+    line = verdict(_fake_scenario([110.0, 215.0, 320.0], [100.0, 200.0, 300.0]), ["alg1", "mpc"])
+    assert line.startswith("**S**: alg1 wins on goodput, +7.5%")  # 15 / 200 (mpc's mean)
+    assert "Against the best reference alg1: mpc -7.0%" in line  # -15 / 215
+    line = verdict(_fake_scenario([100.0, 200.0, 300.0], [120.0, 190.0, 300.0]), ["alg1", "mpc"])
+    assert "no significant difference on goodput between mpc and alg1" in line
+
+
+def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
+    names = suite_names()
+    assert {"bursty", "shifting", "mixed", "long-prompts", "kv-tight", "paper", "steady"} <= set(names)
+    kv = load_suite("kv-tight")
+    assert {sc.profile for sc in kv.scenarios} == {"llama-3-8b-24gb", "llama-2-7b-a40"}
+    assert all(sc.rate_scale for sc in kv.scenarios)
+    cases = [
+        ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1, rates: [1, 2]}\n",
+         "scenarios[0] (a): unknown key 'rates'"),
+        ("scenario: []\n", "unknown key 'scenario'"),
+        ("scenarios:\n  - {name: a, arrival: poisson:1}\n", "scenarios[0] (a): missing key 'source'"),
+        ("profiles: [llama-2-7b-a100, llama-3-8b-24gb]\nscenarios:\n  - {name: a, source: embedded:gsm8k,"
+         " arrival: {llama-2-7b-a100: poisson:1}}\n", "'arrival' gives values for llama-2-7b-a100 but not"),
+        ("profiles: [no-such-gpu]\nscenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1}\n",
+         "'profiles': unknown profile 'no-such-gpu'"),
+        ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1, cv: [2, 4]}\n",
+         "cv is drawn for gamma arrivals only"),
+        ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: 'steps:1@5'}\n",
+         "first step must start at 0"),
+        ("scenarios: [\n", "not valid YAML"),
+    ]  # fmt: skip
+    for i, (text, message) in enumerate(cases):
+        path = tmp_path / f"bad{i}.yml"
+        path.write_text(text)
+        with pytest.raises(SuiteError) as err:
+            load_suite(path)
+        assert str(path) in str(err.value) and message in str(err.value), str(err.value)
+    with pytest.raises(SuiteError, match="unknown suite 'nope'; known: bursty"):
+        load_suite("nope")
+
+
+def test_every_controller_sees_the_same_draw_per_seed_and_seeds_differ() -> None:
+    sc = Scenario("r", "embedded:azure-conv", "gamma:2:3", 50, cv=(2.0, 4.0),
+                  rate_scale=(0.8, 1.2), prompt_scale=(1.0, 1.5))  # fmt: skip
+    w0, d0 = scenario_workload(sc, 0, 4096)
+    again, _ = scenario_workload(sc, 0, 4096)
+    w1, d1 = scenario_workload(sc, 1, 4096)
+    assert w0.requests == again.requests and w0.requests != w1.requests
+    assert d0 != d1 and set(d0) == {"rate_scale", "cv", "prompt_scale"}
+    assert 2.0 <= d0["cv"] <= 4.0 and 0.8 <= d0["rate_scale"] <= 1.2
+    assert not sc.seed_free() and Scenario("f", "fixed:8:8", "all-at-once").seed_free()
+
+
+def test_trace_window_varies_with_the_seed(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    rows = "\n".join(f"2023-11-16 18:15:{i // 10:02d}.{i % 10}000000,{100 + i},{10 + i}" for i in range(300))
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + "\n")
+    sc = Scenario("w", str(trace), "replay", 50)
+    a, da = scenario_workload(sc, 0, None)
+    b, db = scenario_workload(sc, 1, None)
+    assert len(a) == len(b) == 50 and da["window_start"] != db["window_start"]
+    assert a.requests[0].arrival_s == 0.0 and not sc.seed_free()
+    assert Scenario("whole", str(trace), "replay").seed_free()
+
+
+def test_vllm_default_limits_per_gpu(tmp_path: Path) -> None:
+    assert vllm_default_limits("llama-2-7b-a100")[:2] == (256, 2048)
+    assert vllm_default_limits("llama-3-8b-24gb")[:2] == (256, 2048)
+    assert vllm_default_limits("llama-2-7b-h100")[:2] == (1024, 8192)
+    profile = json.loads(make_engine("sim", profile="cpu-tiny-llama", slo=SLO()).profile.to_json())
+    profile.update(name="mystery", description="some accelerator")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match="cannot tell the GPU of profile"):
+        vllm_default_limits(str(path))
+
+
+def test_shifting_arrivals_follow_their_rates() -> None:
+    rng = np.random.default_rng(0)
+    t = Arrival.parse("steps:2@0,8@100,2@200").times(3000, rng)
+    assert np.all(np.diff(t) >= 0) and t[0] == 0.0
+    for lo, hi, rate in ((0, 100, 2), (100, 200, 8), (200, 300, 2)):
+        assert ((t >= lo) & (t < hi)).sum() / (hi - lo) == pytest.approx(rate, rel=0.15)
+    ramp = Arrival.parse("ramp:1:5").times(3000, rng)  # span 2n / (r0 + r1) = 1000 s
+    assert ramp[-1] == pytest.approx(1000, rel=0.05)
+    assert ((ramp < 200).sum() / 200, (ramp >= 800).sum() / 200) == (
+        pytest.approx(1.4, rel=0.2), pytest.approx(4.6, rel=0.2))  # fmt: skip
+    assert Arrival.parse("steps:1@0,3@10").scaled(2).steps == ((0.0, 2.0), (10.0, 6.0))
+    with pytest.raises(ArrivalSpecError, match="step starts must increase"):
+        Arrival.parse("steps:1@0,2@0")
+    w = make_workload("mix:sharegpt=0.5,gsm8k=0.5", "steps:1@0,2@30", num_requests=200)
+    assert "steps" in w.name and len(w) == 200
 
 
 def test_compare_writes_report_html_and_json(tmp_path: Path) -> None:
@@ -73,13 +266,25 @@ def test_compare_writes_report_html_and_json(tmp_path: Path) -> None:
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert results["controllers"] == ["static:256", "alg1+alg2"]
-    cap = results["scenarios"][0]["results"]["alg1+alg2"]["capacity"]
+    sc = results["scenarios"][0]
+    cap = sc["results"]["alg1+alg2"]["capacity"]
     assert cap["mean"] > 0 and len(cap["per_seed"]) == 2
     md = (out / "report.md").read_text()
+    means = {c: e["mean"]["output_goodput"] for c, e in sc["results"].items()}
+    winner = max(means, key=means.get)
+    first = md.splitlines()[2]
+    assert first.startswith(f"- **{sc['name']}**: ") and winner in first.split(":", 1)[1]
     assert "| alg1+alg2 |" in md and "vs static:256" in md and "capacity req/s" in md
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3
     assert not any(p.suffix == ".svg" for p in out.iterdir())
+
+
+def test_engine_factory_errors_name_the_problem() -> None:
+    with pytest.raises(ValueError, match="needs a model"):
+        make_engine("vllm", profile="llama-7b-a100", slo=SLO())
+    with pytest.raises(ValueError, match="unknown engine 'tpu'"):
+        make_engine("tpu", profile="llama-7b-a100", slo=SLO())
 
 
 def test_compare_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,3 +292,7 @@ def test_compare_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "eps must be in" in capsys.readouterr().err
     assert main(["compare", "--workload", "embedded:gsm8k", "--out", str(tmp_path)]) == 2
     assert "SOURCE@ARRIVAL" in capsys.readouterr().err
+    assert main(["compare", "--suite", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown suite 'nope'" in capsys.readouterr().err
+    assert main(["compare", "--suite", "list"]) == 0
+    assert "kv-tight" in capsys.readouterr().out

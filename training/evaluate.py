@@ -1,41 +1,102 @@
 """Evaluation harness: controllers x scenarios x seeds in parallel processes.
 
-Each (scenario, controller, seed) is one run of the control loop. Capacity is the highest
-Poisson arrival rate at which a controller still meets a `CapacityTarget` (by default p90
-ITL <= 50 ms and p90 TTFT <= 2 s, every request finished), found per seed by doubling the
-rate until the target fails and then bisecting. ``best-static`` is expanded before the
-runs: every static:N of a grid runs on the scenario's workload for every seed, and the N
-with the best mean score (in hindsight, on the very runs it is judged on; ties within
-0.1% go to the largest N) replaces it, for the capacity search too.
+Each (scenario, controller, seed) is one run of the control loop. Every controller of a
+scenario runs on the same workload draw per seed (`scenario_workload`), so controllers can
+be compared seed by seed (`batchpilot.training.paired`). What a seed varies: the lengths
+drawn from an embedded table (or, for a trace file cut to `num_requests`, which window of
+the trace), the arrival draw, and the scenario's randomised ranges (`rate_scale`, `cv`,
+`prompt_scale`, `output_scale`, each drawn uniformly per seed). A scenario with nothing a
+seed can vary (a whole trace replayed, fixed lengths all at once) runs once, and its
+results say so (`seed_note`) instead of showing a spread of zero.
+
+Two pseudo-controllers are resolved per scenario before the runs:
+
+- ``default``: vLLM's own defaults for the profile's GPU (`vllm_default_limits`).
+- ``best-static``: the static (max_num_seqs, max_num_batched_tokens) pair with the best
+  score on separate *tuning* seeds (never the evaluation seeds), found over a grid as vLLM's
+  ``benchmarks/auto_tune`` does (`StaticGrid`, `tune_static`).
+
+Capacity is the highest Poisson arrival rate at which a controller still meets a
+`CapacityTarget` (by default p90 ITL <= 50 ms and p90 TTFT <= 2 s, every request finished),
+found per seed by doubling the rate until the target fails and then bisecting.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from batchpilot.agents.specs import make_controller
 from batchpilot.baselines.specs import BEST_STATIC
+from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.controller import ControlInterval
-from batchpilot.envs.metrics import SLO
+from batchpilot.envs.embedded import EMBEDDED_PREFIX
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.run import run
-from batchpilot.envs.workloads import make_workload
+from batchpilot.envs.traces import load_trace
+from batchpilot.envs.workload import Request, Workload
+from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, make_workload
 from batchpilot.training.engines import make_engine
 
+DEFAULT = "default"
+"""Pseudo-controller: vLLM's default limits for the scenario's profile."""
+PSEUDO = (BEST_STATIC, DEFAULT)
 ITL_QUANTILES = np.linspace(0.0, 100.0, 201)
 """Percentiles of the inter-token latency kept per run for distribution plots."""
 TIMELINE_POINTS = 400
 """Timeline rows kept per run (evenly spaced) for plots."""
-BEST_STATIC_GRID = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-TIE = 1e-3
-"""best-static: scores within this fraction of the best count as ties, won by the largest N."""
+TUNING_SEED_BASE = 1000
+"""Tuning seeds are TUNING_SEED_BASE, +1, ...: disjoint from the evaluation seeds 0, 1, ..."""
+TIE = 5e-3
+"""Scores within this fraction of the best count as ties, broken by output throughput."""
+SEPARATION = 0.01
+"""Goodput cannot separate candidates when the best is below this fraction of the best
+output throughput (every candidate misses the SLOs): rank by throughput instead."""
+RANGES = ("rate_scale", "cv", "prompt_scale", "output_scale")
+"""Scenario fields drawn uniformly per seed from a (low, high) range."""
+
+# vLLM 0.32 `EngineArgs.get_batch_defaults`, usage context OPENAI_API_SERVER (`vllm serve`):
+# >= 160 GiB per GPU: 1024 / 16384; >= 70 GiB and not an A100: 1024 / 8192; otherwise
+# (A100, and GPUs under 70 GiB: A40, L40, 24 GB cards): 256 / 2048; CPU: 128 / 2048 per rank.
+GPU_MEMORY_GIB = {
+    "b300": 288, "b200": 180, "h200": 141, "h100": 80, "a100": 80, "a40": 48, "l40": 48,
+    "a10": 24, "l4": 24, "24gb": 24,
+}  # fmt: skip
+
+
+def vllm_default_limits(profile: str) -> tuple[int, int, str]:
+    """(max_num_seqs, max_num_batched_tokens, why) that ``vllm serve`` 0.32 picks on the
+    profile's hardware, recognised from the profile's name and description."""
+    from batchpilot.envs.profiles import get_profile
+
+    p = get_profile(profile)
+    text = f"{p.name} {p.description}".lower()
+    if "cpu" in text:
+        return 128, 2048, "vLLM 0.32 CPU defaults for `vllm serve` (per rank)"
+    name = p.name.lower()  # the name first: "24gb" profiles borrow A100 step times
+    gpu = next((g for g in GPU_MEMORY_GIB if g in name), None)
+    gpu = gpu or next((g for g in GPU_MEMORY_GIB if g in text), None)
+    if gpu is None:
+        raise ValueError(
+            f"default: cannot tell the GPU of profile {profile!r} (no {', '.join(GPU_MEMORY_GIB)} "
+            "or cpu in its name or description), so not vLLM's defaults for it; use static:N:T"
+        )
+    gib = GPU_MEMORY_GIB[gpu]
+    if gib >= 160:
+        seqs, tokens = 1024, 16384
+    elif gib >= 70 and gpu != "a100":
+        seqs, tokens = 1024, 8192
+    else:
+        seqs, tokens = 256, 2048
+    return seqs, tokens, f"vLLM 0.32 `vllm serve` defaults on {gpu.upper()} ({gib} GiB)"
 
 
 @dataclass(frozen=True)
@@ -51,14 +112,107 @@ class Scenario:
     model: str | None = None
     engine_args: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments of the real engine (`VLLMEngine`), e.g. num_gpu_blocks."""
-    slo: str = "ttft:2000,tpot:50"
     scheduler: str = "v1"
     """The simulator's scheduling: vLLM ``v1`` (chunked prefill) or ``v0`` (prefill first)."""
+    slo: str = str(DEFAULT_SLO)
     """Goodput SLOs (``vllm bench serve --goodput``)."""
     interval: str = "1it"
     overlong: str = "truncate"
     score: str = "output_goodput"
-    """Metric that best-static maximises."""
+    """Metric that best-static maximises and the report ranks controllers by."""
+    family: str = ""
+    """The suite family the scenario belongs to (empty outside a suite)."""
+    rate_scale: tuple[float, float] | None = None
+    """Every rate of the arrival process times a factor drawn per seed from this range."""
+    cv: tuple[float, float] | None = None
+    """A gamma arrival's CV drawn per seed from this range."""
+    prompt_scale: tuple[float, float] | None = None
+    """Prompt lengths times a factor drawn per seed from this range."""
+    output_scale: tuple[float, float] | None = None
+    """Output lengths times a factor drawn per seed from this range."""
+
+    def __post_init__(self) -> None:
+        arrival = Arrival.parse(self.arrival)
+        for key in RANGES:
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if len(value) != 2 or not 0 < value[0] <= value[1] or not math.isfinite(value[1]):
+                raise ValueError(
+                    f"scenario {self.name!r}: {key} must be [LOW, HIGH] with 0 < LOW <= HIGH"
+                )
+        if self.cv is not None and arrival.kind != "gamma":
+            raise ValueError(f"scenario {self.name!r}: cv is drawn for gamma arrivals only")
+
+    def draw(self, seed: int) -> dict[str, float]:
+        """The randomised values of this seed (one stream per seed, shared by all runs)."""
+        rng = np.random.default_rng([seed, 0x5CE2])
+        out = {}
+        for key in RANGES:
+            u = rng.uniform()  # drawn for every key so each keeps its stream when others change
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = float(value[0] + u * (value[1] - value[0]))
+        return out
+
+    @property
+    def is_trace_file(self) -> bool:
+        return not self.source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX))
+
+    def seed_free(self) -> bool:
+        """Whether every seed gives the same workload (nothing a seed can vary)."""
+        if any(getattr(self, k) is not None for k in RANGES):
+            return False
+        kind = Arrival.parse(self.arrival).kind
+        if self.source.startswith(FIXED_PREFIX):
+            return kind == "all-at-once"
+        if not self.is_trace_file:
+            return False
+        if kind not in ("replay", "all-at-once"):
+            return False
+        return self.num_requests is None or self.num_requests >= len(load_trace(self.source))
+
+
+def scenario_workload(
+    sc: Scenario, seed: int, max_model_len: int | None, arrival: str | None = None
+) -> tuple[Workload, dict[str, float]]:
+    """The workload of `sc` for `seed` (the same for every controller) and what was drawn.
+
+    `arrival` overrides the scenario's process (capacity probes), without its rate scale.
+    """
+    draw = sc.draw(seed)
+    process = Arrival.parse(arrival or sc.arrival)
+    if arrival is None and "rate_scale" in draw:
+        process = process.scaled(draw["rate_scale"])
+    if "cv" in draw:
+        process = replace(process, cv=draw["cv"])
+    window = sc.is_trace_file and sc.num_requests is not None
+    workload = make_workload(
+        sc.source, process, num_requests=None if window else sc.num_requests, seed=seed
+    )
+    if window and sc.num_requests < len(workload):
+        rng = np.random.default_rng([seed, 0x1D0])
+        start = int(rng.integers(0, len(workload) - sc.num_requests + 1))
+        reqs = workload.requests[start : start + sc.num_requests]
+        t0 = reqs[0].arrival_s
+        reqs = [replace(r, arrival_s=r.arrival_s - t0) for r in reqs]
+        workload = Workload(f"{workload.name}[{start}:{start + len(reqs)}]", reqs, source=sc.source)
+        draw["window_start"] = start
+    ps, os_ = draw.get("prompt_scale", 1.0), draw.get("output_scale", 1.0)
+    if ps != 1.0 or os_ != 1.0:
+        reqs = [
+            Request(
+                r.request_id,
+                r.arrival_s,
+                max(1, round(r.prompt_tokens * ps)),
+                max(1, round(r.output_tokens * os_)),
+            )
+            for r in workload.requests
+        ]
+        workload = Workload(workload.name, reqs, source=sc.source)
+    if max_model_len is not None:
+        workload = workload.fit_context(max_model_len, sc.overlong)
+    return workload, draw
 
 
 @dataclass(frozen=True)
@@ -117,35 +271,34 @@ class Task:
     """Keep the timeline and ITL percentiles (for plots)."""
 
 
-def run_task(task: Task) -> dict[str, Any]:
-    """Run one task (in a worker process); metrics, plus plot data when `detail`."""
-    sc = task.scenario
-    engine = make_engine(
+def _engine(sc: Scenario, slo: SLO | None = None) -> Any:
+    return make_engine(
         sc.engine,
         profile=sc.profile,
         model=sc.model,
-        slo=SLO.parse(sc.slo),
+        slo=slo or SLO.parse(sc.slo),
         engine_args=sc.engine_args,
-    )
         scheduler=sc.scheduler,
-    workload = make_workload(
-        sc.source,
-        task.arrival or sc.arrival,
-        num_requests=task.num_requests or sc.num_requests,
-        seed=task.seed,
-        max_model_len=engine.max_model_len,
-        overlong=sc.overlong,
     )
+
+
+def run_task(task: Task) -> dict[str, Any]:
+    """Run one task (in a worker process); metrics, plus plot data when `detail`."""
+    sc = task.scenario
+    if task.num_requests is not None:
+        sc = replace(sc, num_requests=task.num_requests)
+    engine = _engine(sc)
+    workload, draw = scenario_workload(sc, task.seed, engine.max_model_len, task.arrival)
     controller = make_controller(task.controller)
     out = run(workload, engine, controller, ControlInterval.parse(sc.interval))
-    result: dict[str, Any] = {"metrics": out.metrics(), "workload": workload.name}
+    result: dict[str, Any] = {"metrics": out.metrics(), "workload": workload.name, "draw": draw}
     if task.detail:
         tl = out.timeline.array()
         step = max(1, math.ceil(len(tl["time_s"]) / TIMELINE_POINTS))
         result["timeline"] = {k: v[::step].tolist() for k, v in tl.items()}
-        itl = out.result.itl_s
+        itl = out.result.stats.itl
         result["itl_ms_quantiles"] = (
-            (np.percentile(itl, ITL_QUANTILES) * 1e3).tolist() if len(itl) else []
+            [q * 1e3 for q in itl.percentiles(ITL_QUANTILES)] if itl.n else []
         )
     return result
 
@@ -196,10 +349,58 @@ def capacity_search(task: Task, target: CapacityTarget) -> dict[str, Any]:
 
 
 def summarise(values: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
-    """Mean and (population) standard deviation of each metric across seeds."""
+    """Mean and sample standard deviation (0 for one seed) of each metric across seeds."""
     keys = [k for k, v in values[0].items() if isinstance(v, int | float)]
     arr = {k: np.array([float(m[k]) for m in values]) for k in keys}
-    return {k: float(a.mean()) for k, a in arr.items()}, {k: float(a.std()) for k, a in arr.items()}
+    ddof = 1 if len(values) > 1 else 0
+    return (
+        {k: float(a.mean()) for k, a in arr.items()},
+        {k: float(a.std(ddof=ddof)) for k, a in arr.items()},
+    )
+
+
+class Ticker:
+    """Progress over runs: a bar on a terminal, a log line every `every_s` otherwise."""
+
+    def __init__(self, enabled: bool, every_s: float = 15.0) -> None:
+        self.enabled, self.every_s = enabled, every_s
+        self.total = self.done = 0
+        self.phase = "runs"
+        self.start = self.last_log = time.perf_counter()
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self.bar = Progress(
+                "[bold]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+            )
+            self.task = self.bar.add_task("runs", total=0)
+            self.bar.start()
+
+    def add(self, n: int, phase: str) -> None:
+        self.total += n
+        self.phase = phase
+        if self.bar is not None:
+            self.bar.update(self.task, total=self.total, description=phase)
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        elif self.enabled:
+            now = time.perf_counter()
+            if now - self.last_log >= self.every_s or self.done == self.total:
+                self.last_log = now
+                print(
+                    f"[compare] {self.done}/{self.total} runs ({self.phase}), "
+                    f"{now - self.start:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 class Pool:
@@ -210,18 +411,23 @@ class Pool:
         self.on_done = on_done
         self.executor = ProcessPoolExecutor(workers) if workers > 1 else None
 
+    def submit(self, calls: Iterable[tuple[Callable[..., Any], tuple]]) -> list[Future]:
+        """Start ``fn(*args)`` for each ``(fn, args)`` (inline: run now); their futures."""
+        futures: list[Future] = []
+        for fn, args in calls:
+            if self.executor is None:
+                f: Future = Future()
+                f.set_result(fn(*args))
+                self.on_done()
+            else:
+                f = self.executor.submit(fn, *args)
+                f.add_done_callback(lambda _f: self.on_done())
+            futures.append(f)
+        return futures
+
     def map(self, calls: Iterable[tuple[Callable[..., Any], tuple]]) -> list[Any]:
         """Results of ``fn(*args)`` for each ``(fn, args)``, in order."""
-        if self.executor is None:
-            out = []
-            for fn, args in calls:
-                out.append(fn(*args))
-                self.on_done()
-            return out
-        futures: list[Future] = [self.executor.submit(fn, *args) for fn, args in calls]
-        for f in futures:
-            f.add_done_callback(lambda _f: self.on_done())
-        return [f.result() for f in futures]
+        return [f.result() for f in self.submit(calls)]
 
     def close(self) -> None:
         if self.executor is not None:
@@ -232,65 +438,279 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
+@dataclass(frozen=True)
+class StaticGrid:
+    """Candidates of the best-static search, as vLLM's ``benchmarks/auto_tune`` grid
+    (NUM_SEQS_LIST x NUM_BATCHED_TOKENS_LIST), run in three passes:
+
+    1. every max_num_seqs in `seqs` from `first_seqs` up (to the engine's cap) x every
+       token budget in `tokens` (to the engine's cap);
+    2. while the best so far has the smallest max_num_seqs tried, the next smaller value of
+       `seqs`, down to 1 (small limits make slow runs, so they run only when they may win);
+    3. the geometric midpoints between the best pair and its neighbours in each knob.
+    """
+
+    seqs: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    tokens: tuple[int, ...] = (512, 2048, 8192)
+    first_seqs: int = 8
+
+
+def rank_candidates(
+    scores: dict[Any, tuple[float, float]], score: str
+) -> tuple[Any, str, str | None]:
+    """(best key, metric ranked by, note) from key -> (mean score, mean output throughput).
+
+    Ties within `TIE` of the best score go to the highest throughput. When the score is
+    goodput and the best is under `SEPARATION` of the best throughput, goodput cannot
+    separate the candidates: they are ranked by throughput, and the note says so.
+    """
+    top_score = max(s for s, _ in scores.values())
+    top_thr = max(t for _, t in scores.values())
+    if score != "output_throughput" and top_score < SEPARATION * top_thr:
+        best = max(scores, key=lambda k: scores[k][1])
+        note = (
+            f"{score} cannot separate the candidates (best {top_score:,.1f} tok/s, under "
+            f"{SEPARATION:.0%} of the best output throughput {top_thr:,.0f} tok/s): ranked by "
+            "output throughput instead"
+        )
+        return best, "output_throughput", note
+    ties = [k for k, (s, _) in scores.items() if s >= top_score * (1 - TIE)]
+    return max(ties, key=lambda k: scores[k][1]), score, None
+
+
+def _static_spec(seqs: int, tokens: int) -> str:
+    return f"static:{seqs}:{tokens}"
+
+
+def _midpoints(values: list[int], best: int) -> list[int]:
+    """Geometric midpoints between `best` and its neighbours in sorted `values`."""
+    i = values.index(best)
+    out = []
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(values):
+            m = round(math.sqrt(values[j] * best))
+            if m not in values:
+                out.append(m)
+    return out
+
+
+@dataclass
+class _Search:
+    """One scenario's best-static search state."""
+
+    sc: Scenario
+    seeds: list[int]
+    seqs: list[int]
+    tokens: list[int]
+    results: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+
+    def calls(self, pairs: Iterable[tuple[int, int]]) -> tuple[list, list]:
+        pairs = [p for p in dict.fromkeys(pairs) if p not in self.results]
+        calls = [
+            (run_task, (Task(self.sc, _static_spec(n, t), s),))
+            for n, t in pairs
+            for s in self.seeds
+        ]
+        return pairs, calls
+
+    def record(self, pairs: list[tuple[int, int]], out: list[dict[str, Any]]) -> None:
+        it = iter(out)
+        for pair in pairs:
+            ms = [next(it)["metrics"] for _ in self.seeds]
+            self.results[pair] = (
+                float(np.mean([m[self.sc.score] for m in ms])),
+                float(np.mean([m["output_throughput"] for m in ms])),
+            )
+
+    def best(self) -> tuple[tuple[int, int], str, str | None]:
+        return rank_candidates(self.results, self.sc.score)
+
+    def summary(self) -> dict[str, Any]:
+        (n, t), ranked_by, note = self.best()
+        return {
+            "score": self.sc.score,
+            "ranked_by": ranked_by,
+            "note": note,
+            "tuning_seeds": self.seeds,
+            "best": _static_spec(n, t),
+            "seqs": n,
+            "tokens": t,
+            "candidates": [
+                {"seqs": a, "tokens": b, "score": s, "output_throughput": thr}
+                for (a, b), (s, thr) in sorted(self.results.items())
+            ],
+        }
+
+
+def tune_static(
+    pool: Pool,
+    ticker: Ticker,
+    scenarios: list[Scenario],
+    tuning_seeds: dict[str, list[int]],
+    grid: StaticGrid,
+) -> dict[str, dict[str, Any]]:
+    """Per scenario name, the best-static search's summary (choice, ranking, candidates)."""
+    searches = []
+    for sc in scenarios:
+        engine = _engine(sc, SLO())
+        seqs = sorted({n for n in grid.seqs if n <= engine.max_num_seqs} | {engine.max_num_seqs})
+        cap_tokens = engine.max_num_batched_tokens
+        tokens = sorted({t for t in grid.tokens if t <= cap_tokens} | {cap_tokens})
+        searches.append(_Search(sc, tuning_seeds[sc.name], seqs, tokens))
+
+    def run_pass(phase: str, wanted: dict[int, list[tuple[int, int]]]) -> None:
+        batch = {i: searches[i].calls(pairs) for i, pairs in wanted.items()}
+        calls = [c for _, cs in batch.values() for c in cs]
+        ticker.add(len(calls), phase)
+        it = iter(pool.map(calls))
+        for i, (pairs, cs) in batch.items():
+            searches[i].record(pairs, [next(it) for _ in cs])
+
+    first = {
+        i: [(n, t) for n in s.seqs if n >= min(grid.first_seqs, max(s.seqs)) for t in s.tokens]
+        for i, s in enumerate(searches)
+    }
+    run_pass("best-static grid", first)
+    while True:  # pass 2: extend downward while the smallest limit tried is the best
+        wanted = {}
+        for i, s in enumerate(searches):
+            tried = sorted({n for n, _ in s.results})
+            (n, _), _, _ = s.best()
+            smaller = [m for m in s.seqs if m < tried[0]]
+            if n == tried[0] and smaller:
+                wanted[i] = [(smaller[-1], t) for t in s.tokens]
+        if not wanted:
+            break
+        run_pass("best-static grid (smaller limits)", wanted)
+    refine = {}
+    for i, s in enumerate(searches):
+        (n, t), _, _ = s.best()
+        tried_n = sorted({a for a, b in s.results if b == t})
+        tried_t = sorted({b for a, b in s.results if a == n})
+        refine[i] = [(m, t) for m in _midpoints(tried_n, n)] + [
+            (n, m) for m in _midpoints(tried_t, t)
+        ]
+    run_pass("best-static refinement", refine)
+    return {s.sc.name: s.summary() for s in searches}
+
+
 def evaluate(
     scenarios: list[Scenario],
     controllers: list[str],
     seeds: list[int],
     *,
+    tuning_seeds: list[int] | None = None,
     capacity: CapacityTarget | None = None,
     workers: int | None = None,
     progress: bool = True,
-    best_static_grid: tuple[int, ...] = BEST_STATIC_GRID,
+    static_grid: StaticGrid | None = None,
 ) -> dict[str, Any]:
-    """Run every controller on every scenario and seed; results as a JSON-ready dict."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    """Run every controller on every scenario and seed; results as a JSON-ready dict.
 
+    `tuning_seeds` (default: 1000 and 1001) are where ``best-static`` is chosen; they must
+    not overlap `seeds`.
+    """
+    grid = static_grid or StaticGrid()
+    tuning_seeds = tuning_seeds or [TUNING_SEED_BASE, TUNING_SEED_BASE + 1]
+    if set(tuning_seeds) & set(seeds):
+        raise ValueError(f"tuning seeds {tuning_seeds} overlap the evaluation seeds {seeds}")
     for spec in controllers:  # fail on a bad spec before starting any run
-        if spec.split(":")[0] != BEST_STATIC:
+        if spec not in PSEUDO:
             make_controller(spec)
     if any(sc.engine != "sim" for sc in scenarios):
         workers = 1  # one real engine at a time
     workers = workers or default_workers()
+    names = [sc.name for sc in scenarios]
+    if len(set(names)) != len(names):
+        raise ValueError(f"scenario names must be unique: {names}")
     start = time.perf_counter()
-    bar = Progress(
-        "[bold]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not progress,
-    )
-    with bar:
-        ticker = bar.add_task("runs", total=0)
-        pool = Pool(workers, lambda: bar.advance(ticker))
-        try:
-            resolved, grids = _resolve_best_static(
-                pool, bar, ticker, scenarios, controllers, seeds, best_static_grid
+    run_seeds, tune_seeds, seed_notes = {}, {}, {}
+    for sc in scenarios:
+        if sc.seed_free():
+            run_seeds[sc.name] = tune_seeds[sc.name] = seeds[:1]
+            seed_notes[sc.name] = (
+                "nothing in this workload depends on the seed (fixed lengths and arrivals), "
+                f"so it ran once (seed {seeds[0]}): no spread or interval over seeds"
+                + (", and best-static was chosen on that same run" * (BEST_STATIC in controllers))
             )
-            runs = [
+        else:
+            run_seeds[sc.name], tune_seeds[sc.name] = seeds, tuning_seeds
+    resolved = {sc.name: {c: c for c in controllers} for sc in scenarios}
+    defaults = {}
+    if DEFAULT in controllers:
+        for sc in scenarios:
+            if sc.engine == "sim":
+                seqs, tokens, why = vllm_default_limits(sc.profile)
+            else:
+                engine = _engine(sc, SLO())
+                seqs, tokens = engine.max_num_seqs, engine.max_num_batched_tokens
+                why = "the real engine's configured limits"
+            engine = _engine(sc, SLO())
+            seqs = min(seqs, engine.max_num_seqs)
+            tokens = min(tokens, engine.max_num_batched_tokens)
+            resolved[sc.name][DEFAULT] = _static_spec(seqs, tokens)
+            defaults[sc.name] = {"spec": _static_spec(seqs, tokens), "why": why}
+
+    ticker = Ticker(progress)
+    pool = Pool(workers, ticker.tick)
+    try:
+        def eval_calls(cs: list[str]) -> list:
+            return [
                 (run_task, (Task(sc, resolved[sc.name][c], s, detail=(i == 0)),))
                 for sc in scenarios
-                for c in controllers
-                for i, s in enumerate(seeds)
+                for c in cs
+                for i, s in enumerate(run_seeds[sc.name])
             ]
-            caps = []
-            if capacity is not None:
-                caps = [
-                    (capacity_search, (Task(sc, resolved[sc.name][c], s), capacity))
-                    for sc in scenarios
-                    for c in controllers
-                    for s in seeds
-                ]
-            bar.update(ticker, total=len(runs) + len(caps), completed=0, description="runs")
-            done = pool.map(runs + caps)
-            run_out, cap_out = iter(done[: len(runs)]), iter(done[len(runs) :])
-        finally:
-            pool.close()
+
+        ready = [c for c in controllers if c != BEST_STATIC]
+        first = eval_calls(ready)
+        ticker.add(len(first), "runs")
+        early = pool.submit(first)  # while best-static is being searched
+        tuned = {}
+        if BEST_STATIC in controllers:
+            tuned = tune_static(pool, ticker, scenarios, tune_seeds, grid)
+            for sc in scenarios:
+                resolved[sc.name][BEST_STATIC] = tuned[sc.name]["best"]
+        late_calls = eval_calls([BEST_STATIC]) if BEST_STATIC in controllers else []
+        caps = []
+        if capacity is not None:
+            caps = [
+                (capacity_search, (Task(sc, resolved[sc.name][c], s), capacity))
+                for sc in scenarios
+                for c in controllers
+                for s in run_seeds[sc.name]
+            ]
+        ticker.add(len(late_calls) + len(caps), "runs" if not caps else "runs and capacity")
+        late = pool.submit(late_calls + caps)
+        done_early = [f.result() for f in early]
+        done_late = [f.result() for f in late]
+    finally:
+        pool.close()
+        ticker.close()
+    by_key: dict[tuple[str, str, int], dict[str, Any]] = {}
+    it_early = iter(done_early)
+    for sc in scenarios:
+        for c in ready:
+            for s in run_seeds[sc.name]:
+                by_key[sc.name, c, s] = next(it_early)
+    it_late = iter(done_late)
+    if BEST_STATIC in controllers:
+        for sc in scenarios:
+            for s in run_seeds[sc.name]:
+                by_key[sc.name, BEST_STATIC, s] = next(it_late)
+    cap_by_key = {}
+    if capacity is not None:
+        for sc in scenarios:
+            for c in controllers:
+                for s in run_seeds[sc.name]:
+                    cap_by_key[sc.name, c, s] = next(it_late)
     scenario_results = []
     for sc in scenarios:
+        sseeds = run_seeds[sc.name]
         results: dict[str, Any] = {}
         timelines, itls = {}, {}
         for c in controllers:
-            per_seed = [next(run_out) for _ in seeds]
+            per_seed = [by_key[sc.name, c, s] for s in sseeds]
             mean, std = summarise([r["metrics"] for r in per_seed])
             entry: dict[str, Any] = {
                 "spec": resolved[sc.name][c],
@@ -300,7 +720,7 @@ def evaluate(
                 "capacity": None,
             }
             if capacity is not None:
-                found = [next(cap_out) for _ in seeds]
+                found = [cap_by_key[sc.name, c, s] for s in sseeds]
                 rates = np.array([f["capacity"] for f in found])
                 thr = np.array([f["output_throughput_at_capacity"] for f in found])
                 entry["capacity"] = {
@@ -312,76 +732,36 @@ def evaluate(
                     "bracketed": all(f["bracketed"] for f in found),
                     "probes": [
                         {"seed": s, **p}
-                        for s, f in zip(seeds, found, strict=True)
+                        for s, f in zip(sseeds, found, strict=True)
                         for p in f["probes"]
                     ],
                 }
             results[c] = entry
             timelines[c] = per_seed[0]["timeline"]
             itls[c] = per_seed[0]["itl_ms_quantiles"]
+        first_run = by_key[sc.name, controllers[0], sseeds[0]]
         scenario_results.append(
             {
                 "name": sc.name,
                 "scenario": asdict(sc),
-                "workload": per_seed[0]["workload"],
+                "workload": first_run["workload"],
+                "seeds": sseeds,
+                "seed_note": seed_notes.get(sc.name),
+                "draws": [by_key[sc.name, controllers[0], s]["draw"] for s in sseeds],
                 "results": results,
                 "timelines": timelines,
                 "itl_ms_quantiles": itls,
-                "best_static": grids.get(sc.name),
+                "best_static": tuned.get(sc.name),
+                "default": defaults.get(sc.name),
                 "capacity_target": None if capacity is None else asdict(capacity),
             }
         )
     return {
         "controllers": controllers,
         "seeds": seeds,
+        "tuning_seeds": tuning_seeds,
         "capacity_target": None if capacity is None else asdict(capacity),
         "scenarios": scenario_results,
         "workers": workers,
         "wall_s": time.perf_counter() - start,
     }
-
-
-def _resolve_best_static(
-    pool: Pool,
-    bar: Any,
-    ticker: Any,
-    scenarios: list[Scenario],
-    controllers: list[str],
-    seeds: list[int],
-    grid: tuple[int, ...],
-) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, Any]]]:
-    """Spec per scenario and controller with ``best-static`` replaced by the best static:N,
-    and per scenario the grid's mean scores."""
-    resolved = {sc.name: {c: c for c in controllers} for sc in scenarios}
-    grids: dict[str, dict[str, Any]] = {}
-    if BEST_STATIC not in controllers:
-        return resolved, grids
-    sizes = {}
-    for sc in scenarios:
-        cap = make_engine(
-            sc.engine,
-            profile=sc.profile,
-            model=sc.model,
-            slo=SLO(),
-            engine_args=sc.engine_args,
-            scheduler=sc.scheduler,
-        ).max_num_seqs
-        sizes[sc.name] = [g for g in grid if g <= cap]
-    calls = [
-        (run_task, (Task(sc, f"static:{n}", s),))
-        for sc in scenarios
-        for n in sizes[sc.name]
-        for s in seeds
-    ]
-    bar.update(ticker, total=len(calls), description="best-static grid")
-    results = iter(pool.map(calls))
-    for sc in scenarios:
-        scores = {
-            n: float(np.mean([next(results)["metrics"][sc.score] for _ in seeds]))
-            for n in sizes[sc.name]
-        }
-        top = max(scores.values())
-        best = max(n for n, v in scores.items() if v >= top * (1 - TIE))
-        resolved[sc.name][BEST_STATIC] = f"static:{best}"
-        grids[sc.name] = {"score": sc.score, "best": best, "scores": scores}
-    return resolved, grids

@@ -1,8 +1,14 @@
 """Comparison report from `evaluate()` results: report.md, self-contained report.html, PNGs.
 
-Per scenario: a metrics table (mean ± std across seeds), gains over static and over each
-algorithm, and plots of the limit / running requests / KV usage over time, the ITL
-distribution, and throughput and goodput against the Poisson arrival rate.
+The first lines say, per scenario, which controller wins on the scenario's score (goodput
+unless no controller meets the SLOs) and by how much: the mean paired difference over
+seeds with its 95% interval vs the runner-up, or "no significant difference" when the
+interval spans 0, and each oracle / learned controller against the best reference (tuned
+static, vLLM's default, the rules). Per scenario: what the seeds varied, how ``default``
+and ``best-static`` were set, a metrics table (mean ± std across seeds), the paired
+differences of every controller against every other, and plots of the limit / running
+requests / KV usage over time, the ITL distribution, and throughput and goodput against the
+Poisson arrival rate.
 """
 
 from __future__ import annotations
@@ -13,6 +19,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from batchpilot.baselines.specs import BEST_STATIC
+from batchpilot.training.evaluate import SEPARATION
+from batchpilot.training.paired import PairedDifference, describe, paired_difference
 
 TABLE_METRICS = (
     ("output_throughput", "out tok/s", "{:,.0f}"),
@@ -27,14 +37,14 @@ TABLE_METRICS = (
     ("recomputed_tokens", "recomp. tok", "{:,.0f}"),
     ("mean_kv_usage", "KV use", "{:.1%}"),
 )
-GAIN_METRICS = (("output_throughput", "throughput"), ("output_goodput", "goodput"))
+METRIC_NAMES = {"output_goodput": "goodput", "output_throughput": "output throughput"}
+CHALLENGERS = ("oracle", "mpc", "policy")
+"""Controllers that are not references: clairvoyant or learned."""
 
 
-def references(labels: list[str]) -> list[str]:
-    """Controllers gains are measured against: the first static one and each single algorithm."""
-    refs = [next((c for c in labels if c.startswith("static")), None)]
-    refs += [c for c in labels if "+" not in c and re.match(r"alg[12]\b", c)]
-    return [r for r in refs if r is not None]
+def is_reference(label: str) -> bool:
+    """Tuned static, vLLM's default and the rules (every part of an A+B is one)."""
+    return not any(p.strip().split(":")[0] in CHALLENGERS for p in label.split("+"))
 
 
 def _cell(entry: dict[str, Any], key: str, fmt: str) -> str:
@@ -57,21 +67,70 @@ def _capacity_throughput_cell(entry: dict[str, Any]) -> str:
     return f"{mean:,.0f} ± {std:,.0f}"
 
 
-def _gain(entry: dict[str, Any], ref: dict[str, Any], key: str) -> str:
-    if key in ("mean", "output_throughput_at_capacity"):  # capacity figures
-        if entry["capacity"] is None or ref["capacity"] is None:
-            return "—"
-        a, b = entry["capacity"][key], ref["capacity"][key]
-    else:
-        a, b = entry["mean"][key], ref["mean"][key]
-    return "—" if b == 0 else f"{(a / b - 1) * 100:+.1f}%"
-
-
 Table = tuple[list[str], list[list[str]]]
 
 
+def ranking_metric(sc: dict[str, Any]) -> tuple[str, str | None]:
+    """(metric controllers are ranked by, note): the scenario's score, unless it is goodput
+    and every controller's is under `SEPARATION` of the best throughput (all miss the SLOs)."""
+    score = sc["scenario"]["score"]
+    res = sc["results"].values()
+    top = max(e["mean"][score] for e in res)
+    top_thr = max(e["mean"]["output_throughput"] for e in res)
+    if score != "output_throughput" and top < SEPARATION * top_thr:
+        return "output_throughput", (
+            f"every controller's {score} is under {SEPARATION:.0%} of the best output "
+            f"throughput (best {top:,.1f} vs {top_thr:,.0f} tok/s): ranked by throughput"
+        )
+    return score, None
+
+
+def _values(entry: dict[str, Any], key: str) -> list[float]:
+    return [float(m[key]) for m in entry["per_seed"]]
+
+
+def paired_vs(sc: dict[str, Any], a: str, b: str, key: str) -> PairedDifference:
+    """Paired difference of controllers `a` and `b` on metric `key` over the scenario's seeds."""
+    res = sc["results"]
+    return paired_difference(_values(res[a], key), _values(res[b], key))
+
+
+def best_reference(sc: dict[str, Any], labels: list[str], key: str) -> str | None:
+    """The reference (tuned static, default, the rules) with the highest mean `key`."""
+    refs = [c for c in labels if is_reference(c)]
+    return max(refs, key=lambda c: sc["results"][c]["mean"][key]) if refs else None
+
+
+def verdict(sc: dict[str, Any], labels: list[str]) -> str:
+    """One line: who wins the scenario on its ranking metric, and by how much (computed)."""
+    key, note = ranking_metric(sc)
+    what = METRIC_NAMES.get(key, key)
+    ranked = sorted(labels, key=lambda c: sc["results"][c]["mean"][key], reverse=True)
+    head = f"**{sc['name']}**: "
+    if len(ranked) < 2:
+        return head + f"only {ranked[0]} ran"
+    win, second = ranked[0], ranked[1]
+    p = paired_vs(sc, win, second, key)
+    if p.n == 1:
+        line = f"{win} leads on {what}, {describe(p)} vs {second} (one run: no interval)"
+    elif p.significant:
+        line = f"{win} wins on {what}, {describe(p)} vs {second} ({p.n} paired seeds)"
+    else:
+        line = (
+            f"no significant difference on {what} between {win} and {second}: "
+            f"{describe(p)} ({p.n} paired seeds)"
+        )
+    ref = best_reference(sc, labels, key)
+    others = [c for c in labels if not is_reference(c)]
+    if ref is not None and others:
+        vs = "; ".join(f"{c} {describe(paired_vs(sc, c, ref, key))}" for c in others)
+        line += f". Against the best reference {ref}: {vs}"
+    return head + line + (f" ({note})" if note else "")
+
+
 def scenario_tables(sc: dict[str, Any], labels: list[str]) -> tuple[Table, Table]:
-    """(header, rows) of the metrics table and of the gains table, rows in `labels` order."""
+    """(header, rows) of the metrics table and of the paired-difference table (each row's
+    mean paired difference vs each column, % of the column's mean, 95% t-interval)."""
     res = sc["results"]
     has_cap = any(e["capacity"] for e in res.values())
     head = ["controller", *(t for _, t, _ in TABLE_METRICS)]
@@ -83,17 +142,20 @@ def scenario_tables(sc: dict[str, Any], labels: list[str]) -> tuple[Table, Table
         row = [name, *(_cell(e, k, f) for k, _, f in TABLE_METRICS)]
         cap_cells = [_capacity_cell(e), _capacity_throughput_cell(e)] if has_cap else []
         rows.append(row + cap_cells)
-    refs = references(labels)
-    gain_keys = list(GAIN_METRICS)
-    if has_cap:
-        gain_keys += [("mean", "capacity"), ("output_throughput_at_capacity", "tok/s at cap.")]
-    ghead = ["controller"] + [f"{t} vs {r}" for r in refs for _, t in gain_keys]
-    grows = [
-        [c] + [_gain(res[c], res[r], k) for r in refs for k, _ in gain_keys]
-        for c in labels
-        if c not in refs[:1]
+    key, _ = ranking_metric(sc)
+    ref = best_reference(sc, labels, key)
+    cols = ([ref] if ref else []) + [c for c in labels if c != ref]
+    phead = ["controller"] + [f"vs {c}" + (" (best reference)" if c == ref else "") for c in cols]
+    prows = [
+        [a] + ["—" if a == b else _pair_cell(paired_vs(sc, a, b, key)) for b in cols]
+        for a in labels
     ]
-    return (head, rows), (ghead, grows)
+    return (head, rows), (phead, prows)
+
+
+def _pair_cell(p: PairedDifference) -> str:
+    text = describe(p).replace("95% CI ", "").replace(" to ", " … ")
+    return text + (" *" if p.significant else "")
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -235,6 +297,38 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def scenario_notes(sc: dict[str, Any]) -> list[str]:
+    """Lines on the seeds (what they varied), vLLM's default and the best-static search."""
+    out = []
+    if sc.get("seed_note"):
+        out.append(f"Seeds: {sc['seed_note']}.")
+    draws = [d for d in sc.get("draws") or [] if d]
+    if draws:
+        keys = sorted({k for d in draws for k in d})
+        spans = ", ".join(
+            f"{k} {min(d[k] for d in draws):.3g} to {max(d[k] for d in draws):.3g}" for k in keys
+        )
+        out.append(f"Drawn per seed (besides lengths and arrival times): {spans}.")
+    if sc.get("default"):
+        d = sc["default"]
+        out.append(f"default = {d['spec']}: {d['why']}.")
+    bs = sc.get("best_static")
+    if bs:
+        text = (
+            f"best-static = {bs['best']}: best mean {bs['ranked_by']} over "
+            f"{len(bs['candidates'])} (max_num_seqs, max_num_batched_tokens) candidates on "
+            f"tuning seeds {', '.join(map(str, bs['tuning_seeds']))}"
+        )
+        out.append(text + (f"; {bs['note']}." if bs["note"] else "."))
+    return out
+
+
+def _inline_html(text: str) -> str:
+    """HTML for a line with ``**bold**`` spans."""
+    parts = html.escape(text).split("**")
+    return "".join(f"<b>{x}</b>" if i % 2 else x for i, x in enumerate(parts))
+
+
 def engine_label(scenario: dict[str, Any]) -> str:
     """``profile NAME (sim engine)`` or ``model DIR (vllm engine, num_gpu_blocks=40)``."""
     if scenario["engine"] == "sim":
@@ -257,14 +351,27 @@ def write_report(
     `preamble`: markdown lines (paragraphs and pipe tables) placed before the scenarios.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    labels = results["controllers"]
+    verdicts = [verdict(sc, labels) for sc in results["scenarios"]]
     intro = [
         f"Command: `{command}`",
-        f"Seeds: {', '.join(map(str, results['seeds']))}; values are mean ± std across seeds "
-        f"(std omitted when 0). Harness wall time: {results['wall_s']:.1f} s on "
-        f"{results['workers']} worker process(es).",
+        f"Evaluation seeds: {', '.join(map(str, results['seeds']))}; values are mean ± sample "
+        "std across seeds (std omitted when 0). Every controller runs the same workload draw "
+        "per seed; differences are paired by seed, with 95% Student-t intervals (* where the "
+        "interval excludes 0). Harness wall time: "
+        f"{results['wall_s']:.1f} s on {results['workers']} worker process(es).",
     ]
-    md = [f"# {title}", "", *(f"{line}  " for line in intro), "", *preamble]
-    body = [f"<h1>{html.escape(title)}</h1>"] + [f"<p>{html.escape(x)}</p>" for x in intro]
+    if results.get("tuning_seeds") and BEST_STATIC in labels:
+        intro.append(
+            f"best-static is chosen on tuning seeds {', '.join(map(str, results['tuning_seeds']))} "
+            "and reported on the evaluation seeds (no hindsight)."
+        )
+    md = [f"# {title}", "", *(f"- {v}" for v in verdicts), ""]
+    md += [*(f"{line}  " for line in intro), "", *preamble]
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    if verdicts:
+        body.append("<ul>" + "".join(f"<li>{_inline_html(v)}</li>" for v in verdicts) + "</ul>")
+    body += [f"<p>{html.escape(x)}</p>" for x in intro]
     body += [_md_block_html(preamble)]
     for sc in results["scenarios"]:
         s = sc["scenario"]
@@ -280,19 +387,20 @@ def write_report(
                 f"finished, {cap['num_requests']} requests per probe, bisection to "
                 f"{cap['rel_tol']:.0%}; (≥): never bracketed from above."
             )
-        labels = results["controllers"]
-        (head, rows), (ghead, grows) = scenario_tables(sc, labels)
-        md += [f"## {sc['name']}", "", desc, "", _md_table(head, rows), ""]
+        (head, rows), (phead, prows) = scenario_tables(sc, labels)
+        notes = scenario_notes(sc)
+        md += [f"## {sc['name']}", "", desc, "", *notes, "", _md_table(head, rows), ""]
         body += [f"<h2>{html.escape(sc['name'])}</h2>", f"<p>{html.escape(desc)}</p>"]
+        body += [f"<p>{html.escape(n)}</p>" for n in notes]
         body.append(_html_table(head, rows))
-        if grows and len(ghead) > 1:
-            md += ["Gains (mean over mean):", "", _md_table(ghead, grows), ""]
-            body += ["<p>Gains (mean over mean):</p>", _html_table(ghead, grows)]
-        if sc["best_static"]:
-            bs = sc["best_static"]
-            line = f"best-static: static:{bs['best']} maximised mean {bs['score']} over the grid"
-            md += [line + ".", ""]
-            body.append(f"<p>{html.escape(line)}.</p>")
+        if len(labels) > 1:
+            key, _ = ranking_metric(sc)
+            line = (
+                f"Paired differences in {METRIC_NAMES.get(key, key)} (row minus column, % of the "
+                "column's mean, 95% interval; * excludes 0):"
+            )
+            md += [line, "", _md_table(phead, prows), ""]
+            body += [f"<p>{html.escape(line)}</p>", _html_table(phead, prows)]
         for path in plot_scenario(sc, labels, out_dir, cap):
             md += [f"![{path.stem}]({path.name})", ""]
             data = base64.b64encode(path.read_bytes()).decode()

@@ -2,27 +2,38 @@
 every workload and seed (in parallel processes), capacity by bisection over the Poisson
 arrival rate, and a report (DIR/report.md, self-contained DIR/report.html, DIR/results.json).
 
-`best-static` is resolved per workload by a grid search over static:N (the best mean score
-in hindsight). Workloads are SOURCE@ARRIVAL: a trace path, embedded:NAME or
-fixed:PROMPT:OUTPUT, and an arrival process (all-at-once, poisson:R, gamma:R:CV, replay).
+Every controller runs the same workload draw per seed, and the report opens with who won
+each scenario and by how much (paired differences over seeds, 95% intervals).
+`best-static` is the static (max_num_seqs, max_num_batched_tokens) pair with the best score
+on separate tuning seeds (a grid as vLLM's benchmarks/auto_tune); `default` is vLLM 0.32's
+`vllm serve` defaults for the profile's GPU. Workloads are SOURCE@ARRIVAL: a trace path,
+embedded:NAME, mix:NAME=W,NAME=W or fixed:PROMPT:OUTPUT, and an arrival process
+(all-at-once, poisson:R, gamma:R:CV, steps:R0@0,R1@T1,..., ramp:R0:R1[:S], replay[:SCALE]).
+Suites (--suite NAME, --suite list) are scenario families under training/scenarios/.
 
 examples:
   batchpilot compare --controllers static:256,alg1,alg2,alg1+alg2,oracle --seeds 3 --out out/cmp
   batchpilot compare --workload embedded:sharegpt@poisson:4 --workload fixed:128:128@all-at-once \\
       --controllers static:256,best-static,alg1 --profile llama-7b-a100 --out out/cmp2
   batchpilot compare --engine vllm --model /models/tiny --controllers static:64,alg1 --out out/v
+  batchpilot compare --suite list
+  batchpilot compare --suite bursty --seeds 5 --no-capacity --out out/bursty
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from pathlib import Path
 
+from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.training.commands.common import COUNT
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
+SUITE_CONTROLLERS = "default,best-static,alg1,alg2,alg2:chunk=1,alg1+alg2,oracle,mpc"
+ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
 
 
 DEFAULT_WORKLOAD = "embedded:azure-conv@replay:0.7"
@@ -31,9 +42,20 @@ DEFAULT_WORKLOAD = "embedded:azure-conv@replay:0.7"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--controllers",
-        default=DEFAULT_CONTROLLERS,
-        help="comma-separated controller specs (static:N, alg1[:key=value...], alg2[:...], "
-        "A+B, oracle, best-static). Default: %(default)s",
+        help="comma-separated controller specs (static:N[:T], alg1[:key=value...], alg2[:...], "
+        "A+B, oracle, mpc, policy:PATH, best-static, default). Default: "
+        f"{DEFAULT_CONTROLLERS}; with --suite, the suite's or {SUITE_CONTROLLERS}",
+    )
+    parser.add_argument(
+        "--suite",
+        help="run a scenario family from training/scenarios (NAME, 'all', or a YAML file) "
+        "instead of --workload; '--suite list' lists them",
+    )
+    parser.add_argument(
+        "--tuning-seeds",
+        type=COUNT,
+        help="seeds best-static is chosen on (1000..1000+N-1, never the evaluation seeds). "
+        "Default: 2, or the suite's",
     )
     parser.add_argument(
         "--workload",
@@ -72,10 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: %(default)s",
     )
     parser.add_argument(
-        "--slo", default="ttft:2000,tpot:50", help="goodput SLOs in ms. Default: %(default)s"
+        "--slo", default=str(DEFAULT_SLO), help="goodput SLOs in ms. Default: %(default)s"
     )
     parser.add_argument("--interval", default="1it", help="control interval. Default: %(default)s")
-    parser.add_argument("--seeds", type=COUNT, default=3, help="seeds 0..N-1. Default: %(default)s")
+    parser.add_argument(
+        "--seeds", type=COUNT, help="evaluation seeds 0..N-1. Default: 3, or the suite's"
+    )
     parser.add_argument(
         "--capacity-slo",
         default="p90_itl_ms:50,p90_ttft_ms:2000",
@@ -91,53 +115,85 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=COUNT, help="worker processes (default: CPU count; 1 for vllm)"
     )
-    parser.add_argument("--out", type=Path, required=True, help="report directory")
+    parser.add_argument("--out", type=Path, help="report directory (required to run)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def parse_workload(text: str) -> tuple[str, str]:
-    """``SOURCE@ARRIVAL`` -> (source, arrival)."""
-    source, sep, arrival = text.rpartition("@")
-    if not sep or not source or not arrival:
+    """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
+    arrival process (``steps:`` has ``@`` of its own)."""
+    match = re.search(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text)
+    if match is None or match.start() == 0:
         raise ValueError(f"workload {text!r}: use SOURCE@ARRIVAL, e.g. embedded:gsm8k@poisson:4")
-    return source, arrival
+    return text[: match.start()], text[match.end() :]
+
+
+def list_suites() -> int:
+    from batchpilot.training.suite import suite_names
+
+    for name, description in suite_names().items():
+        print(f"{name:14s} {description}")
+    print("all            every suite above")
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
     from batchpilot.training.commands.common import write_json
     from batchpilot.training.engines import parse_engine_args
-    from batchpilot.training.evaluate import CapacityTarget, Scenario, evaluate
-    from batchpilot.training.report import write_report
+    from batchpilot.training.evaluate import TUNING_SEED_BASE, CapacityTarget, Scenario, evaluate
+    from batchpilot.training.report import verdict, write_report
+    from batchpilot.training.suite import load_suite, suite_names
 
-    controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
-    if args.seeds < 1:
-        raise ValueError("--seeds must be >= 1")
-    scenarios = []
-    for text in args.workload or [DEFAULT_WORKLOAD]:
-        source, arrival = parse_workload(text)
-        scenarios.append(
-            Scenario(
-                name=f"{source} @ {arrival}",
-                source=source,
-                arrival=arrival,
-                num_requests=args.num_requests,
-                profile=args.profile,
-                engine=args.engine,
-                model=args.model,
-                engine_args=parse_engine_args(args.engine_arg),
-                scheduler=args.scheduler,
-                slo=args.slo,
-                interval=args.interval,
-                overlong=args.overlong,
+    if args.suite == "list":
+        return list_suites()
+    if args.out is None:
+        raise ValueError("--out DIR is required (the report directory)")
+    seeds, tuning, default_controllers = 3, 2, DEFAULT_CONTROLLERS
+    if args.suite:
+        if args.workload:
+            raise ValueError("--suite and --workload are alternatives: give one")
+        names = list(suite_names()) if args.suite == "all" else [args.suite]
+        suites = [load_suite(n) for n in names]
+        scenarios = [sc for suite in suites for sc in suite.scenarios]
+        first = suites[0]
+        seeds, tuning = first.seeds or seeds, first.tuning_seeds or tuning
+        default_controllers = ",".join(first.controllers or SUITE_CONTROLLERS.split(","))
+    else:
+        scenarios = []
+        for text in args.workload or [DEFAULT_WORKLOAD]:
+            source, arrival = parse_workload(text)
+            scenarios.append(
+                Scenario(
+                    name=f"{source} @ {arrival}",
+                    source=source,
+                    arrival=arrival,
+                    num_requests=args.num_requests,
+                    profile=args.profile,
+                    engine=args.engine,
+                    model=args.model,
+                    engine_args=parse_engine_args(args.engine_arg),
+                    scheduler=args.scheduler,
+                    slo=args.slo,
+                    interval=args.interval,
+                    overlong=args.overlong,
+                )
             )
-        )
+    spec = args.controllers or default_controllers
+    controllers = [c.strip() for c in spec.split(",") if c.strip()]
+    if not controllers:
+        raise ValueError(f"--controllers {spec!r}: no controller spec given")
+    seeds = args.seeds or seeds
+    tuning = args.tuning_seeds or tuning
+    if seeds < 1 or tuning < 1:
+        raise ValueError("--seeds and --tuning-seeds must be >= 1")
     capacity = None
     if not args.no_capacity:
         capacity = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
     results = evaluate(
         scenarios,
         controllers,
-        list(range(args.seeds)),
+        list(range(seeds)),
+        tuning_seeds=[TUNING_SEED_BASE + i for i in range(tuning)],
         capacity=capacity,
         workers=args.workers,
         progress=not args.no_progress,
@@ -146,6 +202,8 @@ def main(args: argparse.Namespace) -> int:
     results["command"] = command
     write_json(args.out / "results.json", results)
     report = write_report(results, args.out, title="Controller comparison", command=command)
+    for sc in results["scenarios"]:
+        print(verdict(sc, controllers).replace("**", ""))
     print(f"wrote {report}, {args.out / 'report.html'}, {args.out / 'results.json'}")
     print(f"harness wall time {results['wall_s']:.1f} s on {results['workers']} worker(s)")
     return 0

@@ -1,0 +1,89 @@
+"""Paired differences over seeds: every controller runs the same workload draw per seed, so
+the difference of two controllers is taken seed by seed and summarised with a Student-t
+95% interval (the seed-to-seed spread of the workload cancels out of the difference)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+"""97.5% quantiles of Student's t for 1..30 degrees of freedom."""
+
+
+def t975(dof: int) -> float:
+    """The 97.5% quantile of Student's t with `dof` degrees of freedom."""
+    if dof < 1:
+        raise ValueError("a t-interval needs at least 2 paired values")
+    if dof <= len(T975):
+        return T975[dof - 1]
+    z = 1.959964  # Cornish-Fisher expansion around the normal quantile (error < 1e-3 here)
+    return z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Mean of a - b over paired seeds, its 95% t-interval, and both relative to mean(b)."""
+
+    n: int
+    mean_a: float
+    mean_b: float
+    diff: float
+    low: float | None
+    """Interval bounds (None with a single pair: no interval)."""
+    high: float | None
+
+    @property
+    def rel(self) -> float | None:
+        """Mean difference as a fraction of b's mean (None when b's mean is 0)."""
+        return self.diff / self.mean_b if self.mean_b else None
+
+    @property
+    def rel_interval(self) -> tuple[float, float] | None:
+        if self.low is None or self.high is None or not self.mean_b:
+            return None
+        return self.low / self.mean_b, self.high / self.mean_b
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes 0 (False with no interval)."""
+        if self.low is None or self.high is None:
+            return False
+        return self.low > 0 or self.high < 0
+
+    def to_dict(self) -> dict[str, float | int | bool | None]:
+        return {**asdict(self), "rel": self.rel, "significant": self.significant}
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> PairedDifference:
+    """Paired difference of `a` and `b` (one value per seed, same seeds in the same order)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired values need the same seeds: got {len(a)} and {len(b)}")
+    n = len(a)
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    mean = sum(d) / n
+    low = high = None
+    if n > 1:
+        sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+        half = t975(n - 1) * sd / math.sqrt(n)
+        low, high = mean - half, mean + half
+    return PairedDifference(n, sum(a) / n, sum(b) / n, mean, low, high)
+
+
+def describe(p: PairedDifference) -> str:
+    """``+3.1% (95% CI +1.0% to +5.2%)``, in absolute units when b's mean is 0."""
+    if p.rel is None:
+        text = f"{p.diff:+,.1f}"
+        if p.low is not None and p.high is not None:
+            text += f" (95% CI {p.low:+,.1f} to {p.high:+,.1f})"
+        return text
+    text = f"{p.rel:+.1%}"
+    interval = p.rel_interval
+    if interval is not None:
+        text += f" (95% CI {interval[0]:+.1%} to {interval[1]:+.1%})"
+    return text

@@ -1,0 +1,184 @@
+"""Scenario suites: named families of scenarios, each a small YAML file under
+``training/scenarios/`` (``batchpilot compare --suite NAME``; ``--suite list`` lists them).
+
+A file holds::
+
+    description: one line on what the family probes
+    controllers: [default, best-static, alg1, ...]   # optional: the suite's default rows
+    seeds: 5                                         # optional: evaluation seeds 0..N-1
+    tuning_seeds: 2                                  # optional: best-static's tuning seeds
+    profiles: [llama-2-7b-a100, llama-3-8b-24gb]     # every scenario runs on each
+    defaults: {num_requests: 500}                    # optional: fields for every scenario
+    scenarios:
+      - name: gamma
+        source: embedded:azure-conv
+        arrival: {llama-2-7b-a100: "gamma:4:3", llama-3-8b-24gb: "gamma:1:3"}
+        cv: [2, 4]
+
+Scenario fields are those of `Scenario` (name, source, arrival, num_requests, slo,
+interval, overlong, score, scheduler, rate_scale, cv, prompt_scale, output_scale, and
+``profiles`` to override the file's); any value may be a mapping from profile name to the
+value on that profile. Ranges (``[LOW, HIGH]``) are drawn uniformly per seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchpilot.training.evaluate import RANGES, Scenario
+
+TOP_KEYS = (
+    "description", "controllers", "seeds", "tuning_seeds", "profiles", "defaults", "scenarios",
+)  # fmt: skip
+NOT_IN_SUITES = ("profile", "engine", "model", "engine_args", "family")
+SCENARIO_KEYS = (*(f.name for f in fields(Scenario) if f.name not in NOT_IN_SUITES), "profiles")
+
+
+class SuiteError(ValueError):
+    """A suite file that cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A family's scenarios (one per scenario entry and profile) and its run settings."""
+
+    name: str
+    description: str
+    scenarios: list[Scenario]
+    controllers: list[str] | None = None
+    seeds: int | None = None
+    tuning_seeds: int | None = None
+
+
+def suite_dir() -> Path:
+    return Path(str(resources.files("batchpilot.training") / "scenarios"))
+
+
+def suite_names() -> dict[str, str]:
+    """Shipped suite name -> its description."""
+    return {p.stem: load_suite(p).description for p in sorted(suite_dir().glob("*.yml"))}
+
+
+def load_suite(name_or_path: str | Path) -> Suite:
+    """A shipped suite by name, or a suite YAML file."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = suite_dir() / f"{name_or_path}.yml"
+        if not path.is_file():
+            known = ", ".join(p.stem for p in sorted(suite_dir().glob("*.yml")))
+            raise SuiteError(f"unknown suite {name_or_path!r}; known: {known}, all")
+    if not path.is_file():
+        raise SuiteError(f"{path}: no such suite file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SuiteError(f"{path}: not valid YAML ({exc})") from None
+    return parse_suite(data, path)
+
+
+def parse_suite(data: Any, path: Path) -> Suite:
+    """Validate a suite's parsed YAML; every error names `path` and the key."""
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}: a suite is a mapping with a 'scenarios' list")
+    for key in data:
+        if key not in TOP_KEYS:
+            raise SuiteError(f"{path}: unknown key {key!r}; known: {', '.join(TOP_KEYS)}")
+    entries = data.get("scenarios")
+    if not isinstance(entries, list) or not entries:
+        raise SuiteError(f"{path}: 'scenarios' must be a non-empty list")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SuiteError(f"{path}: 'defaults' must be a mapping of scenario fields")
+    profiles = data.get("profiles", ["llama-7b-a100"])
+    scenarios = []
+    for i, entry in enumerate(entries):
+        where = f"{path}: scenarios[{i}]"
+        if not isinstance(entry, dict):
+            raise SuiteError(f"{where}: each scenario is a mapping of fields")
+        where += f" ({entry.get('name', 'unnamed')})"
+        merged = {**defaults, **entry}
+        for key in merged:
+            if key not in SCENARIO_KEYS:
+                raise SuiteError(
+                    f"{where}: unknown key {key!r}; known: {', '.join(SCENARIO_KEYS)}"
+                )
+        for key in ("name", "source"):
+            if key not in merged:
+                raise SuiteError(f"{where}: missing key {key!r}")
+        for profile in _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'"):
+            scenarios.append(_scenario(path.stem, merged, profile, where))
+    controllers = data.get("controllers")
+    if isinstance(controllers, str):
+        controllers = [c.strip() for c in controllers.split(",") if c.strip()]
+    if controllers is not None and not (
+        isinstance(controllers, list) and all(isinstance(c, str) for c in controllers)
+    ):
+        raise SuiteError(f"{path}: 'controllers' must be a list of controller specs")
+    for key in ("seeds", "tuning_seeds"):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise SuiteError(f"{path}: {key!r} must be an integer >= 1, got {value!r}")
+    return Suite(
+        name=path.stem,
+        description=str(data.get("description", "")),
+        scenarios=scenarios,
+        controllers=controllers,
+        seeds=data.get("seeds"),
+        tuning_seeds=data.get("tuning_seeds"),
+    )
+
+
+def _as_list(value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise SuiteError(f"{where} must be a profile name or a list of them")
+    return value
+
+
+def _scenario(family: str, fields_: dict[str, Any], profile: str, where: str) -> Scenario:
+    """The scenario of one entry on one profile (per-profile mappings resolved)."""
+    from batchpilot.envs.profiles import get_profile
+
+    try:
+        get_profile(profile)
+    except ValueError as exc:
+        raise SuiteError(f"{where}: 'profiles': {exc}") from None
+    kw: dict[str, Any] = {}
+    for key, value in fields_.items():
+        if isinstance(value, dict):
+            if profile not in value:
+                raise SuiteError(
+                    f"{where}: {key!r} gives values for {', '.join(map(str, value))} but not "
+                    f"for profile {profile!r}"
+                )
+            value = value[profile]
+        if key in RANGES:
+            if not (isinstance(value, list) and len(value) == 2):
+                raise SuiteError(f"{where}: {key!r} must be [LOW, HIGH], got {value!r}")
+            value = (float(value[0]), float(value[1]))
+        kw[key] = value
+    kw["name"] = f"{family}/{kw['name']} on {profile}"
+    try:
+        sc = Scenario(profile=profile, family=family, **kw)
+        _check(sc)
+    except (TypeError, ValueError) as exc:
+        raise SuiteError(f"{where}: {exc}") from None
+    return sc
+
+
+def _check(sc: Scenario) -> None:
+    """Parse what a run would parse, so a bad value fails at load time."""
+    from batchpilot.envs.controller import ControlInterval
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.workloads import make_workload
+
+    SLO.parse(sc.slo)
+    ControlInterval.parse(sc.interval)
+    if not sc.is_trace_file:
+        make_workload(sc.source, sc.arrival, num_requests=2, seed=0)
