@@ -5,29 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
-from batchpilot.envs.metrics import SLO, RequestRecord, aggregate
+from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Workload
 
 
 @dataclass
 class RunResult:
-    """What a finished (or stopped) run leaves behind."""
+    """What a finished (or stopped) run leaves behind: its request metrics accumulated as
+    it went (`RunMetrics`, bounded memory) and, if the engine was asked to keep them, every
+    finished request's record."""
 
-    records: list[RequestRecord]
-    itl_s: np.ndarray
+    stats: RunMetrics
     duration_s: float
     iterations: int
     mean_kv_usage: float
     slo: SLO
     unfinished: int = 0
+    records: list[RequestRecord] = field(default_factory=list)
+    """Empty unless the engine keeps records (``keep_records``: tests, short runs)."""
     extra: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """Aggregate metrics (``vllm bench serve`` names) plus engine counters."""
-        out = aggregate(self.records, self.itl_s, self.duration_s, self.slo)
+        out = self.stats.metrics(self.duration_s)
         out |= {
             "mean_kv_usage": self.mean_kv_usage,
             "engine_iterations": self.iterations,

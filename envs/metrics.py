@@ -1,8 +1,10 @@
-"""Per-request latency records and aggregate metrics named as in ``vllm bench serve``."""
+"""Per-request latency records and streaming aggregate metrics named as in ``vllm bench
+serve``, in memory bounded by the requests in flight (`RunMetrics`, `LatencySketch`)."""
 
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,55 +98,251 @@ class RequestRecord:
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
 
-def _ms_stats(prefix: str, values_s: np.ndarray, percentiles: tuple[int, ...]) -> dict:
-    if len(values_s) == 0:
-        values_s = np.zeros(1)
-    ms = values_s * 1e3
-    out = {
-        f"mean_{prefix}_ms": float(ms.mean()),
-        f"median_{prefix}_ms": float(np.median(ms)),
-        f"std_{prefix}_ms": float(ms.std()),
-    }
-    for p in percentiles:
-        out[f"p{p}_{prefix}_ms"] = float(np.percentile(ms, p))
-    return out
+class LatencySketch:
+    """Mergeable streaming quantiles of latencies, in bounded memory.
 
-
-def aggregate(
-    records: list[RequestRecord],
-    itl_s: np.ndarray,
-    duration_s: float,
-    slo: SLO,
-    percentiles: tuple[int, ...] = (50, 90, 99),
-) -> dict[str, float]:
-    """Aggregate metrics with ``vllm bench serve``'s names.
-
-    `itl_s` holds every inter-token latency of every request (all tokens after the first);
-    `duration_s` is the run's length on the engine clock.
+    Values are kept exactly (as distinct (value, count) entries) until there are
+    `EXACT_LIMIT` of them, then folded into log-spaced buckets (DDSketch): every
+    percentile is then within `ALPHA` (0.5%) relative error of the exact one, and memory
+    stays `NUM_BUCKETS` counts however long the run. Count, mean and standard deviation
+    are exact either way. Values <= `TINY` s count as 0.
     """
-    duration = max(duration_s, 1e-12)
-    ttft = np.array([r.ttft_s for r in records])
-    tpot = np.array([r.tpot_s for r in records if r.output_tokens > 1])
-    e2el = np.array([r.e2el_s for r in records])
-    output = sum(r.output_tokens for r in records)
-    prompt = sum(r.prompt_tokens for r in records)
-    good = [r for r in records if slo.met(r.ttft_s, r.tpot_s, r.e2el_s)]
-    metrics: dict[str, float] = {
-        "completed": len(records),
-        "duration": duration_s,
-        "total_input_tokens": prompt,
-        "total_output_tokens": output,
-        "request_throughput": len(records) / duration,
-        "request_goodput": len(good) / duration,
-        "output_throughput": output / duration,
-        "output_goodput": sum(r.output_tokens for r in good) / duration,
-        "total_token_throughput": (prompt + output) / duration,
-        "slo_attainment": len(good) / len(records) if records else 0.0,
-        "num_preemptions": sum(r.num_preemptions for r in records),
-        "recomputed_tokens": sum(r.recomputed_tokens for r in records),
-    }
-    metrics |= _ms_stats("ttft", ttft, percentiles)
-    metrics |= _ms_stats("tpot", tpot, percentiles)
-    metrics |= _ms_stats("itl", np.asarray(itl_s, dtype=np.float64), percentiles)
-    metrics |= _ms_stats("e2el", e2el, percentiles)
-    return metrics
+
+    ALPHA = 0.005
+    GAMMA = (1 + ALPHA) / (1 - ALPHA)
+    TINY = 1e-9
+    HUGE = 1e9
+    EXACT_LIMIT = 8192
+    _LOG_GAMMA = math.log(GAMMA)
+    _OFFSET = math.ceil(math.log(TINY) / _LOG_GAMMA)
+    NUM_BUCKETS = math.ceil(math.log(HUGE) / _LOG_GAMMA) - _OFFSET + 2
+    """Bucket 0 holds values <= TINY; bucket i > 0 holds (GAMMA^(i-1+offset), GAMMA^(i+offset)]."""
+
+    __slots__ = ("_buckets", "_counts", "_m2", "_mean", "_n", "_pending", "_values")
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._mean = 0.0
+        self._m2 = 0.0
+        self._pending = array("d")
+        """Single values not yet folded in (a cheap append per token)."""
+        self._values = np.zeros(0)
+        self._counts = np.zeros(0, np.int64)
+        self._buckets: np.ndarray | None = None
+
+    def add(self, value: float) -> None:
+        self._pending.append(value)
+        if len(self._pending) >= 4096:
+            self._flush()
+
+    @property
+    def buffer(self) -> array:
+        """Where a hot loop may append single values (as fast as a plain array); call
+        `settle()` after each batch of appends to keep the buffer bounded."""
+        return self._pending
+
+    def settle(self) -> None:
+        """Fold buffered values in once there are a few thousand."""
+        if len(self._pending) >= 4096:
+            self._flush()
+
+    def add_many(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Add `values`, each `counts` times (once without `counts`)."""
+        values = np.asarray(values, dtype=np.float64)
+        counts = np.ones(len(values), np.int64) if counts is None else np.asarray(counts, np.int64)
+        keep = counts > 0
+        values, counts = values[keep], counts[keep]
+        if not len(values):
+            return
+        total = int(counts.sum())
+        mean = float(np.dot(values, counts)) / total
+        m2 = float(np.dot((values - mean) ** 2, counts))
+        delta = mean - self._mean
+        n = self._n + total
+        self._mean += delta * total / n
+        self._m2 += m2 + delta * delta * self._n * total / n
+        self._n = n
+        if self._buckets is None:
+            self._values = np.concatenate([self._values, values])
+            self._counts = np.concatenate([self._counts, counts])
+            if len(self._values) > self.EXACT_LIMIT:
+                self._to_buckets()
+        else:
+            self._buckets += np.bincount(self._index(values), counts, self.NUM_BUCKETS).astype(
+                np.int64
+            )
+
+    def _flush(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, array("d")
+            self.add_many(np.frombuffer(pending, dtype=np.float64))
+
+    def _index(self, values: np.ndarray) -> np.ndarray:
+        safe = np.clip(values, self.TINY, self.HUGE)
+        idx = np.ceil(np.log(safe) / self._LOG_GAMMA).astype(np.int64) - self._OFFSET + 1
+        return np.where(values <= self.TINY, 0, np.clip(idx, 1, self.NUM_BUCKETS - 1))
+
+    def _to_buckets(self) -> None:
+        self._buckets = np.bincount(
+            self._index(self._values), self._counts, self.NUM_BUCKETS
+        ).astype(np.int64)
+        self._values, self._counts = np.zeros(0), np.zeros(0, np.int64)
+
+    @property
+    def n(self) -> int:
+        """Values added."""
+        self._flush()
+        return self._n
+
+    @property
+    def mean(self) -> float:
+        self._flush()
+        return self._mean
+
+    @property
+    def exact(self) -> bool:
+        """Whether percentiles are still exact (few distinct values so far)."""
+        return self._buckets is None
+
+    def std(self) -> float:
+        """Population standard deviation (numpy's default)."""
+        self._flush()
+        return math.sqrt(max(self._m2, 0.0) / self._n) if self._n else 0.0
+
+    def _order_statistics(self, ranks: np.ndarray) -> np.ndarray:
+        """The values at 0-based `ranks` of the sorted data (bucket representatives once
+        bucketed)."""
+        if self._buckets is None:
+            order = np.argsort(self._values, kind="stable")
+            values, cum = self._values[order], np.cumsum(self._counts[order])
+        else:
+            nonzero = np.flatnonzero(self._buckets)
+            cum = np.cumsum(self._buckets[nonzero])
+            upper = self.GAMMA ** (nonzero - 1 + self._OFFSET)
+            values = np.where(nonzero == 0, 0.0, 2.0 * upper / (self.GAMMA + 1.0))
+        return values[np.searchsorted(cum, ranks, side="right")]
+
+    def percentiles(self, qs: tuple[float, ...] | list[float]) -> list[float]:
+        """Percentiles `qs` (0-100) as ``np.percentile``'s default (linear) method gives
+        them (exact while `exact`, else within ALPHA); zeros when empty."""
+        n = self.n
+        if not n:
+            return [0.0] * len(qs)
+        h = (n - 1) * np.asarray(qs, dtype=np.float64) / 100.0
+        lo = np.floor(h)
+        a = self._order_statistics(lo.astype(np.int64))
+        b = self._order_statistics(np.minimum(lo + 1, n - 1).astype(np.int64))
+        return (a + (b - a) * (h - lo)).tolist()
+
+    def copy(self) -> LatencySketch:
+        other = LatencySketch.__new__(LatencySketch)
+        other._n, other._mean, other._m2 = self._n, self._mean, self._m2
+        other._pending = array("d", self._pending)
+        other._values, other._counts = self._values, self._counts  # replaced, never mutated
+        other._buckets = None if self._buckets is None else self._buckets.copy()
+        return other
+
+    def ms_stats(self, prefix: str, percentiles: tuple[int, ...]) -> dict[str, float]:
+        """``mean_/median_/std_/p<N>_<prefix>_ms`` as ``vllm bench serve`` names them."""
+        median, *ps = self.percentiles([50, *percentiles])
+        out = {
+            f"mean_{prefix}_ms": self.mean * 1e3 if self.n else 0.0,
+            f"median_{prefix}_ms": median * 1e3,
+            f"std_{prefix}_ms": self.std() * 1e3,
+        }
+        out |= {f"p{p}_{prefix}_ms": v * 1e3 for p, v in zip(percentiles, ps, strict=True)}
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LatencySketch):
+            return NotImplemented
+        if self.n != other.n or self.exact != other.exact:
+            return False
+        if self.exact:
+            mine, theirs = np.argsort(self._values), np.argsort(other._values)
+            return np.array_equal(self._values[mine], other._values[theirs]) and np.array_equal(
+                self._counts[mine], other._counts[theirs]
+            )
+        return np.array_equal(self._buckets, other._buckets)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class RunMetrics:
+    """A run's request metrics, accumulated as requests finish (memory independent of the
+    run's length): totals, goodput, and `LatencySketch`es of TTFT, TPOT, E2EL and every
+    inter-token latency (fed by the engine through `itl`). `copy()` is cheap (for
+    `SimEngine.fork`)."""
+
+    COUNTERS = (
+        "completed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "good_requests",
+        "good_output_tokens",
+        "num_preemptions",
+        "recomputed_tokens",
+    )
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(self.COUNTERS, 0)
+        self.ttft, self.tpot, self.e2el, self.itl = (LatencySketch() for _ in range(4))
+
+    def add_request(self, r: RequestRecord, good: bool) -> None:
+        """Account for one finished request (`good`: it met the run's SLO)."""
+        c = self.counts
+        c["completed"] += 1
+        c["total_input_tokens"] += r.prompt_tokens
+        c["total_output_tokens"] += r.output_tokens
+        c["num_preemptions"] += r.num_preemptions
+        c["recomputed_tokens"] += r.recomputed_tokens
+        ttft, tpot, e2el = r.ttft_s, r.tpot_s, r.e2el_s
+        if good:
+            c["good_requests"] += 1
+            c["good_output_tokens"] += r.output_tokens
+        self.ttft.add(ttft)
+        self.e2el.add(e2el)
+        if r.output_tokens > 1:
+            self.tpot.add(tpot)
+
+    def copy(self) -> RunMetrics:
+        other = RunMetrics.__new__(RunMetrics)
+        other.counts = dict(self.counts)
+        other.ttft, other.tpot = self.ttft.copy(), self.tpot.copy()
+        other.e2el, other.itl = self.e2el.copy(), self.itl.copy()
+        return other
+
+    def metrics(
+        self, duration_s: float, percentiles: tuple[int, ...] = (50, 90, 99)
+    ) -> dict[str, float]:
+        """Aggregate metrics with ``vllm bench serve``'s names; `duration_s` is the run's
+        length on the engine clock."""
+        c = self.counts
+        duration = max(duration_s, 1e-12)
+        prompt, output, done = c["total_input_tokens"], c["total_output_tokens"], c["completed"]
+        metrics: dict[str, float] = {
+            "completed": done,
+            "duration": duration_s,
+            "total_input_tokens": prompt,
+            "total_output_tokens": output,
+            "request_throughput": done / duration,
+            "request_goodput": c["good_requests"] / duration,
+            "output_throughput": output / duration,
+            "output_goodput": c["good_output_tokens"] / duration,
+            "total_token_throughput": (prompt + output) / duration,
+            "slo_attainment": c["good_requests"] / done if done else 0.0,
+            "num_preemptions": c["num_preemptions"],
+            "recomputed_tokens": c["recomputed_tokens"],
+        }
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            metrics |= getattr(self, name).ms_stats(name, percentiles)
+        return metrics
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunMetrics):
+            return NotImplemented
+        return self.counts == other.counts and all(
+            getattr(self, k) == getattr(other, k) for k in ("ttft", "tpot", "e2el", "itl")
+        )
+
+    __hash__ = None  # type: ignore[assignment]

@@ -26,11 +26,24 @@ TIMELINE_FIELDS = (
 
 @dataclass
 class Timeline:
-    """The controller's limit and the engine's state at each control decision."""
+    """The controller's limit and the engine's state at control decisions: every one up to
+    `max_rows`, then every `stride`-th (halved as needed), so memory stays bounded on runs
+    of any length."""
 
     rows: list[tuple[float, ...]] = field(default_factory=list)
+    max_rows: int = 50_000
+    stride: int = 1
+    decisions: int = 0
 
     def add(self, t: Telemetry, limits: Limits) -> None:
+        self.decisions += 1
+        if (self.decisions - 1) % self.stride:
+            return
+        if len(self.rows) >= self.max_rows:
+            self.rows = self.rows[::2]
+            self.stride *= 2
+            if (self.decisions - 1) % self.stride:
+                return
         self.rows.append(
             (
                 t.time_s,

@@ -41,7 +41,7 @@ from operator import attrgetter
 import numpy as np
 
 from batchpilot.envs.engine import RunResult
-from batchpilot.envs.metrics import SLO, RequestRecord
+from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
 from batchpilot.envs.profiles import EngineProfile
 from batchpilot.envs.telemetry import (
     LENGTH_PRIOR,
@@ -126,6 +126,7 @@ class SimEngine:
         length_prior: tuple[float, float, float, float] = LENGTH_PRIOR,
         fast_forward: bool = True,
         scheduler: str = "v1",
+        keep_records: bool = False,
     ) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
@@ -134,6 +135,9 @@ class SimEngine:
         self.length_prior = length_prior
         self.fast_forward = fast_forward
         self.scheduler = scheduler
+        self.keep_records = keep_records
+        """Keep every finished request's `RequestRecord` in `result().records` (memory grows
+        with the run; the metrics never need them: they accumulate in `RunMetrics`)."""
         self._watermark = int(V0_WATERMARK * profile.num_gpu_blocks) if scheduler == "v0" else 0
         self.block_size = profile.block_size
         self.num_total_blocks = profile.num_gpu_blocks
@@ -152,16 +156,14 @@ class SimEngine:
         self._pending = deque(workload.requests)  # immutable: forks share them
         self._waiting: deque[_Req] = deque()
         self._running: list[_Req] = []
-        self._records: list[RequestRecord] = []
+        self._stats = RunMetrics()
+        self._records: list[RequestRecord] = []  # only with keep_records
         self._free = self.num_total_blocks - NULL_BLOCKS
         self._clock = 0.0
         self._iteration = 0
         self._kv_integral = 0.0
         self._preemptions = 0
         self._recomputed = 0
-        self._itl_single = array("d")
-        self._itl_chunks: list[np.ndarray] = []
-        self._itl_weights: list[np.ndarray] = []
         pm, pv, om, ov = self.length_prior
         self._prompt_stats = RunningStats(pm, pv)
         self._output_stats = RunningStats(om, ov)
@@ -235,10 +237,9 @@ class SimEngine:
         for key, value in self.__dict__.items():
             state[key] = _copy_state(value, twin)
         if not history:
+            state["_stats"] = RunMetrics()
             state["_records"] = []
-            state["_itl_single"] = array("d")
-            state["_itl_chunks"] = []
-            state["_itl_weights"] = []
+            state["keep_records"] = True  # what follows a fork is short: its records are kept
         return other
 
     # ------------------------------------------------------------------ running
@@ -396,7 +397,7 @@ class SimEngine:
         iv.preemptions += preempted
         self._preemptions += preempted
         finished = False
-        itl = self._itl_single
+        itl = self._stats.itl.buffer
         for req, n in scheduled:
             req.computed += n
             if req.computed < req.prompt + req.generated:
@@ -415,6 +416,7 @@ class SimEngine:
             req.last_token = now
             if req.generated >= req.output:
                 finished = True
+        self._stats.itl.settle()
         used = self.num_total_blocks - self._free
         if finished:
             self._retire()
@@ -454,11 +456,14 @@ class SimEngine:
                 req.recomputed,
                 req.max_itl,
             )
-            self._records.append(rec)
+            good = slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s)
+            self._stats.add_request(rec, good)
+            if self.keep_records:
+                self._records.append(rec)
             self._output_stats.add(req.output)
             self._recomputed += req.recomputed
             iv.finished += 1
-            if slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s):
+            if good:
                 iv.good_tokens += req.output
         self._running = keep
 
@@ -546,7 +551,7 @@ class SimEngine:
         d1 = float(durations[0])
         rest_max = float(durations[1:].max())
         weights = np.full(k, n, dtype=np.int64)
-        itl = self._itl_single
+        itl = self._stats.itl
         for idx, req in enumerate(running):
             req.computed += k
             req.generated += k
@@ -555,12 +560,11 @@ class SimEngine:
             if req.last_token != start:  # it did not run in the previous step
                 first_gap = first_end - req.last_token
                 weights[0] -= 1
-                itl.append(first_gap)
+                itl.add(first_gap)
             req.max_itl = max(req.max_itl, first_gap, rest_max)
             req.last_token = end
-        self._itl_chunks.append(durations)
         self._step_times.extend(durations[-StepTimes.maxlen :].tolist())
-        self._itl_weights.append(weights)
+        itl.add_many(durations, weights)
         self._clock = end
         self._interval.output_tokens += n * k
         if k == first_finish:
@@ -625,14 +629,10 @@ class SimEngine:
         return t
 
     def result(self) -> RunResult:
-        chunks = [np.asarray(self._itl_single)]
-        chunks += [
-            np.repeat(d, w) for d, w in zip(self._itl_chunks, self._itl_weights, strict=True)
-        ]
         duration = self._clock
         return RunResult(
+            stats=self._stats.copy(),
             records=list(self._records),
-            itl_s=np.concatenate(chunks),
             duration_s=duration,
             iterations=self._iteration,
             mean_kv_usage=self._kv_integral / duration if duration > 0 else 0.0,
@@ -662,6 +662,8 @@ def _copy_state(value: object, twin: Callable[[_Req], _Req]) -> object:
             return type(value)(value)  # shallow: the items are never mutated in place
     if isinstance(value, array):
         return array(value.typecode, value)
+    if isinstance(value, RunMetrics):
+        return value.copy()
     if isinstance(value, IntervalTotals | RunningStats | ArrivalRate | StepTimes):
         twin = copy.copy(value)  # scalars, and deques copied below
         for key, item in getattr(twin, "__dict__", {}).items():

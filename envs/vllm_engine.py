@@ -17,8 +17,6 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -139,11 +137,11 @@ class VLLMEngine:
 
     def result(self) -> RunResult:
         tracker = self.scheduler.tracker
-        records = list(tracker.records)
-        duration = max((r.finish_s for r in records), default=tracker.now())
+        done = tracker.stats.counts["completed"]
+        duration = tracker.last_finish_s if done else tracker.now()
         return RunResult(
-            records=records,
-            itl_s=np.asarray(tracker.itl, dtype=np.float64),
+            stats=tracker.stats.copy(),
+            records=list(tracker.records),
             duration_s=duration,
             iterations=tracker.iterations,
             mean_kv_usage=tracker.kv_integral / duration if duration > 0 else 0.0,

@@ -9,12 +9,11 @@ seconds since `start()`.
 from __future__ import annotations
 
 import time
-from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from batchpilot.envs.metrics import SLO, RequestRecord
+from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
 from batchpilot.envs.telemetry import (
     LENGTH_PRIOR,
     ArrivalRate,
@@ -47,8 +46,9 @@ class StepTracker:
     def __init__(self, slo: SLO | None = None, keep_records: bool = False) -> None:
         self.slo = slo or SLO()
         self.keep_records = keep_records
-        """Keep every finished request's record and every ITL (a run's `RunResult`); off
-        in a long-running server, where they would grow without bound."""
+        """Keep every finished request's record (a run's `RunResult.records`); off in a
+        long-running server, where they would grow without bound. The metrics accumulate
+        in `stats` either way (bounded memory)."""
         self.start()
 
     def start(self) -> None:
@@ -56,7 +56,8 @@ class StepTracker:
         self.t0 = time.monotonic()
         self.tracks: dict[str, _Track] = {}
         self.records: list[RequestRecord] = []
-        self.itl = array("d")
+        self.stats = RunMetrics()
+        self.last_finish_s = 0.0
         self.iterations = 0
         self.kv_integral = 0.0
         self._kv_last = (0.0, 0.0)
@@ -156,8 +157,7 @@ class StepTracker:
                 iv.ttft_sum += now - track.arrival_s
             elif track.last_token_s >= 0:
                 gap = now - track.last_token_s
-                if self.keep_records:
-                    self.itl.append(gap)
+                self.stats.itl.add(gap)
                 track.max_itl_s = max(track.max_itl_s, gap)
             track.last_token_s = now
             track.output_tokens += n
@@ -177,11 +177,14 @@ class StepTracker:
                 track.recomputed,
                 track.max_itl_s,
             )
+            good = self.slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s)
+            self.stats.add_request(rec, good)
+            self.last_finish_s = now
             if self.keep_records:
                 self.records.append(rec)
             self.output_stats.add(track.output_tokens)
             iv.finished += 1
-            if self.slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s):
+            if good:
                 iv.good_tokens += track.output_tokens
 
     def on_abort(self, request_ids: list[str] | None) -> None:

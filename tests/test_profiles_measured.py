@@ -144,7 +144,7 @@ def test_fast_path_equals_step_by_step_with_the_table_model(reqs, limits, blocks
     work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
     results = []
     for fast in (True, False):
-        engine = SimEngine(_small_table_profile(blocks), fast_forward=fast)
+        engine = SimEngine(_small_table_profile(blocks), fast_forward=fast, keep_records=True)
         engine.reset(work, Limits(8))
         i = 0
         while not engine.done:

@@ -45,7 +45,7 @@ def test_blocks_bounded_and_every_request_finishes_once(
     work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
     results = []
     for fast in (True, False):
-        engine = SimEngine(_timed_profile(blocks, budget=32), fast_forward=fast, scheduler=scheduler)
+        engine = SimEngine(_timed_profile(blocks, budget=32), fast_forward=fast, scheduler=scheduler, keep_records=True)
         t = engine.reset(work, Limits(8))
         i = 0
         while not engine.done:
@@ -65,7 +65,7 @@ def test_blocks_bounded_and_every_request_finishes_once(
         assert all(r.finish_s >= r.first_token_s >= r.arrival_s for r in result.records)
         assert t.num_free_blocks == t.num_total_blocks - NULL_BLOCKS  # all freed at the end
         # one inter-token latency per token after the first
-        assert len(result.itl_s) == sum(o - 1 for o in want.values())
+        assert result.stats.itl.n == sum(o - 1 for o in want.values())
         results.append(result.metrics())
     fast, slow = results
     assert fast == pytest.approx(slow, rel=1e-9)  # closed-form decode runs change nothing

@@ -28,7 +28,7 @@ def records(engine: SimEngine) -> dict:
 
 @FAST
 def test_admission_respects_the_cap(fast: bool) -> None:
-    engine = SimEngine(unit_profile(), fast_forward=fast)
+    engine = SimEngine(unit_profile(), keep_records=True, fast_forward=fast)
     engine.reset(workload(*[(0.0, 4, 3)] * 5), Limits(2))
     t = engine.advance(max_iterations=1)
     assert (t.num_requests_running, t.num_requests_waiting) == (2, 3)
@@ -41,7 +41,7 @@ def test_admission_respects_the_cap(fast: bool) -> None:
 
 @FAST
 def test_token_budget_chunks_prefill(fast: bool) -> None:
-    engine = SimEngine(unit_profile(budget=10), fast_forward=fast)
+    engine = SimEngine(unit_profile(budget=10), keep_records=True, fast_forward=fast)
     engine.reset(workload((0, 8, 2), (0, 8, 2), (0, 8, 2)), Limits(8))
     t = engine.advance(max_iterations=1)
     # r0 takes 8 tokens, r1 the 2 left (a chunk), r2 waits: no budget
@@ -58,7 +58,7 @@ def test_token_budget_chunks_prefill(fast: bool) -> None:
 
 @FAST
 def test_blocks_are_allocated_on_demand(fast: bool) -> None:
-    engine = SimEngine(unit_profile(num_gpu_blocks=11), fast_forward=fast)  # 10 usable
+    engine = SimEngine(unit_profile(num_gpu_blocks=11), keep_records=True, fast_forward=fast)  # 10 usable
     engine.reset(workload((0, 5, 6)), Limits(4))
     free = []
     while not engine.done:
@@ -69,7 +69,7 @@ def test_blocks_are_allocated_on_demand(fast: bool) -> None:
 
 @FAST
 def test_preemption_evicts_the_latest_admitted_and_recomputes(fast: bool) -> None:
-    engine = SimEngine(unit_profile(num_gpu_blocks=5), fast_forward=fast)  # 4 usable blocks
+    engine = SimEngine(unit_profile(num_gpu_blocks=5), keep_records=True, fast_forward=fast)  # 4 usable blocks
     engine.reset(workload((0, 4, 10), (0, 4, 10)), Limits(8))
     t = engine.advance(max_iterations=5)
     assert (t.num_free_blocks, t.interval_preemptions) == (0, 0)
@@ -93,7 +93,7 @@ def test_preemption_evicts_the_latest_admitted_and_recomputes(fast: bool) -> Non
 
 @FAST
 def test_lowering_the_cap_drains_without_preempting(fast: bool) -> None:
-    engine = SimEngine(unit_profile(), fast_forward=fast)
+    engine = SimEngine(unit_profile(), keep_records=True, fast_forward=fast)
     engine.reset(workload(*[(0, 4, 5)] * 4, (0.5, 4, 2)), Limits(4))
     t = engine.advance(max_iterations=1)
     assert t.num_requests_running == 4 and t.num_requests_waiting == 0
@@ -109,7 +109,7 @@ def test_lowering_the_cap_drains_without_preempting(fast: bool) -> None:
 
 @FAST
 def test_latency_definitions(fast: bool) -> None:
-    engine = SimEngine(unit_profile(), slo=SLO(ttft_ms=1500, tpot_ms=1000), fast_forward=fast)
+    engine = SimEngine(unit_profile(), keep_records=True, slo=SLO(ttft_ms=1500, tpot_ms=1000), fast_forward=fast)
     engine.reset(workload((0, 4, 3), (0.5, 4, 1)), Limits(1))
     engine.advance()
     recs = records(engine)
@@ -125,13 +125,13 @@ def test_latency_definitions(fast: bool) -> None:
 
 
 def test_request_larger_than_the_cache_is_rejected() -> None:
-    engine = SimEngine(unit_profile(num_gpu_blocks=3))  # 2 usable blocks = 8 tokens
+    engine = SimEngine(unit_profile(num_gpu_blocks=3), keep_records=True)  # 2 usable blocks = 8 tokens
     with pytest.raises(WorkloadError, match="r0 needs 9 tokens of KV cache"):
         engine.reset(workload((0, 5, 4)), Limits(1))
 
 
 def test_idle_engine_jumps_to_the_next_arrival() -> None:
-    engine = SimEngine(unit_profile())
+    engine = SimEngine(unit_profile(), keep_records=True)
     engine.reset(workload((10.0, 4, 2)), Limits(1))
     t = engine.advance(until_s=5.0)
     assert (t.time_s, t.iteration) == (5.0, 0)

@@ -39,26 +39,26 @@ def steps(engine: SimEngine) -> list[tuple[int, int, int, int]]:
 
 def test_unknown_scheduler_is_refused() -> None:
     with pytest.raises(ValueError, match="scheduler must be one of v1, v0"):
-        SimEngine(unit_profile(), scheduler="v2")
+        SimEngine(unit_profile(), keep_records=True, scheduler="v2")
 
 
 @FAST
 def test_a_new_arrival_stalls_the_decodes(fast: bool) -> None:
     w = workload((0, 4, 5), (2.5, 4, 2))
-    v0 = SimEngine(unit_profile(), fast_forward=fast, scheduler="v0")
+    v0 = SimEngine(unit_profile(), keep_records=True, fast_forward=fast, scheduler="v0")
     v0.reset(w, Limits(8))
     # r0: prefill at step 1, decodes at 2 and 3; r1 arrives at 2.5 and is prefilled
     # alone in step 4 (r0 waits), then both decode
     assert steps(v0) == [(4, 0, 1, 0), (0, 1, 1, 0), (0, 1, 1, 0), (4, 0, 2, 0), (0, 2, 1, 0),
                          (0, 1, 0, 0)]  # fmt: skip
-    v1 = SimEngine(unit_profile(), fast_forward=fast)
+    v1 = SimEngine(unit_profile(), keep_records=True, fast_forward=fast)
     v1.reset(w, Limits(8))
     assert (4, 1, 2, 0) in steps(v1)  # V1 runs the prefill beside r0's decode
 
 
 @FAST
 def test_whole_prompts_within_the_budget_first_come_first_served(fast: bool) -> None:
-    engine = SimEngine(unit_profile(budget=10), fast_forward=fast, scheduler="v0")
+    engine = SimEngine(unit_profile(budget=10), keep_records=True, fast_forward=fast, scheduler="v0")
     engine.reset(workload((0, 6, 2), (0, 3, 2), (0, 8, 2), (0, 1, 2)), Limits(8))
     trace = steps(engine)
     # step 1: r0 and r1 (9 tokens); r2's 8 do not fit what is left and r3 waits behind it
@@ -69,7 +69,7 @@ def test_whole_prompts_within_the_budget_first_come_first_served(fast: bool) -> 
 
 @FAST
 def test_a_prompt_longer_than_the_budget_runs_alone_unchunked(fast: bool) -> None:
-    engine = SimEngine(unit_profile(budget=10), fast_forward=fast, scheduler="v0")
+    engine = SimEngine(unit_profile(budget=10), keep_records=True, fast_forward=fast, scheduler="v0")
     engine.reset(workload((0, 25, 2), (0, 3, 2)), Limits(8))
     trace = steps(engine)
     assert trace[:2] == [(25, 0, 1, 1), (3, 0, 2, 0)]
@@ -77,7 +77,7 @@ def test_a_prompt_longer_than_the_budget_runs_alone_unchunked(fast: bool) -> Non
 
 @FAST
 def test_running_cap_counts_running_requests(fast: bool) -> None:
-    engine = SimEngine(unit_profile(), fast_forward=fast, scheduler="v0")
+    engine = SimEngine(unit_profile(), keep_records=True, fast_forward=fast, scheduler="v0")
     engine.reset(workload(*[(0.0, 4, 3)] * 5), Limits(2))
     trace = steps(engine)
     assert trace[0] == (8, 0, 2, 3)
@@ -88,7 +88,7 @@ def test_running_cap_counts_running_requests(fast: bool) -> None:
 
 @FAST
 def test_preemption_evicts_the_latest_arrival_and_recomputes_whole(fast: bool) -> None:
-    engine = SimEngine(unit_profile(num_gpu_blocks=5), fast_forward=fast, scheduler="v0")
+    engine = SimEngine(unit_profile(num_gpu_blocks=5), keep_records=True, fast_forward=fast, scheduler="v0")
     engine.reset(workload((0, 4, 10), (0.5, 4, 10)), Limits(8))
     trace = steps(engine)
     # r0 prefills (1 block), r1 arrives and prefills (1 block), both decode until the 4
