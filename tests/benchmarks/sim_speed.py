@@ -34,8 +34,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     trace = args.traces / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+    source, count = str(trace), None
+    if not trace.is_file():  # a fresh clone has no ../shared: the trace's embedded table
+        source, count = "embedded:azure-conv", 19_366
+        print(f"{trace}: not found (--traces DIR); replaying {source} instead, {count} requests")
     t0 = time.perf_counter()
-    workload = make_workload(str(trace), "replay")
+    workload = make_workload(source, "replay", num_requests=count)
     print(f"loaded {len(workload)} requests in {time.perf_counter() - t0:.2f} s")
     for name in args.profile:
         profile = get_profile(name)
