@@ -26,6 +26,7 @@ import argparse
 import re
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from batchpilot.envs.metrics import DEFAULT_SLO
@@ -65,7 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "capacity, where the limit matters)",
     )
     parser.add_argument(
-        "--num-requests", type=COUNT, help="requests per run (default: whole trace, or 1000)"
+        "--num-requests",
+        type=COUNT,
+        help="requests per run (default: whole trace, or 1000; with --suite, the suite's)",
     )
     parser.add_argument(
         "--overlong",
@@ -155,6 +158,8 @@ def main(args: argparse.Namespace) -> int:
         names = list(suite_names()) if args.suite == "all" else [args.suite]
         suites = [load_suite(n) for n in names]
         scenarios = [sc for suite in suites for sc in suite.scenarios]
+        if args.num_requests:
+            scenarios = [replace(sc, num_requests=args.num_requests) for sc in scenarios]
         first = suites[0]
         seeds, tuning = first.seeds or seeds, first.tuning_seeds or tuning
         default_controllers = ",".join(first.controllers or SUITE_CONTROLLERS.split(","))
