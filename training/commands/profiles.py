@@ -30,7 +30,7 @@ DEFAULT_VIDUR = Path("..") / "shared" / "profiling" / "vidur"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the profiles as JSON")
-    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub = parser.add_subparsers(dest="action", metavar="[build]")
     build = sub.add_parser(
         "build",
         help="build a measured profile from a Vidur profiling directory",
