@@ -28,7 +28,7 @@ from batchpilot.training.evaluate import (
     vllm_default_limits,
 )
 from batchpilot.training.paired import paired_difference, t975
-from batchpilot.training.report import verdict
+from batchpilot.training.report import summary_table, verdict
 from batchpilot.training.suite import SuiteError, load_suite, suite_names
 
 SMALL = Scenario("small", "fixed:64:32", "poisson:4", 60, profile="llama-7b-a100")
@@ -168,6 +168,15 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
     assert "Against the best reference alg1: mpc -7.0%" in line  # -15 / 215
     line = verdict(_fake_scenario([100.0, 200.0, 300.0], [120.0, 190.0, 300.0]), ["alg1", "mpc"])
     assert "no significant difference on goodput between mpc and alg1" in line
+
+
+def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
+    a = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])
+    b = {**_fake_scenario([110.0, 215.0, 320.0], [100.0, 200.0, 300.0]), "name": "T"}
+    head, rows = summary_table({"controllers": ["alg1", "mpc"], "scenarios": [a, b]})
+    assert head == ["scenario", "metric", "alg1", "mpc", "best reference", "mpc vs best reference"]
+    assert rows[0][:5] == ["S", "goodput", "200", "215", "alg1"] and rows[0][5].startswith("+7.5% (")
+    assert rows[1][5].startswith("-7.0% (") and rows[1][5].endswith("*")
 
 
 def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:

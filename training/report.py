@@ -128,6 +128,25 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
     return head + line + (f" ({note})" if note else "")
 
 
+def summary_table(results: dict[str, Any]) -> Table:
+    """One row per scenario: each controller's mean of the ranking metric, and each oracle /
+    learned controller's paired difference vs the scenario's best reference."""
+    labels = results["controllers"]
+    others = [c for c in labels if not is_reference(c)]
+    head = ["scenario", "metric", *labels, "best reference"]
+    head += [f"{c} vs best reference" for c in others]
+    rows = []
+    for sc in results["scenarios"]:
+        key, _ = ranking_metric(sc)
+        ref = best_reference(sc, labels, key)
+        row = [sc["name"], METRIC_NAMES.get(key, key)]
+        row += [f"{sc['results'][c]['mean'][key]:,.0f}" for c in labels]
+        row.append(ref or "—")
+        row += [_pair_cell(paired_vs(sc, c, ref, key)) if ref else "—" for c in others]
+        rows.append(row)
+    return head, rows
+
+
 def scenario_tables(sc: dict[str, Any], labels: list[str]) -> tuple[Table, Table]:
     """(header, rows) of the metrics table and of the paired-difference table (each row's
     mean paired difference vs each column, % of the column's mean, 95% t-interval)."""
@@ -367,17 +386,22 @@ def write_report(
             "and reported on the evaluation seeds (no hindsight)."
         )
     md = [f"# {title}", "", *(f"- {v}" for v in verdicts), ""]
-    md += [*(f"{line}  " for line in intro), "", *preamble]
     body = [f"<h1>{html.escape(title)}</h1>"]
     if verdicts:
         body.append("<ul>" + "".join(f"<li>{_inline_html(v)}</li>" for v in verdicts) + "</ul>")
+    if len(results["scenarios"]) > 1:
+        shead, srows = summary_table(results)
+        md += ["Mean per scenario, and paired differences vs the best reference:", ""]
+        md += [_md_table(shead, srows), ""]
+        body.append(_html_table(shead, srows))
+    md += [*(f"{line}  " for line in intro), "", *preamble]
     body += [f"<p>{html.escape(x)}</p>" for x in intro]
     body += [_md_block_html(preamble)]
     for sc in results["scenarios"]:
         s = sc["scenario"]
         cap = sc["capacity_target"]
         desc = (
-            f"Workload {sc['workload']}, {engine_label(s)}, "
+            f"Workload {sc['workload']} (first seed), {engine_label(s)}, "
             f"goodput SLO {s['slo']}, control interval {s['interval']}."
         )
         if cap:
