@@ -11,11 +11,14 @@ The score of a horizon [t0, t0 + H], in output tokens (the units of goodput):
 
 - **+ output** of each request that finishes in the horizon meeting the SLOs;
 - **+ generated so far** of each unfinished request still on track at t0 + H
-  (`batchpilot.envs.telemetry.on_track`: TTFT met or still meetable, TPOT so far within
-  target);
+  (`batchpilot.envs.telemetry.on_track`: TTFT met, TPOT so far within target) that the
+  KV cache can carry to completion: with the true lengths, the running requests in
+  admission order up to the last whose blocks still fit at their peak (`peak_blocks`, as
+  the `oracle` controller uses); vLLM would preempt the later ones;
 - **- output** of each request whose TTFT deadline falls after t0 and is missed: first
-  token after it, or none by t0 + H while the queue ahead of it, drained at the prompt
-  tokens per second this candidate prefilled at, would reach it too late;
+  token after it, none by a deadline inside the horizon, or none by t0 + H while the
+  queue ahead of it, drained at the prompt tokens per second this candidate prefilled at,
+  would reach it too late;
 - **- arrival rate x mean output x (drain time - TTFT target)** (at most H): while the
   queue left at t0 + H takes longer than the TTFT target to drain, new arrivals are lost
   too. Without this terminal term a short horizon prefers starving a queue whose requests
@@ -23,7 +26,8 @@ The score of a horizon [t0, t0 + H], in output tokens (the units of goodput):
 
 Requests whose deadline had passed before t0 score nothing either way. The candidate
 search is coordinate-wise on log grids: from the current pair, every max_num_seqs on the
-grid with the current budget, then every budget with the best max_num_seqs (``rounds``
+grid (plus the running count, and the `oracle` controller's most requests that never need
+a preemption) with the current budget, then every budget with the best max_num_seqs (``rounds``
 times); the current pair wins ties (and must be beaten by more than ``margin``), which
 keeps the limits from flapping between equal futures (other ties go to the larger value).
 """
@@ -32,8 +36,12 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
+from batchpilot.baselines.oracle import OracleController, peak_blocks
 from batchpilot.envs.engine import Engine
-from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.sim_engine import NULL_BLOCKS
+from batchpilot.envs.telemetry import Limits, Telemetry, on_track
 
 SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOKENS_GRID = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -94,6 +102,7 @@ class MPCController:
         self.margin = margin
         self.name = "mpc"
         self._engine: Engine | None = None
+        self._packing = OracleController()
         self.plans = 0
         self.rollouts = 0
         self.plan_wall_s = 0.0
@@ -109,6 +118,7 @@ class MPCController:
                 "(mpc runs only on --engine sim, never on vLLM or in serving)"
             )
         self._engine = engine
+        self._packing.reset(engine)
         self._seq_grid = _clip(self.seqs, engine.max_num_seqs)
         self._token_grid = _clip(self.tokens, engine.max_num_batched_tokens)
         self._current = (engine.max_num_seqs, engine.max_num_batched_tokens)
@@ -121,15 +131,21 @@ class MPCController:
             raise RuntimeError("call reset(engine) before decide()")
         if telemetry.time_s >= self._next_plan:
             start = time.perf_counter()
-            self._current = self._plan(telemetry.time_s)
+            self._current = self._plan(telemetry)
             self.plan_wall_s += time.perf_counter() - start
             self.plans += 1
             self._next_plan = telemetry.time_s + self.replan_s
         return Limits(*self._current)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, now: float) -> tuple[int, int]:
+    def _plan(self, telemetry: Telemetry) -> tuple[int, int]:
+        now = telemetry.time_s
         scores: dict[tuple[int, int], float] = {}
+        # besides the grid: hold the running count, and the `oracle` controller's limit
+        # (the most requests that never need a preemption, from the true lengths)
+        state = {max(telemetry.num_requests_running, 1)}
+        state.add(self._packing.decide(telemetry).max_num_seqs)
+        seq_grid = sorted(set(self._seq_grid) | state)
 
         def score(pair: tuple[int, int]) -> float:
             if pair not in scores:
@@ -147,7 +163,7 @@ class MPCController:
 
         for _ in range(self.rounds):
             before = best
-            for s in reversed(self._seq_grid):  # ties go to the larger limit
+            for s in reversed(seq_grid):  # ties go to the larger limit
                 consider((s, best[1]))
             for t in reversed(self._token_grid):
                 consider((best[0], t))
@@ -162,36 +178,63 @@ class MPCController:
         engine.set_limits(Limits(*pair))
         telemetry = engine.advance(until_s=now + self.horizon_s)
         end = telemetry.time_s  # earlier if the workload ran out
-        score = telemetry.interval_good_output_tokens + telemetry.inflight_on_track_tokens
-        ttft = engine.slo.ttft_ms
-        if ttft is None:
-            return float(score)
-        limit = ttft / 1e3
+        slo = engine.slo
+        limit = float("inf") if slo.ttft_ms is None else slo.ttft_ms / 1e3
+        score = telemetry.interval_good_output_tokens
         for r in engine.result().records:
-            deadline = r.arrival_s + limit
-            if now < deadline < r.first_token_s:
+            if now < r.arrival_s + limit < r.first_token_s:
                 score -= r.output_tokens
+        entries = engine.unfinished_requests()
+        running = telemetry.num_requests_running
+        kept = self._kv_fit(engine, entries[:running])
         # Past the horizon, the queue drains at the pace this candidate prefilled at: a
         # request not started by `end` is lost if at that pace its first token would come
         # after its deadline, and while the queue takes longer than the TTFT target to
         # drain, new arrivals (at the recent arrival rate, mean output) are lost too.
         span = end - now
-        pace = telemetry.interval_prompt_tokens / span if span > 0 else 0.0
+        progress = telemetry.interval_prompt_tokens - telemetry.interval_recomputed_tokens
+        pace = max(progress, 0) / span if span > 0 else 0.0
         queued = 0
-        for arrival, first_token, output, prefill in engine.unfinished_requests():
+        for i, (arrival, first, last, generated, output, prompt) in enumerate(entries):
             deadline = arrival + limit
-            if first_token >= 0:
-                if now < deadline < first_token:
+            if i >= running:
+                queued += prompt + generated
+            if first >= 0:
+                if now < deadline < first:
                     score -= output
-                queued += prefill
-                continue
-            queued += prefill
-            if deadline > now and end + self._drain_s(queued, pace) > deadline:
+                elif i < kept and on_track(slo, end, arrival, first, last, generated):
+                    score += generated
+            elif now < deadline and (
+                deadline <= end or (i >= running and end + self._drain_s(queued, pace) > deadline)
+            ):
                 score -= output
         backlog = min(self._drain_s(queued, pace) - limit, self.horizon_s)
         if backlog > 0:
             score -= backlog * telemetry.arrival_rate * telemetry.output_mean
         return float(score)
+
+    def _kv_fit(self, engine: Engine, running: list[tuple]) -> int:
+        """How many of the running requests, in admission order, the KV cache can carry to
+        completion (true lengths): vLLM preempts the later ones, so they are not on track."""
+        if not running:
+            return 0
+        table = np.array([(e[5] + e[3], e[4] - e[3]) for e in running], dtype=np.int64)
+        capacity = engine.num_total_blocks - NULL_BLOCKS
+        bs = engine.block_size
+
+        def fits(k: int) -> bool:
+            return peak_blocks(table[:k, 0], table[:k, 1], bs) <= capacity
+
+        if fits(len(running)):
+            return len(running)
+        lo, hi = 0, len(running) - 1  # fits(lo) holds, fits(hi + 1) does not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _drain_s(self, tokens: int, pace: float) -> float:
         """Seconds to prefill `tokens` at `pace` tokens/s (infinite at pace 0)."""

@@ -202,12 +202,12 @@ class SimEngine:
         return [(r.prompt + r.generated, r.output - r.generated) for r in self._waiting]
 
     # ------------------------------------------------------------------ forking
-    def unfinished_requests(self) -> list[tuple[float, float, int, int]]:
-        """(arrival s, first token s or -1, output tokens, tokens left to prefill) of each
-        admitted unfinished request, running then waiting in queue order. Clairvoyant
-        (true output lengths): for `mpc`."""
+    def unfinished_requests(self) -> list[tuple[float, float, float, int, int, int]]:
+        """(arrival s, first token s or -1, last token s or -1, tokens generated, output
+        tokens, prompt tokens) of each admitted unfinished request, running (in admission
+        order) then waiting (in queue order). Clairvoyant (true output lengths): for `mpc`."""
         return [
-            (r.arrival, r.first_token, r.output, r.prompt + r.generated - r.computed)
+            (r.arrival, r.first_token, r.last_token, r.generated, r.output, r.prompt)
             for r in (*self._running, *self._waiting)
         ]
 
