@@ -24,7 +24,6 @@ class RunResult:
     unfinished: int = 0
     records: list[RequestRecord] = field(default_factory=list)
     """Empty unless the engine keeps records (``keep_records``: tests, short runs)."""
-    extra: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """Aggregate metrics (``vllm bench serve`` names) plus engine counters."""
@@ -34,7 +33,7 @@ class RunResult:
             "engine_iterations": self.iterations,
             "unfinished": self.unfinished,
         }
-        return out | self.extra
+        return out
 
 
 class Engine(Protocol):

@@ -45,12 +45,10 @@ from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
 from batchpilot.envs.profiles import EngineProfile
 from batchpilot.envs.telemetry import (
     LENGTH_PRIOR,
-    ArrivalRate,
-    IntervalTotals,
     Limits,
-    RunningStats,
     StepTimes,
     Telemetry,
+    TelemetryAccumulator,
     on_track,
 )
 from batchpilot.envs.workload import Request, Workload
@@ -162,17 +160,8 @@ class SimEngine:
         self._clock = 0.0
         self._iteration = 0
         self._kv_integral = 0.0
-        self._preemptions = 0
-        self._recomputed = 0
-        pm, pv, om, ov = self.length_prior
-        self._prompt_stats = RunningStats(pm, pv)
-        self._output_stats = RunningStats(om, ov)
-        self._arrivals = ArrivalRate()
-        self._step_times = StepTimes()
+        self._tele = TelemetryAccumulator(self.length_prior)
         self._waiting_tokens = 0
-        self._last_step = (0, 0, 0.0)
-        self._recent = (0.0, 0.0, 0.0)
-        self._interval = IntervalTotals(0.0)
         self.set_limits(limits)
         self._admit_arrivals()
         return self._telemetry()
@@ -271,8 +260,7 @@ class SimEngine:
             r = _Req(pending.popleft())
             self._waiting.append(r)
             self._waiting_tokens += r.prompt
-            self._prompt_stats.add(r.prompt)
-            self._arrivals.add(r.arrival)
+            self._tele.arrived(r.arrival, r.prompt)
 
     def _step(self) -> None:
         """One scheduler iteration, request by request."""
@@ -392,10 +380,9 @@ class SimEngine:
         )
         self._clock += dt
         now = self._clock
-        iv = self._interval
+        iv = self._tele.interval
         iv.prompt_tokens += prefill
         iv.preemptions += preempted
-        self._preemptions += preempted
         finished = False
         itl = self._stats.itl.buffer
         for req, n in scheduled:
@@ -420,15 +407,15 @@ class SimEngine:
         used = self.num_total_blocks - self._free
         if finished:
             self._retire()
-        self._last_step = (prefill, decode, dt)
+        self._tele.last_step = (prefill, decode, dt)
         if decode:
-            self._step_times.add(dt)
+            self._tele.step_times.add(dt)
         self._account(dt, used * dt / self.num_total_blocks, decode, 1)
 
     def _preempt(self, req: _Req) -> None:
         self._free += req.blocks
         req.recomputed += req.computed
-        self._interval.recomputed_tokens += req.computed
+        self._tele.interval.recomputed_tokens += req.computed
         self._waiting_tokens += req.prompt + req.generated
         req.blocks = 0
         req.computed = 0
@@ -437,7 +424,7 @@ class SimEngine:
 
     def _retire(self) -> None:
         keep: list[_Req] = []
-        iv = self._interval
+        iv = self._tele.interval
         slo = self.slo
         for req in self._running:
             if req.generated < req.output:
@@ -460,8 +447,7 @@ class SimEngine:
             self._stats.add_request(rec, good)
             if self.keep_records:
                 self._records.append(rec)
-            self._output_stats.add(req.output)
-            self._recomputed += req.recomputed
+            self._tele.finished(req.output)
             iv.finished += 1
             if good:
                 iv.good_tokens += req.output
@@ -475,7 +461,7 @@ class SimEngine:
         `usage_time` is the KV usage integrated over those steps (fraction x seconds).
         """
         self._kv_integral += usage_time
-        iv = self._interval
+        iv = self._tele.interval
         iv.kv_time += usage_time
         iv.iterations += iterations
         self._iteration += iterations
@@ -563,24 +549,20 @@ class SimEngine:
                 itl.add(first_gap)
             req.max_itl = max(req.max_itl, first_gap, rest_max)
             req.last_token = end
-        self._step_times.extend(durations[-StepTimes.maxlen :].tolist())
+        self._tele.step_times.extend(durations[-StepTimes.maxlen :].tolist())
         itl.add_many(durations, weights)
         self._clock = end
-        self._interval.output_tokens += n * k
+        self._tele.interval.output_tokens += n * k
         if k == first_finish:
             self._retire()
-        self._last_step = (0, n, float(durations[-1]))
+        self._tele.last_step = (0, n, float(durations[-1]))
         self._account(float(durations.sum()), usage_time, n, k)
         return True
 
     # ------------------------------------------------------------------ reporting
     def _telemetry(self) -> Telemetry:
-        iv = self._interval
         now = self._clock
-        tbt, batch, ttft = self._recent = iv.recent(self._recent)
-        used = self.num_total_blocks - self._free
-        usage = used / self.num_total_blocks
-        step_prefill, step_decode, step_time = self._last_step
+        usage = (self.num_total_blocks - self._free) / self.num_total_blocks
         decoding = on_track_tokens = 0
         slo = self.slo
         for r in self._running:
@@ -594,39 +576,22 @@ class SimEngine:
             if on_track(slo, now, r.arrival, r.first_token, r.last_token, r.generated):
                 on_track_tokens += r.generated
         waiting = self._waiting
-        t = Telemetry(
-            time_s=now,
-            iteration=self._iteration,
+        return self._tele.report(
+            now,
+            self._iteration,
             kv_cache_usage=usage,
             num_free_blocks=self._free,
             num_total_blocks=self.num_total_blocks,
             block_size=self.block_size,
             num_requests_running=len(self._running),
-            num_requests_waiting=len(self._waiting),
+            num_requests_waiting=len(waiting),
             num_decoding=decoding,
-            step_prefill_tokens=step_prefill,
-            step_decode_tokens=step_decode,
-            step_time_s=step_time,
-            **iv.telemetry_fields(now, usage),
-            recent_tbt_s=tbt,
-            recent_decode_batch=batch,
-            recent_ttft_s=ttft,
             max_num_seqs=self._limit,
             max_num_batched_tokens=self._budget,
-            prompt_mean=self._prompt_stats.mean,
-            prompt_var=self._prompt_stats.var,
-            output_mean=self._output_stats.mean,
-            output_var=self._output_stats.var,
-            num_output_samples=self._output_stats.n,
-            arrival_rate=self._arrivals.rate(now),
-            arrival_rate_short=self._arrivals.short_rate(now),
             oldest_waiting_age_s=now - waiting[0].arrival if waiting else 0.0,
             waiting_prefill_tokens=self._waiting_tokens,
-            recent_tbt_p90_s=self._step_times.p90(),
             inflight_on_track_tokens=on_track_tokens,
         )
-        self._interval = IntervalTotals(now)
-        return t
 
     def result(self) -> RunResult:
         duration = self._clock
@@ -662,12 +627,6 @@ def _copy_state(value: object, twin: Callable[[_Req], _Req]) -> object:
             return type(value)(value)  # shallow: the items are never mutated in place
     if isinstance(value, array):
         return array(value.typecode, value)
-    if isinstance(value, RunMetrics):
+    if isinstance(value, RunMetrics | TelemetryAccumulator):
         return value.copy()
-    if isinstance(value, IntervalTotals | RunningStats | ArrivalRate | StepTimes):
-        twin = copy.copy(value)  # scalars, and deques copied below
-        for key, item in getattr(twin, "__dict__", {}).items():
-            if isinstance(item, deque):
-                setattr(twin, key, item.copy())
-        return twin
     return copy.deepcopy(value)

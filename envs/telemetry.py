@@ -6,6 +6,7 @@ Field names follow vLLM: `num_requests_running` is `vllm:num_requests_running`,
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from dataclasses import dataclass, fields
@@ -215,6 +216,11 @@ class ArrivalRate:
     def add(self, t: float) -> None:
         self._times.append(t)
 
+    def copy(self) -> ArrivalRate:
+        other = copy.copy(self)
+        other._times = self._times.copy()
+        return other
+
     def rate(self, now: float) -> float:
         while self._times and self._times[0] < now - self.window_s:
             self._times.popleft()
@@ -240,6 +246,11 @@ class StepTimes:
 
     def add(self, seconds: float) -> None:
         self._times.append(seconds)
+
+    def copy(self) -> StepTimes:
+        other = copy.copy(self)
+        other._times = self._times.copy()
+        return other
 
     def extend(self, seconds: list[float]) -> None:
         self._times.extend(seconds[-self.maxlen :])
@@ -268,3 +279,76 @@ def on_track(
     ):
         return False
     return slo.e2el_ms is None or (now - arrival) * 1e3 <= slo.e2el_ms
+
+
+class TelemetryAccumulator:
+    """What an engine keeps between two telemetry reports, and the one place `Telemetry`
+    is assembled: both engines (the simulator and the vLLM tracker) feed one and call
+    `report` with their scheduler's state.
+
+    `interval` holds the interval's totals (the engine adds to it as steps run);
+    `last_step` is the latest step's (prefill tokens, decode requests, seconds);
+    `step_times` the recent decode-step times.
+    """
+
+    def __init__(self, length_prior: tuple[float, float, float, float] = LENGTH_PRIOR) -> None:
+        pm, pv, om, ov = length_prior
+        self.prompt_stats = RunningStats(pm, pv)
+        self.output_stats = RunningStats(om, ov)
+        self.arrivals = ArrivalRate()
+        self.step_times = StepTimes()
+        self.interval = IntervalTotals(0.0)
+        self.last_step: tuple[int, int, float] = (0, 0, 0.0)
+        self.recent = (0.0, 0.0, 0.0)
+
+    def arrived(self, t: float, prompt_tokens: int) -> None:
+        """A request arrived at engine time `t`."""
+        self.prompt_stats.add(prompt_tokens)
+        self.arrivals.add(t)
+
+    def finished(self, output_tokens: int) -> None:
+        """A request finished after `output_tokens` tokens."""
+        self.output_stats.add(output_tokens)
+
+    def report(self, now: float, iteration: int, **state: float) -> Telemetry:
+        """`Telemetry` at engine time `now`; starts a new interval.
+
+        `state` holds the fields only the engine's scheduler knows: KV usage and blocks,
+        block size, running / waiting / decoding counts, the limits in force, the waiting
+        queue's oldest age and prefill tokens, the on-track in-flight tokens.
+        """
+        iv = self.interval
+        tbt, batch, ttft = self.recent = iv.recent(self.recent)
+        prefill, decode, step_time = self.last_step
+        telemetry = Telemetry(
+            time_s=now,
+            iteration=iteration,
+            step_prefill_tokens=prefill,
+            step_decode_tokens=decode,
+            step_time_s=step_time,
+            **iv.telemetry_fields(now, float(state["kv_cache_usage"])),
+            recent_tbt_s=tbt,
+            recent_decode_batch=batch,
+            recent_ttft_s=ttft,
+            prompt_mean=self.prompt_stats.mean,
+            prompt_var=self.prompt_stats.var,
+            output_mean=self.output_stats.mean,
+            output_var=self.output_stats.var,
+            num_output_samples=self.output_stats.n,
+            arrival_rate=self.arrivals.rate(now),
+            arrival_rate_short=self.arrivals.short_rate(now),
+            recent_tbt_p90_s=self.step_times.p90(),
+            **state,  # type: ignore[arg-type]
+        )
+        self.interval = IntervalTotals(now)
+        return telemetry
+
+    def copy(self) -> TelemetryAccumulator:
+        """An independent copy (for `SimEngine.fork`)."""
+        other = copy.copy(self)
+        other.prompt_stats = copy.copy(self.prompt_stats)
+        other.output_stats = copy.copy(self.output_stats)
+        other.arrivals = self.arrivals.copy()
+        other.step_times = self.step_times.copy()
+        other.interval = copy.copy(self.interval)
+        return other

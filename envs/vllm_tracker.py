@@ -14,15 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
-from batchpilot.envs.telemetry import (
-    LENGTH_PRIOR,
-    ArrivalRate,
-    IntervalTotals,
-    RunningStats,
-    StepTimes,
-    Telemetry,
-    on_track,
-)
+from batchpilot.envs.telemetry import Telemetry, TelemetryAccumulator, on_track
 
 STEP_LOG_LEN = 200_000
 """Steps kept in `StepTracker.step_log` (calibration reads it)."""
@@ -61,13 +53,7 @@ class StepTracker:
         self.iterations = 0
         self.kv_integral = 0.0
         self._kv_last = (0.0, 0.0)
-        self.prompt_stats = RunningStats(*LENGTH_PRIOR[:2])
-        self.output_stats = RunningStats(*LENGTH_PRIOR[2:])
-        self.arrivals = ArrivalRate()
-        self.step_times = StepTimes()
-        self.interval = IntervalTotals(0.0)
-        self.last_step = (0, 0, 0.0)
-        self.recent = (0.0, 0.0, 0.0)
+        self.tele = TelemetryAccumulator()
         self._step_start = 0.0
         self._step_counts = (0, 0, 0, 0, 0, 0)
         self.step_log: deque[tuple[int, int, int, int, int, int, float]] = deque(
@@ -87,14 +73,14 @@ class StepTracker:
         now = self.now()
         self.last_added = request_id
         self.tracks[request_id] = _Track(now, prompt_tokens)
-        self.prompt_stats.add(prompt_tokens)
-        self.arrivals.add(now)
+        self.tele.arrived(now, prompt_tokens)
 
     def _kv_mark(self, now: float, kv_usage: float) -> None:
         """Integrate KV usage as a step function of time: the last value until `now`."""
         t, usage = self._kv_last
         self.kv_integral += usage * (now - t)
-        self.interval.kv_time += usage * (now - max(t, self.interval.start_s))
+        iv = self.tele.interval
+        iv.kv_time += usage * (now - max(t, iv.start_s))
         self._kv_last = (now, kv_usage)
 
     def on_schedule(self, out: Any, requests: dict[str, Any], kv_usage: float) -> None:
@@ -124,29 +110,29 @@ class StepTracker:
                 track.preemptions += 1
                 dropped = req.num_tokens if req is not None else track.prompt_tokens
                 track.recomputed += dropped
-                self.interval.recomputed_tokens += dropped
-            self.interval.preemptions += 1
-        self.interval.prompt_tokens += prefill
+                self.tele.interval.recomputed_tokens += dropped
+            self.tele.interval.preemptions += 1
+        self.tele.interval.prompt_tokens += prefill
         decode_kv = kv - prefill_kv
         self._step_counts = (prefill_seqs, prefill, prefill_kv, prefill_attn, decode, decode_kv)
-        self.last_step = (prefill, decode, 0.0)
+        self.tele.last_step = (prefill, decode, 0.0)
 
     def on_update(self, new_tokens: dict[str, int], finished: set[str], kv_usage: float) -> None:
         """After `update_from_output()`: tokens produced per request, requests finished."""
         now = self.now()
         duration = max(0.0, now - self._step_start)
-        iv = self.interval
+        iv = self.tele.interval
         iv.iterations += 1
         self.iterations += 1
         self._kv_mark(now, kv_usage)
-        prefill, decode, _ = self.last_step
-        self.last_step = (prefill, decode, duration)
+        prefill, decode, _ = self.tele.last_step
+        self.tele.last_step = (prefill, decode, duration)
         self.step_log.append((*self._step_counts, duration))
         if decode:
             iv.decode_steps += 1
             iv.decode_seqs += decode
             iv.decode_time += duration
-            self.step_times.add(duration)
+            self.tele.step_times.add(duration)
         for rid, n in new_tokens.items():
             track = self.tracks.get(rid)
             if track is None or n <= 0:
@@ -182,7 +168,7 @@ class StepTracker:
             self.last_finish_s = now
             if self.keep_records:
                 self.records.append(rec)
-            self.output_stats.add(track.output_tokens)
+            self.tele.finished(track.output_tokens)
             iv.finished += 1
             if good:
                 iv.good_tokens += track.output_tokens
@@ -199,9 +185,7 @@ class StepTracker:
         self, scheduler: Any, max_num_seqs: int, max_num_batched_tokens: int
     ) -> Telemetry:
         """The interval's telemetry from `scheduler`'s state; starts a new interval."""
-        iv = self.interval
         now = self.now()
-        tbt, batch, ttft = self.recent = iv.recent(self.recent)
         pool = scheduler.kv_cache_manager.block_pool
         usage = min(1.0, max(0.0, float(scheduler.kv_cache_manager.usage)))
         self._kv_mark(now, usage)
@@ -211,7 +195,6 @@ class StepTracker:
             for r in scheduler.running
             if r.num_output_tokens > 0 and r.num_computed_tokens >= r.num_prompt_tokens
         )
-        prefill, decode, step_time = self.last_step
         tracks, slo = self.tracks, self.slo
         on_track_tokens = sum(
             k.output_tokens
@@ -226,9 +209,9 @@ class StepTracker:
             track = tracks.get(r.request_id)
             if track is not None:
                 oldest = min(oldest, track.arrival_s)
-        t = Telemetry(
-            time_s=now,
-            iteration=self.iterations,
+        return self.tele.report(
+            now,
+            self.iterations,
             kv_cache_usage=usage,
             num_free_blocks=pool.get_num_free_blocks(),
             num_total_blocks=pool.num_gpu_blocks,
@@ -236,26 +219,9 @@ class StepTracker:
             num_requests_running=running,
             num_requests_waiting=waiting,
             num_decoding=decoding,
-            step_prefill_tokens=prefill,
-            step_decode_tokens=decode,
-            step_time_s=step_time,
-            **iv.telemetry_fields(now, usage),
-            recent_tbt_s=tbt,
-            recent_decode_batch=batch,
-            recent_ttft_s=ttft,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
-            prompt_mean=self.prompt_stats.mean,
-            prompt_var=self.prompt_stats.var,
-            output_mean=self.output_stats.mean,
-            output_var=self.output_stats.var,
-            num_output_samples=self.output_stats.n,
-            arrival_rate=self.arrivals.rate(now),
-            arrival_rate_short=self.arrivals.short_rate(now),
             oldest_waiting_age_s=now - oldest,
             waiting_prefill_tokens=pending_prefill,
-            recent_tbt_p90_s=self.step_times.p90(),
             inflight_on_track_tokens=on_track_tokens,
         )
-        self.interval = IntervalTotals(now)
-        return t

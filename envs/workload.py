@@ -60,22 +60,11 @@ class Workload:
     def __len__(self) -> int:
         return len(self.requests)
 
-    @property
-    def duration_s(self) -> float:
-        """Time from the first to the last arrival."""
-        if not self.requests:
-            return 0.0
-        return self.requests[-1].arrival_s - self.requests[0].arrival_s
-
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
         """Prompt and output lengths as integer arrays."""
         p = np.fromiter((r.prompt_tokens for r in self.requests), dtype=np.int64)
         o = np.fromiter((r.output_tokens for r in self.requests), dtype=np.int64)
         return p, o
-
-    def head(self, n: int) -> Workload:
-        """The first `n` requests by arrival."""
-        return Workload(f"{self.name}[:{n}]", self.requests[:n], source=self.source)
 
     def check_fits(self, max_model_len: int, kv_tokens: int | None = None) -> None:
         """Raise `WorkloadError` for the first request longer than the engine's context

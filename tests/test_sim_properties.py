@@ -22,12 +22,15 @@ requests = st.lists(
 limits = st.lists(st.tuples(st.integers(1, 12), st.integers(1, 64)), min_size=1, max_size=30)
 
 
+BLOCK = 4
+
+
 def _timed_profile(blocks: int, budget: int) -> EngineProfile:
     """A profile with a non-trivial step-time model (so the fast path's sums matter)."""
     return EngineProfile(
         name="prop",
         description="property-test profile",
-        block_size=4,
+        block_size=BLOCK,
         num_gpu_blocks=blocks,
         max_model_len=4096,
         max_num_seqs=64,
@@ -51,12 +54,16 @@ def test_blocks_bounded_and_every_request_finishes_once(
         while not engine.done:
             n, budget = lims[i % len(lims)]
             engine.set_limits(Limits(n, budget))
+            before = t.num_requests_running
             t = engine.advance(max_iterations=per)
             i += 1
-            used = t.num_total_blocks - t.num_free_blocks
-            assert 0 <= t.num_free_blocks <= t.num_total_blocks - NULL_BLOCKS
-            assert used <= t.num_total_blocks
-            assert t.num_requests_running <= max(n, t.num_requests_running)
+            assert (t.max_num_seqs, t.max_num_batched_tokens) == (n, min(budget, 32))
+            # admission never passes the limit; a batch above a lowered limit only drains
+            assert t.num_requests_running <= max(n, before)
+            # blocks in use are held by running requests, none beyond the tokens each holds
+            used = t.num_total_blocks - NULL_BLOCKS - t.num_free_blocks
+            held = sum(-(-tokens // BLOCK) for tokens, _ in engine.remaining_output_tokens())
+            assert 0 <= used <= held
         result = engine.result()
         ids = [r.request_id for r in result.records]
         assert sorted(ids) == sorted(r.request_id for r in work.requests)  # each exactly once
