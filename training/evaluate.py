@@ -441,7 +441,8 @@ def default_workers() -> int:
 @dataclass(frozen=True)
 class StaticGrid:
     """Candidates of the best-static search, as vLLM's ``benchmarks/auto_tune`` grid
-    (NUM_SEQS_LIST x NUM_BATCHED_TOKENS_LIST), run in three passes:
+    (NUM_SEQS_LIST x NUM_BATCHED_TOKENS_LIST; steps of about 1.5x in max_num_seqs, since
+    goodput can fall off a cliff between powers of two), run in three passes:
 
     1. every max_num_seqs in `seqs` from `first_seqs` up (to the engine's cap) x every
        token budget in `tokens` (to the engine's cap);
@@ -450,7 +451,9 @@ class StaticGrid:
     3. the geometric midpoints between the best pair and its neighbours in each knob.
     """
 
-    seqs: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    seqs: tuple[int, ...] = (
+        1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+    )  # fmt: skip
     tokens: tuple[int, ...] = (512, 2048, 8192)
     first_seqs: int = 8
 
