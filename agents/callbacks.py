@@ -18,7 +18,6 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from batchpilot.agents.checkpoint import save_checkpoint
 from batchpilot.agents.policy import PolicyController
-from batchpilot.agents.residual import ResidualSpec
 from batchpilot.baselines.specs import make_controller
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.metrics import SLO
@@ -31,7 +30,8 @@ EPISODE_METRICS = ("output_goodput", "output_throughput", "slo_attainment", "num
 
 
 class DomainMetricsCallback(BaseCallback):
-    """Logs ``domain/*`` (rates over recent held actions) and ``episode/*`` (finished runs)."""
+    """Logs ``domain/*`` (rates over recent control intervals) and ``episode/*`` (finished
+    runs)."""
 
     def __init__(self, window: int = 1000) -> None:
         super().__init__()
@@ -42,11 +42,12 @@ class DomainMetricsCallback(BaseCallback):
         for info in self.locals["infos"]:
             self.steps.append(
                 (
-                    info["held_s"],
-                    info["held_interval_good_output_tokens"],
-                    info["held_interval_output_tokens"],
-                    info["held_interval_preemptions"],
-                    info["limit"],
+                    info["interval_s"],
+                    info["interval_good_output_tokens"],
+                    info["interval_output_tokens"],
+                    info["interval_preemptions"],
+                    info["max_num_seqs"],
+                    info["max_num_batched_tokens"],
                 )
             )
             if "episode_metrics" in info:
@@ -55,12 +56,13 @@ class DomainMetricsCallback(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         if self.steps:
-            span, good, out, pre, limit = np.array(self.steps).T
+            span, good, out, pre, limit, budget = np.array(self.steps).T
             total = max(span.sum(), 1e-9)
             self.logger.record("domain/goodput_tps", good.sum() / total)
             self.logger.record("domain/throughput_tps", out.sum() / total)
             self.logger.record("domain/preemptions_per_s", pre.sum() / total)
             self.logger.record("domain/limit_mean", limit.mean())
+            self.logger.record("domain/token_budget_mean", budget.mean())
         for key in EPISODE_METRICS:
             if self.episodes:
                 self.logger.record(f"episode/{key}", np.mean([m[key] for m in self.episodes]))
@@ -108,14 +110,14 @@ class BaselineEvalCallback(BaseCallback):
     def __init__(
         self,
         scenario: EvalScenario,
-        spec: ResidualSpec,
+        action_mode: str,
         slo: SLO,
         eval_freq: int,
         best_dir: Path,
-        baselines: tuple[str, ...] = ("alg1", "alg2", "alg1+alg2"),
+        baselines: tuple[str, ...] = ("alg1+alg2", "alg2:chunk=1"),
     ) -> None:
         super().__init__()
-        self.scenario, self.spec, self.slo = scenario, spec, slo
+        self.scenario, self.action_mode, self.slo = scenario, action_mode, slo
         self.eval_freq, self.best_dir, self.baselines = eval_freq, best_dir, baselines
         self.reference: dict[str, dict[str, float]] = {}
         record = best_dir / "eval.json"
@@ -124,6 +126,7 @@ class BaselineEvalCallback(BaseCallback):
     def _on_training_start(self) -> None:
         for b in self.baselines:
             self.reference[b] = self.scenario.score(lambda b=b: make_controller(b))
+        self._evaluate()  # the starting policy (the imitation result) is a candidate too
 
     def _act(self, obs: np.ndarray) -> np.ndarray:
         vecnorm = self.model.get_vec_normalize_env()
@@ -132,9 +135,15 @@ class BaselineEvalCallback(BaseCallback):
         return self.model.predict(obs, deterministic=True)[0]
 
     def _on_step(self) -> bool:
-        if self.n_calls % self.eval_freq:
-            return True
-        score = self.scenario.score(lambda: PolicyController(self._act, self.spec, self.slo))
+        if self.n_calls % self.eval_freq == 0:
+            self._evaluate()
+        return True
+
+    def _evaluate(self) -> None:
+        interval = ControlInterval.parse(self.scenario.interval)
+        score = self.scenario.score(
+            lambda: PolicyController(self._act, self.action_mode, self.slo, interval)
+        )
         top = max(r["output_goodput"] for r in self.reference.values())
         for b, r in self.reference.items():
             self.logger.record(f"eval/{b}_goodput", r["output_goodput"])
@@ -146,4 +155,3 @@ class BaselineEvalCallback(BaseCallback):
             save_checkpoint(self.model, self.best_dir)
             record = {"timesteps": self.num_timesteps, **score, "baselines": self.reference}
             (self.best_dir / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
-        return True

@@ -82,7 +82,10 @@ def _number(data: dict[str, Any], key: str, path: Path, low: float = -math.inf) 
 
 # ---------------------------------------------------------------------- VecNormalize
 def save_vecnormalize(vecnorm: Any, path: Path) -> None:
-    """VecNormalize's statistics and settings as JSON."""
+    """VecNormalize's statistics and settings as JSON (identity observation statistics
+    when it normalises rewards only)."""
+    n_obs = vecnorm.observation_space.shape[0]
+    obs_rms = getattr(vecnorm, "obs_rms", None) if vecnorm.norm_obs else None
     data = {
         "norm_obs": bool(vecnorm.norm_obs),
         "norm_reward": bool(vecnorm.norm_reward),
@@ -90,9 +93,9 @@ def save_vecnormalize(vecnorm: Any, path: Path) -> None:
         "clip_reward": float(vecnorm.clip_reward),
         "gamma": float(vecnorm.gamma),
         "epsilon": float(vecnorm.epsilon),
-        "obs_mean": vecnorm.obs_rms.mean.tolist(),
-        "obs_var": vecnorm.obs_rms.var.tolist(),
-        "obs_count": float(vecnorm.obs_rms.count),
+        "obs_mean": obs_rms.mean.tolist() if obs_rms else [0.0] * n_obs,
+        "obs_var": obs_rms.var.tolist() if obs_rms else [1.0] * n_obs,
+        "obs_count": float(obs_rms.count) if obs_rms else 0.0,
         "ret_mean": float(np.asarray(vecnorm.ret_rms.mean).reshape(-1)[0]),
         "ret_var": float(np.asarray(vecnorm.ret_rms.var).reshape(-1)[0]),
         "ret_count": float(vecnorm.ret_rms.count),
@@ -136,7 +139,9 @@ def load_vecnormalize(path: Path, venv: Any) -> Any:
         gamma=s["gamma"],
         epsilon=s["epsilon"],
     )
-    vn.obs_rms.mean, vn.obs_rms.var, vn.obs_rms.count = s["obs_mean"], s["obs_var"], s["obs_count"]
+    if s["norm_obs"]:
+        vn.obs_rms.mean, vn.obs_rms.var = s["obs_mean"], s["obs_var"]
+        vn.obs_rms.count = s["obs_count"]
     vn.ret_rms.mean, vn.ret_rms.var = np.float64(s["ret_mean"]), np.float64(s["ret_var"])
     vn.ret_rms.count = s["ret_count"]
     return vn
@@ -178,14 +183,20 @@ def save_checkpoint(model: Any, directory: Path) -> None:
         "policy_kwargs": _jsonable(model.policy_kwargs),
         "observation_low": model.observation_space.low.tolist(),
         "observation_high": model.observation_space.high.tolist(),
-        "action_low": model.action_space.low.tolist(),
-        "action_high": model.action_space.high.tolist(),
+        **_action_bounds(model.action_space),
         "optimizer_param_groups": _jsonable(opt["param_groups"]),
     }
     (directory / STATE).write_text(json.dumps(state, indent=1) + "\n")
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is not None:
         save_vecnormalize(vecnorm, directory / VECNORMALIZE)
+
+
+def _action_bounds(space: Any) -> dict[str, Any]:
+    """The action space as JSON: ``action_nvec`` (MultiDiscrete) or ``action_low/high``."""
+    if hasattr(space, "nvec"):
+        return {"action_nvec": space.nvec.tolist()}
+    return {"action_low": space.low.tolist(), "action_high": space.high.tolist()}
 
 
 def read_state(directory: Path) -> dict[str, Any]:
@@ -266,14 +277,19 @@ def load_policy_module(directory: Path) -> Any:
             f"{path}: policy {state.get('policy')!r}; known: {', '.join(PPO.policy_aliases)}"
         )
     bounds = {}
-    for key in ("observation_low", "observation_high", "action_low", "action_high"):
+    keys = ["observation_low", "observation_high"]
+    keys += ["action_nvec"] if "action_nvec" in state else ["action_low", "action_high"]
+    for key in keys:
         try:
             bounds[key] = np.asarray(state[key], dtype=np.float32)
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: {key} is missing or not numbers") from None
     try:
         obs = spaces.Box(bounds["observation_low"], bounds["observation_high"], dtype=np.float32)
-        act = spaces.Box(bounds["action_low"], bounds["action_high"], dtype=np.float32)
+        if "action_nvec" in bounds:
+            act = spaces.MultiDiscrete(bounds["action_nvec"].astype(np.int64))
+        else:
+            act = spaces.Box(bounds["action_low"], bounds["action_high"], dtype=np.float32)
         policy = PPO.policy_aliases[state["policy"]](
             obs, act, lambda _: 0.0, **state["policy_kwargs"]
         )

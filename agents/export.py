@@ -1,7 +1,8 @@
 """Export a trained run as ONNX plus a JSON sidecar (SB3's "Exporting models" recipe).
 
 The graph takes the raw observation (`observation_layout`), applies the run's
-VecNormalize statistics, and returns the deterministic residual action in [-1, 1]; the
+VecNormalize statistics (if any), and returns the deterministic action (`ActionGrid`:
+grid indices or moves, as float32); the
 sidecar (`batchpilot.agents.policy`) carries everything else a controller needs. The run
 is read as data only (`batchpilot.agents.checkpoint`: safetensors and JSON, no pickle).
 """
@@ -26,19 +27,20 @@ from batchpilot.agents.policy import (
     FORMAT,
     FORMAT_VERSION,
     PolicyFileError,
+    action_layout,
     observation_layout,
     seal,
     sha256,
     sidecar_path,
 )
-from batchpilot.agents.residual import ResidualSpec
+from batchpilot.envs.action_grid import MODES
 from batchpilot.envs.metrics import DEFAULT_SLO
 
 OPSET = 17
 
 
 class OnnxablePolicy(th.nn.Module):
-    """Normalise, run the SB3 policy deterministically, clip to the action space."""
+    """Normalise, run the SB3 policy deterministically (the most likely grid choice)."""
 
     def __init__(self, policy: Any, mean: np.ndarray, var: np.ndarray, eps: float, clip: float):
         super().__init__()
@@ -50,7 +52,7 @@ class OnnxablePolicy(th.nn.Module):
     def forward(self, observation: th.Tensor) -> th.Tensor:
         x = th.clamp((observation - self.mean) / self.std, -self.clip, self.clip)
         action, _, _ = self.policy(x, deterministic=True)
-        return th.clamp(action, -1.0, 1.0)
+        return action.to(th.float32)
 
 
 def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
@@ -63,8 +65,11 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
         raise PolicyFileError(f"{ckpt}/{STATE} does not exist (checkpoints: best, final)")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        ResidualSpec(**meta["residual"])
-        ok = isinstance(meta["env_kwargs"], dict) and isinstance(meta["control_interval"], str)
+        ok = (
+            meta["action_mode"] in MODES
+            and isinstance(meta["env_kwargs"], dict)
+            and isinstance(meta["control_interval"], str)
+        )
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
         raise PolicyFileError(f"{meta_path}: not a readable run description ({exc})") from None
     if not ok:
@@ -78,8 +83,7 @@ def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]
     import stable_baselines3 as sb3
 
     meta, ckpt = load_run(run_dir, checkpoint)
-    spec = ResidualSpec(**meta["residual"])
-    layout = observation_layout(spec)
+    layout = observation_layout()["fields"]
     try:
         policy = load_policy_module(ckpt)
         n_obs = policy.observation_space.shape[0]
@@ -108,7 +112,6 @@ def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]
     sidecar = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "observation": layout,
         "normalisation": {
             "in_graph": True,
             "mean": np.asarray(mean).tolist(),
@@ -116,13 +119,8 @@ def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]
             "epsilon": eps,
             "clip": clip if np.isfinite(clip) else None,
         },
-        "action": {
-            "output": "residual a in [-1, 1]",
-            "limit": "clip(min(round(min(baseline parts) * 2 ** (a * max_log2_step)), "
-            "cap_by part), 1, max_num_seqs)",
-            "hold": "a is kept for `hold` decisions; the baselines decide at every one",
-        },
-        "residual": spec.to_dict(),
+        "observation": observation_layout(),
+        "action": action_layout(meta["action_mode"]),
         "slo": env.get("slo", str(DEFAULT_SLO)),
         "control_interval": meta["control_interval"],
         "trained_on": {"profile": env.get("profile"), "workload": env.get("workload")},

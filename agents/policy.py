@@ -2,21 +2,24 @@
 
 Serving needs numpy and onnxruntime only (no stable-baselines3, no torch, no pickle).
 The JSON sidecar ``PATH.json`` (written by `batchpilot export`) says how to use the
-network: the observation layout, the residual action's baselines and range, the SLO the
-observation is normalised by, and the sha256 of the ``.onnx`` file, checked on load.
-The observation normalisation (VecNormalize) is part of the ONNX graph.
+network: the observation layout and its scaling constants, the action's grids, the SLO
+the observation is normalised by, the control interval it was trained at, and the
+sha256 of the ``.onnx`` file, checked on load. A sidecar whose observation fields or
+scaling constants (`batchpilot.envs.observation.SCALES`) or action grids differ from this
+version's is refused, and `batchpilot.envs.run.run` refuses to call the controller at
+another control interval than the sidecar's. Any observation normalisation (VecNormalize)
+is part of the ONNX graph.
 
 The sidecar is sealed: ``sidecar_sha256`` is the sha256 of the canonical JSON of every
-other field (`canonical_json`), so any edit to its semantic content (``cap_by``,
-``max_log2_step``, a new field) is refused, and its values are range-checked against
-`SIDECAR_SCHEMA` and the types of `ResidualSpec`'s fields. A checksum is not a signature:
-it catches edits and mix-ups, not an author who re-seals; the range checks and the absence
-of any executable content (no pickle, ONNX run by onnxruntime) are the safety boundary.
+other field (`canonical_json`), so any edit to its semantic content (a grid, a scale, a
+new field) is refused, and its values are range-checked against `SIDECAR_SCHEMA`. A
+checksum is not a signature: it catches edits and mix-ups, not an author who re-seals;
+the range checks and the absence of any executable content (no pickle, ONNX run by
+onnxruntime) are the safety boundary.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -25,22 +28,23 @@ from typing import Any
 
 import numpy as np
 
-from batchpilot.agents.residual import ResidualCore, ResidualSpec
-from batchpilot.agents.schema import Check, dataclass_hints, mapping_problems, number
-from batchpilot.envs.batching_env import OBSERVATION_FIELDS, observe
+from batchpilot.agents.schema import Check, number
+from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
+from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 FORMAT = "batchpilot-policy"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """2: the residual's limit is capped by `ResidualSpec.cap_by`; 3: the sidecar is sealed
-(``sidecar_sha256``) and range-checked."""
+(``sidecar_sha256``) and range-checked; 4: both knobs on log grids (no residual), the
+observation's scaling constants recorded and enforced."""
 SEAL = "sidecar_sha256"
 
 Act = Callable[[np.ndarray], np.ndarray]
-"""Raw observation (n,) float32 -> residual action (1,) in [-1, 1]."""
+"""Raw observation (n,) float32 -> action (2,): grid indices or moves (`ActionGrid`)."""
 
 
 class PolicyFileError(ValueError):
@@ -67,25 +71,6 @@ def seal(meta: dict[str, Any]) -> dict[str, Any]:
     return meta | {SEAL: hashlib.sha256(canonical_json(meta)).hexdigest()}
 
 
-RESIDUAL_RANGES: dict[str, Check] = {
-    "max_log2_step": number(0.0, 8.0, low_open=True),
-    "hold": number(1, 100_000, integer=True),
-}
-"""Ranges of `ResidualSpec` fields. A field without one is still type-checked from its
-annotation (a float must be finite); a field may also declare ``metadata={"check": ...}``."""
-
-
-def _residual_problems(residual: Any) -> list[str]:
-    if not isinstance(residual, dict):
-        return [f"residual is {residual!r}, not an object"]
-    ranges = dict(RESIDUAL_RANGES)
-    for f in dataclasses.fields(ResidualSpec):
-        if "check" in f.metadata:
-            ranges[f.name] = f.metadata["check"]
-    hints = dataclass_hints(ResidualSpec)
-    return mapping_problems(residual, hints, ranges, prefix="residual.", what="residual")
-
-
 SIDECAR_SCHEMA: dict[str, Check] = {
     "timesteps": number(0, 1e15, integer=True),
     "sha256": lambda v: (
@@ -106,56 +91,51 @@ def sidecar_problems(meta: dict[str, Any]) -> list[str]:
         for key, check in SIDECAR_SCHEMA.items()
         if key in meta and (problem := check(meta[key]))
     ]
-    return problems + _residual_problems(meta.get("residual"))
+    return problems
 
 
-def observation_layout(spec: ResidualSpec) -> list[str]:
-    """The policy's input entries: the env's observation, then the residual's features."""
-    return [*OBSERVATION_FIELDS, *spec.feature_names]
+def observation_layout() -> dict[str, Any]:
+    """The policy's input: the observation's fields and scaling constants (`Observer`)."""
+    return {"fields": list(OBSERVATION_FIELDS), "scales": dict(SCALES)}
+
+
+def action_layout(mode: str) -> dict[str, Any]:
+    """The policy's output: the mode and the grids it indexes (`ActionGrid`)."""
+    return {"mode": mode, "seq_grid": list(SEQ_GRID), "budget_grid": list(BUDGET_GRID)}
 
 
 class PolicyController:
-    """Controller protocol around a policy: telemetry -> observation -> action -> limit.
+    """Controller protocol around a policy: telemetry -> `Observer` -> act -> `ActionGrid`.
 
-    Call it at the cadence it was trained at (the sidecar's ``control_interval``): the
-    baselines decide at every call, the policy every ``hold`` calls.
+    `control_interval` is the cadence it was trained at; `batchpilot.envs.run.run`
+    refuses to call it at another.
     """
 
-    def __init__(self, act: Act, spec: ResidualSpec, slo: SLO, name: str = "policy") -> None:
+    def __init__(
+        self,
+        act: Act,
+        mode: str,
+        slo: SLO,
+        control_interval: ControlInterval,
+        name: str = "policy",
+    ) -> None:
         self.act = act
-        self.spec = spec
+        self.grid = ActionGrid(mode)
+        self.observer = Observer(slo)
         self.slo = slo
+        self.control_interval = control_interval
         self.name = name
-        self.core = ResidualCore(spec)
-        self._engine: Engine | None = None
-        self._calls = 0
-        self._action = np.zeros(1, np.float32)
+        self._ready = False
 
     def reset(self, engine: Engine) -> None:
-        self._engine = engine
-        self.core.reset(engine, engine.max_num_seqs)
-        self._calls = 0
-
-    def observation(self, t: Telemetry) -> np.ndarray:
-        """The policy's input for `t` (after the baselines have decided on it)."""
-        e = self._engine
-        env_obs = observe(
-            t,
-            b_max=e.max_num_seqs,
-            max_model_len=e.max_model_len,
-            engine_token_budget=e.max_num_batched_tokens,
-            slo=self.slo,
-        )
-        return np.concatenate([env_obs, self.core.features()])
+        self.grid.reset(engine.max_num_seqs, engine.max_num_batched_tokens)
+        self.observer.reset()
+        self._ready = True
 
     def decide(self, telemetry: Telemetry) -> Limits:
-        if self._engine is None:
+        if not self._ready:
             raise RuntimeError("call reset(engine) before decide()")
-        self.core.decide(telemetry)
-        if self._calls % self.spec.hold == 0:
-            self._action = self.act(self.observation(telemetry))
-        self._calls += 1
-        return Limits(self.core.limit(self._action))
+        return self.grid.apply(self.act(self.observer(telemetry)))
 
 
 def read_sidecar(onnx_path: Path) -> dict[str, Any]:
@@ -193,18 +173,23 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             "belongs to another export"
         )
     try:
-        spec = ResidualSpec(**meta["residual"])
         SLO.parse(meta["slo"])
         ControlInterval.parse(meta["control_interval"])
+        mode = meta["action"]["mode"]
     except (KeyError, TypeError, ValueError) as exc:
         raise PolicyFileError(
-            f"{side}: bad or missing residual/slo/control_interval entry ({exc})"
+            f"{side}: bad or missing slo/control_interval/action entry ({exc})"
         ) from None
-    expected = observation_layout(spec)
+    expected = observation_layout()
     if meta.get("observation") != expected:
         raise PolicyFileError(
             f"{side}: observation layout {meta.get('observation')} differs from this "
-            f"version's {expected}; retrain or re-export with this version"
+            f"version's {expected} (fields or scaling constants); retrain with this version"
+        )
+    if mode not in MODES or meta["action"] != action_layout(mode):
+        raise PolicyFileError(
+            f"{side}: action {meta['action']} differs from this version's "
+            f"{action_layout(mode if mode in MODES else MODES[0])}; retrain with this version"
         )
     return meta
 
@@ -238,6 +223,11 @@ def load_policy(path: str | Path) -> PolicyController:
     """The controller a ``policy:PATH`` spec names, after checking file and sidecar."""
     onnx_path = Path(path)
     meta = read_sidecar(onnx_path)
-    spec = ResidualSpec(**meta["residual"])
-    act = onnx_act(onnx_path, len(meta["observation"]))
-    return PolicyController(act, spec, SLO.parse(meta["slo"]), name=f"policy:{path}")
+    act = onnx_act(onnx_path, len(meta["observation"]["fields"]))
+    return PolicyController(
+        act,
+        meta["action"]["mode"],
+        SLO.parse(meta["slo"]),
+        ControlInterval.parse(meta["control_interval"]),
+        name=f"policy:{path}",
+    )

@@ -1,8 +1,7 @@
-"""`batchpilot/Batching-v0`: choose an LLM engine's batch-size limit every control interval."""
+"""`batchpilot/Batching-v0`: set an LLM engine's two batching limits every control interval."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -10,68 +9,17 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from batchpilot.envs.action_grid import ActionGrid
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.engine import Engine
-from batchpilot.envs.metrics import SLO
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO
+from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
 from batchpilot.envs.profiles import EngineProfile, get_profile
-from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.telemetry import Telemetry
 from batchpilot.envs.workload import Request, Workload
 from batchpilot.envs.workloads import DEFAULT_SOURCE, make_workload
 
-OBSERVATION_FIELDS = (
-    "kv_cache_usage",
-    "running_frac",
-    "waiting_frac",
-    "decoding_frac",
-    "limit_frac",
-    "tbt_over_slo",
-    "ttft_over_slo",
-    "output_tokens_per_step_frac",
-    "preemptions_per_running",
-    "prompt_mean_frac",
-    "output_mean_frac",
-    "length_std_frac",
-    "log_arrival_rate",
-    "kv_fit_frac",
-    "budget_frac",
-)
-"""Names of the observation vector's entries, in order (see `BatchingEnv`)."""
-
-
-def observe(
-    t: Telemetry, *, b_max: int, max_model_len: int, engine_token_budget: int, slo: SLO
-) -> np.ndarray:
-    """The observation vector (`OBSERVATION_FIELDS`) for telemetry `t`; see `BatchingEnv`.
-
-    Pure, so that a deployed policy sees exactly what the environment showed it.
-    """
-    B = b_max
-    L = max_model_len
-    tpot = (slo.tpot_ms or 100.0) / 1e3
-    ttft = (slo.ttft_ms or 2000.0) / 1e3
-    mean_len = max(1.0, t.prompt_mean + t.output_mean)
-    per_step = t.interval_output_tokens / t.interval_iterations if t.interval_iterations else 0
-    obs = np.array(
-        [
-            t.kv_cache_usage,
-            t.num_requests_running / B,
-            t.num_requests_waiting / B,
-            t.num_decoding / B,
-            t.max_num_seqs / B,
-            t.recent_tbt_s / tpot,
-            t.recent_ttft_s / ttft,
-            per_step / B,
-            t.interval_preemptions / max(1, t.num_requests_running),
-            t.prompt_mean / L,
-            t.output_mean / L,
-            math.sqrt(max(0.0, t.prompt_var + t.output_var)) / L,
-            math.log1p(t.arrival_rate) / 5.0,
-            t.kv_capacity_tokens / mean_len / B,
-            t.max_num_batched_tokens / engine_token_budget,
-        ],
-        dtype=np.float64,
-    )
-    return np.clip(np.nan_to_num(obs, nan=0.0), 0.0, 10.0).astype(np.float32)
+__all__ = ["OBSERVATION_FIELDS", "BatchingEnv", "WorkloadSpec"]
 
 
 @dataclass(frozen=True)
@@ -145,64 +93,58 @@ class BatchingEnv(gym.Env):
     """
     ## Description
     An LLM serving engine (vLLM V1, simulated or real) serves a stream of requests with
-    continuous batching. Every control interval the agent sets the engine's batch-size
-    limit (`max_num_seqs`, and optionally the per-step token budget
-    `max_num_batched_tokens`). Too low a limit wastes the accelerator; too high overflows
-    the KV cache (preemption and recompute) or breaks the latency objectives.
+    continuous batching. Every control interval the agent sets both of the engine's
+    batching limits: the running-request limit (`max_num_seqs`) and the per-step token
+    budget (`max_num_batched_tokens`, the prefill chunk size). Too low wastes the
+    accelerator and lets the queue miss its TTFT target; too high overflows the KV cache
+    (preemption and recompute) or slows every step past the TPOT target.
 
     ## Action Space
-    `Box(-1, 1, (1,))`, or `(2,)` with `control_token_budget=True` (second entry: the
-    token budget, mapped linearly onto [`min_token_budget`, engine budget]).
-
-    - `action_mode="absolute"`: the limit is `b_min + (a + 1) / 2 * (b_max - b_min)`.
-    - `action_mode="delta"`: a bounded change, `limit * 2 ** (a * max_log2_step)`.
+    `MultiDiscrete` over log grids (`batchpilot.envs.action_grid`): with
+    ``action_mode="grid"`` (default) ``[len(SEQ_GRID), len(BUDGET_GRID)]``, absolute grid
+    choices; with ``action_mode="step"`` ``[3, 3]``, one grid step down, stay or up for
+    each knob. Grid points above the engine's caps act as the caps; nothing else bounds
+    the choice (no rule's limit caps it).
 
     ## Observation Space
-    `Box(0, 10, (15,), float32)`; B = `b_max`, L = the model's context length:
-
-    | idx | name | meaning |
-    |---|---|---|
-    | 0 | kv_cache_usage | used KV blocks / total (vllm:kv_cache_usage_perc) |
-    | 1 | running_frac | running requests / B |
-    | 2 | waiting_frac | waiting requests / B (clipped at 10) |
-    | 3 | decoding_frac | running requests past prefill / B |
-    | 4 | limit_frac | current limit / B |
-    | 5 | tbt_over_slo | recent time between tokens / TPOT SLO (clipped) |
-    | 6 | ttft_over_slo | recent TTFT / TTFT SLO (clipped) |
-    | 7 | output_tokens_per_step_frac | output tokens per engine step in the interval / B |
-    | 8 | preemptions_per_running | preemptions in the interval / max(1, running) |
-    | 9 | prompt_mean_frac | running mean prompt length / L |
-    | 10 | output_mean_frac | running mean output length / L |
-    | 11 | length_std_frac | sqrt(Var prompt + Var output) / L |
-    | 12 | log_arrival_rate | log1p(arrivals per s) / 5 |
-    | 13 | kv_fit_frac | KV capacity in mean-size requests / B (Algorithm 1's linear bound) |
-    | 14 | budget_frac | token budget / engine budget |
+    `Box(-10, 10, (21,), float32)`: `batchpilot.envs.observation.Observer` (queue and the
+    age of its head against the TTFT target, pending prefill tokens, short and long
+    arrival rates, KV usage and its trend, mean and p90 step time against the TPOT
+    target, the prefill/decode mix, the limits in effect, length estimates), scaled by
+    the fixed constants `SCALES`.
 
     ## Rewards
-    Per interval, with goodput measured in output tokens of requests that finished in
-    the interval meeting every SLO, and `scale` a reference decode throughput (tokens/s):
+    Goodput credit, dense, in thousands of output tokens per control interval:
 
-        r = w_goodput * good_tokens/s / scale + w_throughput * output_tokens/s / scale
-            - w_preemption * preemptions / max(1, running)
-            - w_tbt * max(0, recent_tbt / tpot_slo - 1)
+        r = (good_finished + on_track_now - on_track_before
+             - w_recompute * recomputed_tokens) / 1000
 
-    Defaults: `reward_weights = {"goodput": 1, "throughput": 0.1, "preemption": 0.5,
-    "tbt": 0.5}`.
+    - ``good_finished``: output tokens of requests that finished in the interval meeting
+      every SLO (`interval_good_output_tokens`);
+    - ``on_track``: output tokens generated so far by unfinished requests still on track
+      for the SLO (TTFT met or not yet due, mean TPOT so far within target;
+      `Telemetry.inflight_on_track_tokens`). A request's tokens are credited as they are
+      generated while it is on track; when it falls off track, everything credited for it
+      is debited; when it finishes, its credit becomes final if it met the SLO. Over an
+      episode the credit therefore sums to exactly the goodput's token count;
+    - ``recomputed_tokens``: tokens whose KV cache was dropped by preemption in the
+      interval (`w_recompute` good tokens each, default 0.5): the price of preemption.
+
+    ``info`` holds the telemetry and ``reward_<part>`` for ``credit`` and ``recompute``.
 
     ## Episode End
     Terminated when every request of the episode's workload has finished; truncated by
     the `max_episode_steps` of `gymnasium.make` (default 512).
 
     ## Arguments
-    - `engine`: `"sim"` (default) or `"vllm"` (needs `model`, a model directory; extra
-      `engine_kwargs` go to `make_vllm_engine`).
+    - `engine`: `"sim"` (default) or `"vllm"` (needs `model`, a model directory); extra
+      `engine_kwargs` go to `SimEngine` (e.g. `scheduler="v0"`) or `make_vllm_engine`.
     - `profile`: engine profile name or JSON path, or a list to draw from per episode.
     - `workload`: a source string (`embedded:NAME` or a trace path), a dict of
       `WorkloadSpec` fields, or a list of them to draw from per episode.
-    - `slo`: goodput SLOs, `"ttft:2000,tpot:100"` (ms).
+    - `slo`: goodput SLOs (ms); default `DEFAULT_SLO`, `"ttft:2000,tpot:50"`.
     - `control_interval_s` or `control_interval_iters`: one env step's length.
-    - `action_mode`, `max_log2_step`, `b_min`, `b_max` (default: the engine's cap),
-      `control_token_budget`, `min_token_budget`, `reward_weights`, `reward_scale_tps`.
+    - `action_mode` (``grid`` or ``step``), `w_recompute`.
 
     ## Examples
     ```python
@@ -223,17 +165,11 @@ class BatchingEnv(gym.Env):
         engine: str = "sim",
         profile: str | list[str] = "llama-7b-a100",
         workload: str | dict | list[str | dict] = DEFAULT_SOURCE,
-        slo: str = "ttft:2000,tpot:100",
-        control_interval_s: float | None = 0.25,
+        slo: str = str(DEFAULT_SLO),
+        control_interval_s: float | None = 0.5,
         control_interval_iters: int | None = None,
-        action_mode: str = "absolute",
-        max_log2_step: float = 0.5,
-        b_min: int = 1,
-        b_max: int | None = None,
-        control_token_budget: bool = False,
-        min_token_budget: int = 256,
-        reward_weights: dict[str, float] | None = None,
-        reward_scale_tps: float | None = None,
+        action_mode: str = "grid",
+        w_recompute: float = 0.5,
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -241,10 +177,10 @@ class BatchingEnv(gym.Env):
             raise ValueError(f"engine must be 'sim' or 'vllm', got {engine!r}")
         if engine == "vllm" and not model:
             raise ValueError("engine='vllm' needs model=DIR (a model directory vLLM can load)")
-        if action_mode not in ("absolute", "delta"):
-            raise ValueError(f"action_mode must be 'absolute' or 'delta', got {action_mode!r}")
         if (control_interval_s is None) == (control_interval_iters is None):
             raise ValueError("set exactly one of control_interval_s and control_interval_iters")
+        if w_recompute < 0:
+            raise ValueError(f"w_recompute must be >= 0, got {w_recompute}")
         self.engine_kind = engine
         self.profiles = [profile] if isinstance(profile, str) else list(profile)
         if not self.profiles:
@@ -257,28 +193,17 @@ class BatchingEnv(gym.Env):
         self.slo = SLO.parse(slo)
         self.control_interval_s = control_interval_s
         self.control_interval_iters = control_interval_iters
-        self.action_mode = action_mode
-        self.max_log2_step = max_log2_step
-        self.b_min = b_min
-        self.b_max_arg = b_max
-        self.control_token_budget = control_token_budget
-        self.min_token_budget = min_token_budget
-        weights = {"goodput": 1.0, "throughput": 0.1, "preemption": 0.5, "tbt": 0.5}
-        unknown = set(reward_weights or {}) - set(weights)
-        if unknown:
-            raise ValueError(f"reward_weights: unknown key(s) {sorted(unknown)}")
-        self.reward_weights = weights | dict(reward_weights or {})
-        self.reward_scale_tps = reward_scale_tps
+        self.grid = ActionGrid(action_mode)
+        self.w_recompute = w_recompute
         self.model = model
         self.engine_kwargs = engine_kwargs or {}
-        self.action_space = spaces.Box(-1.0, 1.0, (2 if control_token_budget else 1,), np.float32)
-        self.observation_space = spaces.Box(
-            0.0, 10.0, (len(OBSERVATION_FIELDS),), np.float32
-        )
+        self.observer = Observer(self.slo)
+        self.action_space = spaces.MultiDiscrete(list(self.grid.nvec))
+        clip = SCALES["clip"]
+        self.observation_space = spaces.Box(-clip, clip, (len(OBSERVATION_FIELDS),), np.float32)
         self._engine: Engine | None = None
         self._vllm_engine: Engine | None = None
 
-    # ------------------------------------------------------------------ helpers
     def _make_engine(self, profile: EngineProfile) -> Engine:
         if self.engine_kind == "vllm":
             if self._vllm_engine is None:  # one real engine per env: start-up is costly
@@ -290,51 +215,16 @@ class BatchingEnv(gym.Env):
             return self._vllm_engine
         from batchpilot.envs.sim_engine import SimEngine
 
-        return SimEngine(profile, slo=self.slo)
-
-    def _scale(self, profile: EngineProfile) -> float:
-        if self.reward_scale_tps is not None:
-            return self.reward_scale_tps
-        b = min(256, profile.max_num_seqs)
-        return b / profile.step(0, b, b * 512)
-
-    def _observe(self, t: Telemetry) -> np.ndarray:
-        return observe(
-            t,
-            b_max=self._b_max,
-            max_model_len=self._engine.max_model_len,
-            engine_token_budget=self._engine.max_num_batched_tokens,
-            slo=self.slo,
-        )
+        return SimEngine(profile, slo=self.slo, **self.engine_kwargs)
 
     def _reward(self, t: Telemetry) -> tuple[float, dict[str, float]]:
-        w = self.reward_weights
-        span = max(t.interval_s, 1e-9)
-        tpot = (self.slo.tpot_ms or 100.0) / 1e3
+        credit = t.interval_good_output_tokens + t.inflight_on_track_tokens - self._on_track
+        self._on_track = t.inflight_on_track_tokens
         parts = {
-            "goodput": t.interval_good_output_tokens / span / self._scale_tps,
-            "throughput": t.interval_output_tokens / span / self._scale_tps,
-            "preemption": -t.interval_preemptions / max(1, t.num_requests_running),
-            "tbt": -max(0.0, t.recent_tbt_s / tpot - 1.0),
+            "credit": credit / 1000.0,
+            "recompute": -self.w_recompute * t.interval_recomputed_tokens / 1000.0,
         }
-        return float(sum(w[k] * v for k, v in parts.items())), parts
-
-    def _limits(self, action: np.ndarray) -> Limits:
-        a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"action has non-finite entries: {action!r}")
-        lo, hi = self.b_min, self._b_max
-        if self.action_mode == "absolute":
-            limit = lo + (a[0] + 1.0) / 2.0 * (hi - lo)
-        else:
-            limit = self._limit * 2.0 ** (a[0] * self.max_log2_step)
-        limit = int(min(hi, max(lo, round(limit))))
-        budget = None
-        if self.control_token_budget:
-            top = self._engine.max_num_batched_tokens
-            low = min(self.min_token_budget, top)
-            budget = round(low + (a[1] + 1.0) / 2.0 * (top - low))
-        return Limits(limit, budget)
+        return float(sum(parts.values())), parts
 
     # ------------------------------------------------------------------ gym API
     def reset(
@@ -344,22 +234,19 @@ class BatchingEnv(gym.Env):
         rng = self.np_random
         profile = self._profile_objs[int(rng.integers(len(self._profile_objs)))]
         self._engine = self._make_engine(profile)
-        self._scale_tps = self._scale(profile)
-        self._b_max = min(self.b_max_arg or self._engine.max_num_seqs, self._engine.max_num_seqs)
-        if self.b_min > self._b_max:
-            raise ValueError(f"b_min {self.b_min} > b_max {self._b_max}")
         spec = self.workloads[int(rng.integers(len(self.workloads)))]
         self.workload = spec.draw(rng, self._engine.max_model_len)
-        self._limit = self._b_max
-        self._telemetry = self._engine.reset(self.workload, Limits(self._limit))
+        limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)
+        self._telemetry = self._engine.reset(self.workload, limits)
+        self._on_track = self._telemetry.inflight_on_track_tokens
+        self.observer.reset()
         info = {"workload": self.workload.name, "profile": profile.name}
-        return self._observe(self._telemetry), info
+        return self.observer(self._telemetry), info
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._engine is None:
             raise RuntimeError("call reset() before step()")
-        limits = self._limits(action)
-        self._limit = limits.max_num_seqs
+        limits = self.grid.apply(action)
         self._engine.set_limits(limits)
         until = None
         if self.control_interval_s is not None:
@@ -369,11 +256,13 @@ class BatchingEnv(gym.Env):
         reward, parts = self._reward(t)
         info = asdict(t) | {f"reward_{k}": v for k, v in parts.items()}
         terminated = self._engine.done
-        return self._observe(t), reward, terminated, False, info
+        if terminated:
+            info["episode_metrics"] = self._engine.result().metrics()
+        return self.observer(t), reward, terminated, False, info
 
     @property
     def telemetry(self) -> Telemetry:
-        """The latest telemetry (for wrappers that compute baseline features)."""
+        """The latest telemetry."""
         return self._telemetry
 
     @property

@@ -88,11 +88,18 @@ def run(
     progress: bool = False,
     max_engine_s: float | None = None,
 ) -> RunOutput:
-    """Serve `workload` on `engine`, consulting `controller` every `interval`.
+    """Serve `workload` on `engine`, consulting `controller` every `interval` (a controller
+    with a ``control_interval`` attribute, a learned policy, only at that interval).
 
     Stops when every request has finished, or at `max_engine_s` on the engine clock.
     """
     interval = interval or ControlInterval()
+    trained = getattr(controller, "control_interval", None)
+    if trained is not None and trained != interval:
+        raise ValueError(
+            f"{controller.name} was trained to decide every {trained}; run it with that "
+            f"control interval (--interval {trained}), not {interval}"
+        )
     start = time.perf_counter()
     controller.reset(engine)
     telemetry = engine.reset(workload, Limits(engine.max_num_seqs))

@@ -1,4 +1,4 @@
-"""The learned controller: config parsing, warm start, training, export and loading."""
+"""The learned controller: config parsing, both knobs, imitation, training, export, loading."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from batchpilot.agents.policy import (
     load_policy,
     sidecar_path,
 )
-from batchpilot.agents.residual import ResidualSpec
 from batchpilot.agents.specs import make_controller
+from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.profiles import get_profile
@@ -36,15 +36,14 @@ TINY = {
         "n_envs": 1,
         "n_timesteps": 256,
         "normalize": True,
-        "residual": {"baseline": "alg1+alg2", "max_log2_step": 2.0, "hold": 4},
+        "imitation": {"teacher": "alg1+alg2", "rounds": 2, "episodes": 1, "epochs": 5},
         "env_kwargs": {
             "profile": ["llama-7b-a100"],
             "workload": [
                 {"source": "embedded:azure-conv", "arrival": "replay", "num_requests": 60}
             ],
             "slo": SLO_SPEC,
-            "control_interval_s": None,
-            "control_interval_iters": 1,
+            "control_interval_s": 0.5,
         },
         "eval": {
             "freq": 128,
@@ -77,7 +76,15 @@ def run_metrics(controller, num_requests: int = 150, seed: int = 5) -> dict[str,
         overlong="truncate",
     )
     engine = SimEngine(profile, slo=SLO.parse(SLO_SPEC))
-    return run(w, engine, controller, ControlInterval.parse("1it")).metrics()
+    return run(w, engine, controller, INTERVAL).metrics()
+
+
+INTERVAL = ControlInterval.parse("500ms")
+
+
+def fixed(i: int, j: int) -> PolicyController:
+    """A policy that always picks grid point (i, j)."""
+    return PolicyController(lambda obs: np.array([i, j]), "grid", SLO.parse(SLO_SPEC), INTERVAL)
 
 
 @pytest.mark.parametrize(
@@ -87,9 +94,10 @@ def run_metrics(controller, num_requests: int = 150, seed: int = 5) -> dict[str,
         ("other/Env-v0: {}", "batchpilot trains on"),
         ("batchpilot/Batching-v0: {algo: dqn}", "algo 'dqn'"),
         ("batchpilot/Batching-v0: {n_timesteps: 0}", "n_timesteps: 0 is outside"),
-        ("batchpilot/Batching-v0: {residual: {bogus: 1}}", "residual"),
-        ("batchpilot/Batching-v0: {residual: {hold: 0}}", "residual.hold: 0 is outside"),
-        ("batchpilot/Batching-v0: {env_kwargs: {action_mode: delta}}", "action_mode"),
+        ("batchpilot/Batching-v0: {imitation: {bogus: 1}}", "imitation.bogus"),
+        ("batchpilot/Batching-v0: {imitation: {rounds: 0}}", "imitation.rounds: 0 is outside"),
+        ("batchpilot/Batching-v0: {imitation: {beta: 2}}", "imitation.beta"),
+        ("batchpilot/Batching-v0: {env_kwargs: {w_recompute: lots}}", "env_kwargs.w_recompute"),
         ("batchpilot/Batching-v0: [unclosed", "not valid YAML"),
     ],
 )
@@ -100,24 +108,43 @@ def test_bad_config_is_named(tmp_path: Path, body: str, message: str) -> None:
         load_config(path)
 
 
-def test_untrained_policy_is_exactly_the_baseline() -> None:
-    """Warm start: a zero residual reproduces alg1+alg2 decision for decision."""
-    zero = PolicyController(
-        lambda obs: np.zeros(1, np.float32), ResidualSpec(), SLO.parse(SLO_SPEC)
-    )
-    baseline = run_metrics(make_controller("alg1+alg2"))
-    policy = run_metrics(zero)
+def test_fixed_grid_choice_is_exactly_static_batching() -> None:
+    """Both knobs reach the engine: a policy holding grid point (i, j) is static:N:T."""
+    i, j = SEQ_GRID.index(32), BUDGET_GRID.index(2048)
+    static = run_metrics(make_controller("static:32:2048"))
+    policy = run_metrics(fixed(i, j))
     for key in ("output_throughput", "num_preemptions", "mean_kv_usage", "engine_iterations"):
-        assert policy[key] == pytest.approx(baseline[key], rel=1e-12), key
+        assert policy[key] == pytest.approx(static[key], rel=1e-12), key
 
 
-def test_residual_action_scales_the_limit() -> None:
-    """a = +1 quadruples the baseline's limit (max_log2_step 2), changing the run."""
-    up = PolicyController(lambda obs: np.ones(1, np.float32), ResidualSpec(), SLO.parse(SLO_SPEC))
-    down = PolicyController(
-        lambda obs: -np.ones(1, np.float32), ResidualSpec(), SLO.parse(SLO_SPEC)
-    )
-    assert run_metrics(down)["p50_tpot_ms"] < run_metrics(up)["p50_tpot_ms"]
+def test_both_knobs_change_the_run() -> None:
+    small, big = SEQ_GRID.index(8), SEQ_GRID.index(256)
+    top = len(BUDGET_GRID) - 1
+    assert run_metrics(fixed(small, top))["p50_tpot_ms"] < run_metrics(fixed(big, top))["p50_tpot_ms"]
+    chunky = run_metrics(fixed(big, top))
+    thin = run_metrics(fixed(big, BUDGET_GRID.index(256)))
+    assert thin["engine_iterations"] > chunky["engine_iterations"]
+
+
+def test_dagger_clones_the_teacher() -> None:
+    """After imitation, the policy chooses the teacher's limits on states it never saw."""
+    import functools
+
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    from batchpilot.agents.imitation import ImitationSpec, collect_episode, dagger
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
+    make_env = functools.partial(gym.make, "batchpilot/Batching-v0", **kwargs)
+    model = PPO("MlpPolicy", make_env(), seed=0, device="cpu", policy_kwargs={"net_arch": [32]})
+    spec = ImitationSpec(teacher="static:48:1024", rounds=2, episodes=1, epochs=40)
+    history = dagger(model, make_env, spec, seed=0, gamma=0.98)
+    assert [h["beta"] for h in history] == [1.0, 0.5]
+    fresh = collect_episode(make_env, spec.teacher, 99, model.policy, beta=0.0)
+    predicted = model.policy.predict(fresh.obs, deterministic=True)[0]
+    np.testing.assert_array_equal(predicted, fresh.labels)
+    assert fresh.labels[0].tolist() == [SEQ_GRID.index(48), BUDGET_GRID.index(1024)]
 
 
 @pytest.fixture(scope="module")
@@ -138,21 +165,25 @@ def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> No
             assert (trained_run / name / file).is_file()
     assert list((trained_run / "checkpoints").glob("step_*/policy.safetensors"))
     assert not list(trained_run.rglob("*.pkl")) and not list(trained_run.rglob("*.zip"))
-    (events,) = list((trained_run / "tb").rglob("events.out.tfevents.*"))
+    (events,) = list((trained_run / "tb" / "ppo_1").rglob("events.out.tfevents.*"))
     acc = EventAccumulator(str(events.parent))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     for tag in (
         "domain/goodput_tps",
         "domain/limit_mean",
+        "domain/token_budget_mean",
         "eval/output_goodput",
-        "eval/alg1_goodput",
+        "eval/alg1+alg2_goodput",
         "eval/gain_vs_best_baseline",
         "train/value_loss",
     ):
         assert tag in tags, tag
+    imitation = EventAccumulator(str(trained_run / "tb" / "imitation"))
+    imitation.Reload()
+    assert {"imitation/nll", "imitation/accuracy"} <= set(imitation.Tags()["scalars"])
     record = json.loads((trained_run / "best" / "eval.json").read_text())
-    assert set(record["baselines"]) == {"alg1", "alg2", "alg1+alg2"}
+    assert set(record["baselines"]) == {"alg1+alg2", "alg2:chunk=1"}
 
 
 def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path) -> None:
@@ -182,19 +213,19 @@ def exported(trained_run: Path) -> Path:
 
 
 def test_onnx_matches_the_sb3_policy(trained_run: Path, exported: Path) -> None:
-    """The exported graph (normalisation included) acts as SB3's predict does."""
+    """The exported graph acts as SB3's predict does (the observation has fixed scales:
+    VecNormalize normalises rewards only, the graph's normalisation is the identity)."""
     import onnxruntime as ort
 
     from batchpilot.agents.checkpoint import load_policy_module, normalisation
 
     policy = load_policy_module(trained_run / "final")
     n_obs = policy.observation_space.shape[0]
-    mean, var, eps, clip = normalisation(trained_run / "final", n_obs)
-    assert np.isfinite(clip) and not np.allclose(mean, 0)  # real statistics, not the identity
+    mean, var, _, clip = normalisation(trained_run / "final", n_obs)
+    assert np.allclose(mean, 0) and np.allclose(var, 1) and not np.isfinite(clip)
     rng = np.random.default_rng(0)
     obs = rng.uniform(0, 2, size=(64, n_obs)).astype(np.float32)
-    normalised = np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
-    expected = np.clip(policy.predict(normalised, deterministic=True)[0], -1, 1)
+    expected = policy.predict(obs, deterministic=True)[0]
     session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
     got = session.run(None, {"observation": obs})[0]
     np.testing.assert_allclose(got, expected, atol=1e-5)
@@ -202,10 +233,16 @@ def test_onnx_matches_the_sb3_policy(trained_run: Path, exported: Path) -> None:
 
 def test_sidecar_describes_the_policy(exported: Path) -> None:
     meta = json.loads(sidecar_path(exported).read_text())
-    assert meta["observation"][-2:] == ["alg1_limit_frac", "alg2_limit_frac"]
+    from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES
+
+    assert meta["observation"] == {"fields": list(OBSERVATION_FIELDS), "scales": SCALES}
+    assert meta["action"] == {
+        "mode": "grid",
+        "seq_grid": list(SEQ_GRID),
+        "budget_grid": list(BUDGET_GRID),
+    }
     assert meta["slo"] == SLO_SPEC
-    assert meta["residual"]["hold"] == 4
-    assert meta["control_interval"] == "1it"
+    assert meta["control_interval"] == "500ms"
     assert {"batchpilot", "stable_baselines3", "torch", "onnx"} <= set(meta["versions"])
 
 
@@ -261,9 +298,28 @@ def test_other_version_is_refused(exported: Path, tmp_path: Path) -> None:
 def test_other_observation_layout_is_refused(exported: Path, tmp_path: Path) -> None:
     p = copy_policy(exported, tmp_path)
     meta = json.loads(sidecar_path(p).read_text())
-    edit_sidecar(p, observation=meta["observation"][1:])
+    fields = meta["observation"]["fields"]
+    edit_sidecar(p, observation=meta["observation"] | {"fields": fields[1:]})
     with pytest.raises(PolicyFileError, match="observation layout"):
         load_policy(p)
+    scales = meta["observation"]["scales"] | {"requests": 512.0}
+    edit_sidecar(p, observation=meta["observation"] | {"scales": scales})
+    with pytest.raises(PolicyFileError, match="scaling constants"):
+        load_policy(p)
+    edit_sidecar(p, observation=meta["observation"], action=meta["action"] | {"seq_grid": [1, 2]})
+    with pytest.raises(PolicyFileError, match="action"):
+        load_policy(p)
+
+
+def test_policy_runs_only_at_its_control_interval(exported: Path) -> None:
+    controller = make_controller(f"policy:{exported}")
+    with pytest.raises(ValueError, match="trained to decide every 500ms"):
+        run(
+            make_workload("fixed:64:16", "poisson:4", num_requests=10, seed=0),
+            SimEngine(get_profile("llama-7b-a100"), slo=SLO.parse(SLO_SPEC)),
+            controller,
+            ControlInterval.parse("1it"),
+        )
 
 
 def test_non_onnx_file_with_matching_checksum_is_refused(exported: Path, tmp_path: Path) -> None:
@@ -331,18 +387,3 @@ def test_shipped_configs_build_their_envs(name: str) -> None:
     obs, _ = env.reset(seed=0)
     assert env.observation_space.contains(obs)
     env.close()
-
-
-def test_residual_never_exceeds_algorithm_1() -> None:
-    from batchpilot.agents.residual import ResidualCore
-
-    core = ResidualCore(ResidualSpec())
-    core.b_max, core.parts = 1024, [100, 50]  # alg1 says 100, alg2 says 50
-    assert core.limit(np.zeros(1)) == 50  # zero point: their min
-    assert core.limit(np.ones(1)) == 100  # x4 would be 200: capped by alg1
-    assert core.limit(-np.ones(1)) == 12
-    uncapped = ResidualCore(ResidualSpec(cap_by=None))
-    uncapped.b_max, uncapped.parts = 1024, [100, 50]
-    assert uncapped.limit(np.ones(1)) == 200
-    with pytest.raises(ValueError, match="cap_by 'alg3'"):
-        ResidualSpec(cap_by="alg3")

@@ -1,4 +1,5 @@
-"""The Gymnasium environment: checkers, determinism, actions, rewards, bad arguments."""
+"""The Gymnasium environment: checkers, determinism, both knobs, the goodput credit,
+observation parity with the deployed controller, bad arguments."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import batchpilot.envs
+from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID
 from batchpilot.envs.batching_env import OBSERVATION_FIELDS
 
 SMALL = {"source": "embedded:azure-conv", "num_requests": 60}
@@ -20,7 +22,7 @@ def make(**kwargs) -> gym.Env:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"action_mode": "delta"}, {"control_token_budget": True, "control_interval_iters": 8, "control_interval_s": None}],
+    [{}, {"action_mode": "step"}, {"control_interval_iters": 8, "control_interval_s": None}],
 )
 def test_passes_gymnasium_and_sb3_checkers(kwargs: dict) -> None:
     env = make(**kwargs)
@@ -57,43 +59,54 @@ def test_episode_runs_the_workload_to_the_end() -> None:
     finished = 0
     terminated = False
     while not terminated:
-        _, _, terminated, truncated, info = env.step(np.array([1.0], dtype=np.float32))
+        _, _, terminated, truncated, info = env.step(np.array([9, 5]))
         finished += info["interval_finished"]
         assert not truncated
     assert finished == 60
     assert env.unwrapped.engine.result().metrics()["completed"] == 60
 
 
-def test_actions_map_to_limits() -> None:
-    env = make(b_min=4, b_max=100)
+def test_actions_set_both_knobs_on_log_grids() -> None:
+    env = make()
     env.reset(seed=0)
-    _, _, _, _, info = env.step(np.array([-1.0], dtype=np.float32))
-    assert info["max_num_seqs"] == 4
-    _, _, _, _, info = env.step(np.array([1.0], dtype=np.float32))
-    assert info["max_num_seqs"] == 100
-    delta = make(action_mode="delta", max_log2_step=1.0, b_max=64)
-    delta.reset(seed=0)
-    _, _, _, _, info = delta.step(np.array([-1.0], dtype=np.float32))
-    assert info["max_num_seqs"] == 32  # halved from the starting b_max
-    budget = make(control_token_budget=True, min_token_budget=512)
-    budget.reset(seed=0)
-    _, _, _, _, info = budget.step(np.array([0.0, -1.0], dtype=np.float32))
-    assert info["max_num_batched_tokens"] == 512
+    engine = env.unwrapped.engine
+    _, _, _, _, info = env.step(np.array([3, 2]))
+    assert (info["max_num_seqs"], info["max_num_batched_tokens"]) == (SEQ_GRID[3], BUDGET_GRID[2])
+    _, _, _, _, info = env.step(np.array([len(SEQ_GRID) - 1, len(BUDGET_GRID) - 1]))
+    assert info["max_num_seqs"] == min(SEQ_GRID[-1], engine.max_num_seqs)  # no rule's cap
+    assert info["max_num_batched_tokens"] == min(BUDGET_GRID[-1], engine.max_num_batched_tokens)
+    step = make(action_mode="step")
+    step.reset(seed=0)
+    _, _, _, _, a = step.step(np.array([0, 1]))  # one grid step down, budget kept
+    _, _, _, _, b = step.step(np.array([0, 0]))  # down again, budget one step down
+    assert b["max_num_seqs"] < a["max_num_seqs"]
+    assert b["max_num_batched_tokens"] < a["max_num_batched_tokens"]
+    assert SEQ_GRID.index(a["max_num_seqs"]) - SEQ_GRID.index(b["max_num_seqs"]) == 1
 
 
-def test_reward_counts_goodput_and_penalises_preemption() -> None:
-    env = make(workload={"source": "embedded:sharegpt", "arrival": "all-at-once", "num_requests": 300})
+def test_reward_credit_sums_to_goodput_and_recompute_is_priced() -> None:
+    """The dense credit telescopes: over an episode it is the good tokens exactly."""
+    env = make(
+        workload={"source": "embedded:sharegpt", "arrival": "all-at-once", "num_requests": 300},
+        slo="tpot:100",
+        max_episode_steps=100_000,
+    )
     env.reset(seed=1)
-    _, _, _, _, info = env.step(np.array([1.0], dtype=np.float32))  # cap 1024: thrashes
-    total_preempt = 0
-    for _ in range(40):
-        _, _, terminated, _, info = env.step(np.array([1.0], dtype=np.float32))
-        total_preempt += info["interval_preemptions"]
-        if info["interval_preemptions"]:
-            assert info["reward_preemption"] < 0
-        if terminated:
-            break
-    assert total_preempt > 0
+    credit = recompute = 0.0
+    recomputed = 0
+    terminated = False
+    while not terminated:  # the largest limits: the KV cache overflows
+        _, _, terminated, truncated, info = env.step(np.array([len(SEQ_GRID) - 1, 5]))
+        credit += info["reward_credit"]
+        recompute += info["reward_recompute"]
+        recomputed += info["interval_recomputed_tokens"]
+        assert not truncated
+    m = info["episode_metrics"]
+    good = m["output_goodput"] * m["duration"]
+    assert 0 < good < m["total_output_tokens"]
+    assert credit * 1000 == pytest.approx(good)
+    assert recomputed > 0
+    assert recompute == pytest.approx(-0.5 * recomputed / 1000)
 
 
 def test_workload_and_profile_mixes_are_sampled_per_episode() -> None:
@@ -111,12 +124,46 @@ def test_workload_and_profile_mixes_are_sampled_per_episode() -> None:
         ({"engine": "tpu"}, "engine must be 'sim' or 'vllm'"),
         ({"engine": "vllm"}, "needs model=DIR"),
         ({"action_mode": "jump"}, "action_mode must be"),
+        ({"w_recompute": -1}, "w_recompute must be"),
         ({"control_interval_s": None}, "exactly one of"),
         ({"profile": "gpt-9"}, "unknown profile"),
         ({"workload": {"source": "embedded:gsm8k", "rate": 3}}, r"unknown key\(s\) \['rate'\]"),
-        ({"reward_weights": {"latency": 1}}, "unknown key"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make(**kwargs)
+
+
+def test_observation_is_the_deployed_controllers() -> None:
+    """Train/serve parity in the simulator: the env's observation is what `PolicyController`
+    computes from the same telemetry (one `Observer`), for every decision of a run."""
+    from batchpilot.agents.policy import PolicyController
+    from batchpilot.envs.controller import ControlInterval
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.run import run
+    from batchpilot.envs.sim_engine import SimEngine
+
+    env = make(slo="ttft:2000,tpot:50")
+    obs, _ = env.reset(seed=5)
+    seen_env, actions = [obs], []
+    rng = np.random.default_rng(0)
+    terminated = False
+    while not terminated:
+        actions.append(rng.integers(env.action_space.nvec))
+        obs, _, terminated, _, _ = env.step(actions[-1])
+        seen_env.append(obs)
+    seen_policy = []
+
+    def act(o: np.ndarray) -> np.ndarray:
+        seen_policy.append(o)
+        return actions[len(seen_policy) - 1]
+
+    base = env.unwrapped
+    controller = PolicyController(act, "grid", SLO.parse("ttft:2000,tpot:50"), ControlInterval(None, 0.5))
+    engine = SimEngine(base.engine.profile, slo=base.slo)
+    run(base.workload, engine, controller, ControlInterval(None, 0.5))
+    assert len(seen_policy) == len(actions)
+    np.testing.assert_array_equal(np.array(seen_policy), np.array(seen_env[:-1]))
+    with pytest.raises(ValueError, match="trained to decide every 500ms"):
+        run(base.workload, SimEngine(base.engine.profile, slo=base.slo), controller, ControlInterval(1))

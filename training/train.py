@@ -7,11 +7,16 @@ A config has one top-level key, the env id, mapping to the run's settings; the k
       algo: ppo
       n_envs: 2
       n_timesteps: 50000
-      residual: {baseline: alg1+alg2, max_log2_step: 2.0, hold: 16}
+      imitation: {teacher: "mpc:horizon_s=8", rounds: 3, episodes: 4}
       env_kwargs: {profile: [llama-7b-a100], workload: [...], slo: "ttft:2000,tpot:50"}
       eval: {freq: 10000, profile: llama-7b-a100, workload: {...}, seeds: [1000, 1001]}
       n_steps: 256
-      policy_kwargs: {net_arch: [64, 64], log_std_init: -1.0}
+      policy_kwargs: {net_arch: [64, 64]}
+
+Training has two phases: imitation of the ``imitation.teacher`` controller (behaviour
+cloning with DAgger rounds, `batchpilot.agents.imitation`; tensorboard ``imitation/*``),
+then PPO (tensorboard ``ppo_*``). The evaluation callback keeps the best policy seen,
+the imitation result included, in ``best/``.
 
 A run directory holds ``config.yml``, ``run.json``, ``tb/`` (tensorboard), ``checkpoints/``,
 ``best/`` (best evaluation) and ``final/``.
@@ -29,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from batchpilot.agents.residual import ResidualSpec
+from batchpilot.agents.imitation import ImitationSpec
 from batchpilot.agents.schema import (
     Check,
     dataclass_hints,
@@ -56,7 +61,8 @@ class TrainConfig:
     max_episode_steps: int = 20_000
     normalize: bool = True
     policy: str = "MlpPolicy"
-    residual: ResidualSpec = field(default_factory=ResidualSpec)
+    imitation: ImitationSpec | None = None
+    """The warm start (`ImitationSpec`); None: PPO from scratch."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] | None = None
     checkpoint_freq: int = 10_000
@@ -100,6 +106,15 @@ PPO_RANGES: dict[str, Check] = {
     "verbose": number(0, 2, integer=True),
 }
 EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True)}
+IMITATION_RANGES: dict[str, Check] = {
+    "rounds": number(1, 1000, integer=True),
+    "episodes": number(1, 1e6, integer=True),
+    "beta": number(0.0, 1.0),
+    "epochs": number(1, 1e5, integer=True),
+    "batch_size": number(1, 1e7, integer=True),
+    "learning_rate": number(0.0, 1.0, low_open=True),
+    "value_epochs": number(0, 1e5, integer=True),
+}
 
 
 def _env_hints() -> dict[str, Any]:
@@ -117,7 +132,6 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     from stable_baselines3 import PPO
 
     from batchpilot.agents.callbacks import EvalScenario
-    from batchpilot.agents.policy import RESIDUAL_RANGES
 
     run_hints = dataclass_hints(TrainConfig)
     ppo_hints = {
@@ -126,7 +140,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     problems = []
     for key, value in body.items():
         if key in RUN_KEYS:
-            hint = dict if key == "residual" else run_hints[key]
+            hint = dict if key == "imitation" else run_hints[key]
             problems += mapping_problems({key: value}, {key: hint}, RUN_RANGES)
         elif key in ppo_hints:
             problems += mapping_problems({key: value}, ppo_hints, PPO_RANGES)
@@ -138,9 +152,12 @@ def config_problems(body: dict[str, Any]) -> list[str]:
             problems.append(f"{key}: {unknown_key(key, known, what)}")
     if problems:
         return problems  # the nested checks below assume the right container types
-    residual = body.get("residual", {})
     problems += mapping_problems(
-        residual, dataclass_hints(ResidualSpec), RESIDUAL_RANGES, prefix="residual.", what="it"
+        body.get("imitation") or {},
+        dataclass_hints(ImitationSpec),
+        IMITATION_RANGES,
+        prefix="imitation.",
+        what="it",
     )
     env_kwargs = body.get("env_kwargs", {})
     problems += mapping_problems(
@@ -188,25 +205,20 @@ def load_config(path: Path) -> TrainConfig:
         raise ValueError(f"{path}: " + "; ".join(problems))
     run = {k: body[k] for k in RUN_KEYS if k in body}
     hyper = {k: v for k, v in body.items() if k not in RUN_KEYS}
-    try:
-        run["residual"] = ResidualSpec(**run.get("residual", {}))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: residual: {exc}") from None
-    cfg = TrainConfig(env_id=env_id, hyperparams=hyper, **run)
-    if cfg.env_kwargs.get("action_mode", "absolute") != "absolute":
-        raise ValueError(f"{path}: env_kwargs.action_mode must be absolute (the residual's)")
-    return cfg
+    if run.get("imitation") is not None:
+        try:
+            run["imitation"] = ImitationSpec(**run["imitation"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: imitation: {exc}") from None
+    return TrainConfig(env_id=env_id, hyperparams=hyper, **run)
 
 
 def make_env(cfg: TrainConfig) -> Any:
-    """One training env: the registered env, the residual wrapper, SB3's Monitor."""
+    """One training env: the registered env in SB3's Monitor."""
     import gymnasium as gym
     from stable_baselines3.common.monitor import Monitor
 
-    from batchpilot.agents.residual import ResidualWrapper
-
-    env = gym.make(cfg.env_id, max_episode_steps=cfg.max_episode_steps, **cfg.env_kwargs)
-    return Monitor(ResidualWrapper(env, cfg.residual))
+    return Monitor(gym.make(cfg.env_id, max_episode_steps=cfg.max_episode_steps, **cfg.env_kwargs))
 
 
 def make_vec_env(cfg: TrainConfig) -> Any:
@@ -222,14 +234,9 @@ def make_vec_env(cfg: TrainConfig) -> Any:
 def _new_model(cfg: TrainConfig, venv: Any, tb: Path) -> Any:
     from stable_baselines3 import PPO
 
-    model = PPO(
+    return PPO(
         cfg.policy, venv, seed=cfg.seed, tensorboard_log=str(tb), device="cpu", **cfg.hyperparams
     )
-    # warm start: a zero action head makes the untrained policy's mean the baselines' limit
-    head = model.policy.action_net
-    head.weight.data.zero_()
-    head.bias.data.zero_()
-    return model
 
 
 def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progress: bool) -> Path:
@@ -269,9 +276,9 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
             model = _new_model(cfg, venv, out / "tb")
             load_checkpoint(model, previous)
         else:
-            if cfg.normalize:
+            if cfg.normalize:  # rewards only: the observation has fixed scales (`Observer`)
                 venv = VecNormalize(
-                    venv, norm_obs=True, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99)
+                    venv, norm_obs=False, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99)
                 )
             model = _new_model(cfg, venv, out / "tb")
     except BaseException:
@@ -283,7 +290,8 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
     meta = {
         "env_id": cfg.env_id,
         "algo": cfg.algo,
-        "residual": cfg.residual.to_dict(),
+        "action_mode": cfg.env_kwargs.get("action_mode", "grid"),
+        "imitation": cfg.imitation.to_dict() if cfg.imitation else None,
         "env_kwargs": cfg.env_kwargs,
         "control_interval": cfg.control_interval,
         "versions": {"batchpilot": version("batchpilot")},
@@ -299,11 +307,16 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
         ev = dict(cfg.eval)
         freq = int(ev.pop("freq", 10_000))
         scenario = EvalScenario(slo=str(slo), interval=cfg.control_interval, **ev)
-        callbacks.append(
-            BaselineEvalCallback(
-                scenario, cfg.residual, slo, max(1, freq // cfg.n_envs), out / "best"
-            )
+        evaluator = BaselineEvalCallback(
+            scenario,
+            cfg.env_kwargs.get("action_mode", "grid"),
+            slo,
+            max(1, freq // cfg.n_envs),
+            out / "best",
         )
+        callbacks.append(evaluator)
+    if previous is None and cfg.imitation is not None:
+        _imitate(cfg, model, out / "tb")
     remaining = cfg.n_timesteps - (model.num_timesteps if previous is not None else 0)
     try:
         model.learn(
@@ -317,6 +330,34 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
         venv.close()
     save_checkpoint(model, out / "final")
     return out / "best" if (out / "best" / "checkpoint.json").exists() else out / "final"
+
+
+def _imitate(cfg: TrainConfig, model: Any, tb: Path) -> None:
+    """The imitation phase (`batchpilot.agents.imitation.dagger`), logged as ``imitation/*``
+    in ``tb/imitation``."""
+    from stable_baselines3.common.logger import configure
+
+    from batchpilot.agents.imitation import dagger
+
+    assert cfg.imitation is not None
+    logger = configure(str(tb / "imitation"), ["tensorboard"])
+
+    def log(values: dict[str, float], round_: int) -> None:
+        for k, v in values.items():
+            logger.record(f"imitation/{k}", v)
+        logger.dump(round_)
+        print(f"imitation round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
+
+    dagger(
+        model,
+        functools.partial(make_env, cfg),
+        cfg.imitation,
+        seed=cfg.seed,
+        gamma=cfg.hyperparams.get("gamma", 0.99),
+        workers=cfg.n_envs,
+        log=log,
+    )
+    logger.close()
 
 
 def _holds_run(out: Path) -> bool:

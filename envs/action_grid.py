@@ -1,0 +1,86 @@
+"""The learned controller's action: both knobs on log grids.
+
+`max_num_seqs` is chosen from `SEQ_GRID` and the per-step token budget from
+`BUDGET_GRID` (each clamped to the engine's caps). Two modes:
+
+- ``grid``: absolute choices, action = (seq index, budget index);
+- ``step``: bounded changes, action = (seq move, budget move), each 0, 1, 2 for one grid
+  step down, stay, one grid step up.
+
+Nothing caps the choice below the engine's own limits: memory overflow and latency
+misses are priced by the environment's reward instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchpilot.envs.telemetry import Limits
+
+SEQ_GRID: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
+BUDGET_GRID: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+MODES = ("grid", "step")
+
+
+def nearest(grid: tuple[int, ...], value: float) -> int:
+    """Index of the grid point nearest to `value` on a log scale."""
+    x = math.log(max(1.0, value))
+    return min(range(len(grid)), key=lambda i: abs(math.log(grid[i]) - x))
+
+
+@dataclass
+class ActionGrid:
+    """Maps actions to `Limits` for an engine with caps (`max_seqs`, `max_budget`)."""
+
+    mode: str = "grid"
+    max_seqs: int = 1 << 30
+    max_budget: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"action_mode must be one of {MODES}, got {self.mode!r}")
+        self.index = self.top = (len(SEQ_GRID) - 1, len(BUDGET_GRID) - 1)
+
+    @property
+    def nvec(self) -> tuple[int, int]:
+        """The `MultiDiscrete` sizes of the action."""
+        return (len(SEQ_GRID), len(BUDGET_GRID)) if self.mode == "grid" else (3, 3)
+
+    def reset(self, max_seqs: int, max_budget: int) -> Limits:
+        """Start at the engine's caps (the grid points nearest them); returns those limits."""
+        self.max_seqs, self.max_budget = max_seqs, max_budget
+        self.index = self.top = (nearest(SEQ_GRID, max_seqs), nearest(BUDGET_GRID, max_budget))
+        return self.limits_at(self.index)
+
+    def limits_at(self, index: tuple[int, int]) -> Limits:
+        seqs = min(SEQ_GRID[index[0]], self.max_seqs)
+        budget = min(BUDGET_GRID[index[1]], self.max_budget)
+        return Limits(int(seqs), int(budget))
+
+    def apply(self, action: np.ndarray) -> Limits:
+        """The limits for `action`; in ``step`` mode relative to the previous ones."""
+        a = np.asarray(action).reshape(-1)
+        if a.shape != (2,) or not np.all(np.isfinite(a)):
+            raise ValueError(f"action must be 2 finite entries, got {action!r}")
+        i, j = int(a[0]), int(a[1])
+        if self.mode == "step":
+            i = self.index[0] + int(np.clip(i, 0, 2)) - 1
+            j = self.index[1] + int(np.clip(j, 0, 2)) - 1
+        i = int(np.clip(i, 0, self.top[0]))  # grid points past the engine's caps
+        j = int(np.clip(j, 0, self.top[1]))  # act as the caps
+        self.index = (i, j)
+        return self.limits_at(self.index)
+
+    def action_for(self, limits: Limits) -> np.ndarray:
+        """The action that moves towards `limits` (a teacher's label): the nearest grid
+        points in ``grid`` mode, one step in their direction in ``step`` mode."""
+        target = (
+            nearest(SEQ_GRID, limits.max_num_seqs),
+            nearest(BUDGET_GRID, limits.max_num_batched_tokens or self.max_budget),
+        )
+        if self.mode == "grid":
+            return np.array(target, np.int64)
+        return np.array([int(np.sign(t - c)) + 1 for t, c in zip(target, self.index, strict=True)])

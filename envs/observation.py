@@ -1,0 +1,128 @@
+"""What a learned controller sees: telemetry scaled by fixed constants into one vector.
+
+`Observer` is the one place the observation is built, for the Gymnasium environment and
+for a deployed policy alike. Its scaling constants (`SCALES`) are fixed numbers, not
+properties of an engine, so a policy file records them (the sidecar's ``observation``)
+and a controller refuses a file made with other ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from batchpilot.envs.metrics import SLO
+from batchpilot.envs.telemetry import Telemetry
+
+SCALES: dict[str, float] = {
+    "requests": 256.0,
+    "tokens": 8192.0,
+    "context_tokens": 4096.0,
+    "log_rate": 5.0,
+    "log2_limit": 10.0,
+    "log2_budget": 14.0,
+    "log2_kv_tokens": 24.0,
+    "default_ttft_s": 2.0,
+    "default_tpot_s": 0.1,
+    "clip": 10.0,
+}
+"""Scaling constants (requests, tokens, log scales; TTFT/TPOT targets when the SLO sets
+none; the clip bound)."""
+
+OBSERVATION_FIELDS: tuple[str, ...] = (
+    "kv_cache_usage",
+    "kv_usage_trend",
+    "running",
+    "waiting",
+    "decoding",
+    "oldest_waiting_over_ttft",
+    "waiting_prefill_tokens",
+    "log_arrival_rate_short",
+    "log_arrival_rate_long",
+    "tbt_mean_over_tpot",
+    "tbt_p90_over_tpot",
+    "ttft_over_target",
+    "prefill_share",
+    "tokens_per_step",
+    "preemptions_per_running",
+    "log2_max_num_seqs",
+    "log2_token_budget",
+    "kv_fit",
+    "prompt_mean",
+    "output_mean",
+    "log2_kv_capacity",
+)
+"""Names of the observation's entries, in order (meanings: `Observer`)."""
+
+
+class Observer:
+    """Telemetry -> observation vector (`OBSERVATION_FIELDS`), clipped to +-``clip``.
+
+    Stateful only for the KV trend (the change of KV usage since the previous call), so
+    call `reset` at the start of a run and once per decision. With R, T, C the
+    ``requests``, ``tokens`` and ``context_tokens`` scales:
+
+    | entry | value |
+    |---|---|
+    | kv_cache_usage | used KV blocks / total |
+    | kv_usage_trend | kv_cache_usage - its previous value |
+    | running, waiting, decoding | request counts / R |
+    | oldest_waiting_over_ttft | age of the head of the waiting queue / TTFT target |
+    | waiting_prefill_tokens | tokens the waiting requests must prefill / T |
+    | log_arrival_rate_short, _long | log1p(arrivals/s over 5 s, 30 s) / log_rate |
+    | tbt_mean_over_tpot, tbt_p90_over_tpot | interval mean and recent p90 step time / TPOT target |
+    | ttft_over_target | mean TTFT of the interval's first tokens / TTFT target |
+    | prefill_share | prompt tokens / (prompt + output tokens) in the interval |
+    | tokens_per_step | (prompt + output tokens) per engine step in the interval / T |
+    | preemptions_per_running | preemptions in the interval / max(1, running) |
+    | log2_max_num_seqs, log2_token_budget | log2(limits in effect) / log2_limit, log2_budget |
+    | kv_fit | KV capacity in requests of mean length (prompt + output) / R |
+    | prompt_mean, output_mean | running mean lengths / C |
+    | log2_kv_capacity | log2(KV capacity in tokens) / log2_kv_tokens |
+    """
+
+    def __init__(self, slo: SLO) -> None:
+        s = SCALES
+        self.ttft_s = (slo.ttft_ms / 1e3) if slo.ttft_ms else s["default_ttft_s"]
+        self.tpot_s = (slo.tpot_ms / 1e3) if slo.tpot_ms else s["default_tpot_s"]
+        self._kv_prev: float | None = None
+
+    def reset(self) -> None:
+        self._kv_prev = None
+
+    def __call__(self, t: Telemetry) -> np.ndarray:
+        s = SCALES
+        R, T, C = s["requests"], s["tokens"], s["context_tokens"]
+        kv_prev = t.kv_cache_usage if self._kv_prev is None else self._kv_prev
+        self._kv_prev = t.kv_cache_usage
+        tokens = t.interval_prompt_tokens + t.interval_output_tokens
+        mean_len = max(1.0, t.prompt_mean + t.output_mean)
+        obs = np.array(
+            [
+                t.kv_cache_usage,
+                t.kv_cache_usage - kv_prev,
+                t.num_requests_running / R,
+                t.num_requests_waiting / R,
+                t.num_decoding / R,
+                t.oldest_waiting_age_s / self.ttft_s,
+                t.waiting_prefill_tokens / T,
+                math.log1p(t.arrival_rate_short) / s["log_rate"],
+                math.log1p(t.arrival_rate) / s["log_rate"],
+                t.recent_tbt_s / self.tpot_s,
+                t.recent_tbt_p90_s / self.tpot_s,
+                t.recent_ttft_s / self.ttft_s,
+                t.interval_prompt_tokens / tokens if tokens else 0.0,
+                tokens / max(1, t.interval_iterations) / T,
+                t.interval_preemptions / max(1, t.num_requests_running),
+                math.log2(max(1, t.max_num_seqs)) / s["log2_limit"],
+                math.log2(max(1, t.max_num_batched_tokens)) / s["log2_budget"],
+                t.kv_capacity_tokens / mean_len / R,
+                t.prompt_mean / C,
+                t.output_mean / C,
+                math.log2(max(1, t.kv_capacity_tokens)) / s["log2_kv_tokens"],
+            ],
+            dtype=np.float64,
+        )
+        clip = s["clip"]
+        return np.clip(np.nan_to_num(obs, nan=0.0), -clip, clip).astype(np.float32)
