@@ -7,24 +7,26 @@ It is the upper reference the rules and the learned controller are measured agai
 the teacher for imitation; it reads the simulator's future, so it cannot run on a real
 engine or serve.
 
-The score of a horizon [t0, t0 + H], in output tokens (the units of goodput):
+The score of a horizon [t0, t0 + H], in output tokens (the units of goodput), counts
+requests that were not already off track at t0 (`batchpilot.envs.telemetry.on_track`:
+TTFT met or its deadline ahead, TPOT so far within target):
 
 - **+ output** of each request that finishes in the horizon meeting the SLOs;
-- **+ generated so far** of each unfinished request still on track at t0 + H
-  (`batchpilot.envs.telemetry.on_track`: TTFT met, TPOT so far within target) that the
-  KV cache can carry to completion: with the true lengths, the running requests in
-  admission order up to the last whose blocks still fit at their peak (`peak_blocks`, as
-  the `oracle` controller uses); vLLM would preempt the later ones;
-- **- output** of each request whose TTFT deadline falls after t0 and is missed: first
-  token after it, none by a deadline inside the horizon, or none by t0 + H while the
-  queue ahead of it, drained at the prompt tokens per second this candidate prefilled at,
-  would reach it too late;
+- **+ generated so far** of each started, unfinished request still on track at t0 + H
+  that the KV cache can carry to completion: with the true lengths, the running requests
+  in admission order up to the last whose blocks still fit at their peak (`peak_blocks`,
+  as the `oracle` controller uses); vLLM would preempt the later ones;
+- **- output** of each request lost in the horizon: finished missing an SLO, started and
+  now off track, not started by a TTFT deadline inside the horizon, or not started by
+  t0 + H while the queue ahead of it, drained at the (net of recompute) prompt tokens
+  per second this candidate prefilled at, would reach it after its deadline;
 - **- arrival rate x mean output x (drain time - TTFT target)** (at most H): while the
   queue left at t0 + H takes longer than the TTFT target to drain, new arrivals are lost
   too. Without this terminal term a short horizon prefers starving a queue whose requests
   are already lost, which leaves every later arrival behind them.
 
-Requests whose deadline had passed before t0 score nothing either way. The candidate
+Losing a request costs its whole output whether it misses TTFT or TPOT, so admitting
+everyone to dodge TTFT misses at the price of every TPOT does not pay. The candidate
 search is coordinate-wise on log grids: from the current pair, every max_num_seqs on the
 grid (plus the running count, and the `oracle` controller's most requests that never need
 a preemption) with the current budget, then every budget with the best max_num_seqs (``rounds``
@@ -147,9 +149,11 @@ class MPCController:
         state.add(self._packing.decide(telemetry).max_num_seqs)
         seq_grid = sorted(set(self._seq_grid) | state)
 
+        lost = self._lost(now)
+
         def score(pair: tuple[int, int]) -> float:
             if pair not in scores:
-                scores[pair] = self.rollout(now, pair)
+                scores[pair] = self.rollout(now, pair, lost)
             return scores[pair]
 
         incumbent = self._current
@@ -171,8 +175,13 @@ class MPCController:
                 break
         return best
 
-    def rollout(self, now: float, pair: tuple[int, int]) -> float:
-        """The horizon score (output tokens) of holding `pair` from `now` for `horizon_s`."""
+    def rollout(self, now: float, pair: tuple[int, int], lost: set[str] | None = None) -> float:
+        """The horizon score (output tokens) of holding `pair` from `now` for `horizon_s`.
+
+        `lost`: ids of admitted requests already off track at `now` (computed if None).
+        """
+        if lost is None:
+            lost = self._lost(now)
         engine = self._engine.fork(history=False)  # type: ignore[union-attr]
         self.rollouts += 1
         engine.set_limits(Limits(*pair))
@@ -182,7 +191,7 @@ class MPCController:
         limit = float("inf") if slo.ttft_ms is None else slo.ttft_ms / 1e3
         score = telemetry.interval_good_output_tokens
         for r in engine.result().records:
-            if now < r.arrival_s + limit < r.first_token_s:
+            if r.request_id not in lost and not slo.met(r.ttft_s, r.tpot_s, r.e2el_s):
                 score -= r.output_tokens
         entries = engine.unfinished_requests()
         running = telemetry.num_requests_running
@@ -195,17 +204,19 @@ class MPCController:
         progress = telemetry.interval_prompt_tokens - telemetry.interval_recomputed_tokens
         pace = max(progress, 0) / span if span > 0 else 0.0
         queued = 0
-        for i, (arrival, first, last, generated, output, prompt) in enumerate(entries):
+        for i, (rid, arrival, first, last, generated, output, prompt) in enumerate(entries):
             deadline = arrival + limit
             if i >= running:
                 queued += prompt + generated
+            if rid in lost:
+                continue
             if first >= 0:
-                if now < deadline < first:
+                if on_track(slo, end, arrival, first, last, generated):
+                    score += generated if i < kept else 0
+                else:
                     score -= output
-                elif i < kept and on_track(slo, end, arrival, first, last, generated):
-                    score += generated
-            elif now < deadline and (
-                deadline <= end or (i >= running and end + self._drain_s(queued, pace) > deadline)
+            elif deadline <= end or (
+                i >= running and end + self._drain_s(queued, pace) > deadline
             ):
                 score -= output
         backlog = min(self._drain_s(queued, pace) - limit, self.horizon_s)
@@ -213,12 +224,21 @@ class MPCController:
             score -= backlog * telemetry.arrival_rate * telemetry.output_mean
         return float(score)
 
+    def _lost(self, now: float) -> set[str]:
+        """Ids of the admitted unfinished requests already off track at `now`."""
+        slo = self._engine.slo  # type: ignore[union-attr]
+        return {
+            rid
+            for rid, arrival, first, last, generated, _, _ in self._engine.unfinished_requests()  # type: ignore[union-attr]
+            if not on_track(slo, now, arrival, first, last, generated)
+        }
+
     def _kv_fit(self, engine: Engine, running: list[tuple]) -> int:
         """How many of the running requests, in admission order, the KV cache can carry to
         completion (true lengths): vLLM preempts the later ones, so they are not on track."""
         if not running:
             return 0
-        table = np.array([(e[5] + e[3], e[4] - e[3]) for e in running], dtype=np.int64)
+        table = np.array([(e[6] + e[4], e[5] - e[4]) for e in running], dtype=np.int64)
         capacity = engine.num_total_blocks - NULL_BLOCKS
         bs = engine.block_size
 

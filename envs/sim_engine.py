@@ -191,12 +191,13 @@ class SimEngine:
         return [(r.prompt + r.generated, r.output - r.generated) for r in self._waiting]
 
     # ------------------------------------------------------------------ forking
-    def unfinished_requests(self) -> list[tuple[float, float, float, int, int, int]]:
-        """(arrival s, first token s or -1, last token s or -1, tokens generated, output
-        tokens, prompt tokens) of each admitted unfinished request, running (in admission
-        order) then waiting (in queue order). Clairvoyant (true output lengths): for `mpc`."""
+    def unfinished_requests(self) -> list[tuple[str, float, float, float, int, int, int]]:
+        """(request id, arrival s, first token s or -1, last token s or -1, tokens
+        generated, output tokens, prompt tokens) of each admitted unfinished request,
+        running (in admission order) then waiting (in queue order). Clairvoyant (true
+        output lengths): for `mpc`."""
         return [
-            (r.arrival, r.first_token, r.last_token, r.generated, r.output, r.prompt)
+            (r.rid, r.arrival, r.first_token, r.last_token, r.generated, r.output, r.prompt)
             for r in (*self._running, *self._waiting)
         ]
 
