@@ -109,6 +109,16 @@ def test_fork_without_history_reports_only_what_follows() -> None:
     assert light.result().records == engine.result().records[before:]
 
 
+def test_fork_copies_state_it_does_not_know_about() -> None:
+    """State added to the engine later is copied (deep), never shared with the fork."""
+    engine = tight_engine()
+    engine.reset(bursty(50), Limits(256))
+    engine._added_later = {"counts": [1]}  # type: ignore[attr-defined]
+    twin = engine.fork()
+    twin._added_later["counts"].append(2)  # type: ignore[attr-defined]
+    assert engine._added_later == {"counts": [1]}  # type: ignore[attr-defined]
+
+
 def test_fork_needs_a_reset_engine() -> None:
     with pytest.raises(RuntimeError, match="reset"):
         tight_engine().fork()
@@ -146,6 +156,13 @@ def test_mpc_refuses_an_engine_it_cannot_fork() -> None:
     assert simulator_only(mpc)
     with pytest.raises(TypeError, match=r"VLLMEngine lacks fork.*--engine sim"):
         mpc.reset(VLLMEngine.__new__(VLLMEngine))
+
+
+def test_mpc_refuses_to_serve() -> None:
+    from batchpilot.serving.config import serving_controller
+
+    with pytest.raises(ValueError, match="cannot serve"):
+        serving_controller("mpc:horizon_s=2")
 
 
 @pytest.mark.parametrize(
