@@ -1,91 +1,130 @@
-"""The paper reproduction's summary, on reduced Table I and II settings."""
+"""The paper report's verdicts: computed from the numbers, paired over seeds, and a reduced
+Table I run under both schedulers."""
 
 from __future__ import annotations
 
-import re
+import math
 
 import pytest
 
 from batchpilot.training.commands.paper import (
-    PAPER_TABLE1,
+    MIN_GAIN,
     TABLE1_CONTROLLERS,
-    TABLE2_CONTROLLERS,
+    TABLE2,
+    classify,
+    scenarios,
     summary,
+    table1_row,
+    table2_row,
+    verdicts,
 )
-from batchpilot.training.evaluate import CapacityTarget, Scenario, evaluate
+from batchpilot.training.evaluate import Scenario, evaluate
+
+
+@pytest.mark.parametrize(
+    ("args", "verdict"),
+    [
+        ((0.05,), "appears"),
+        ((MIN_GAIN / 2,), "absent"),
+        ((-0.05,), "reversed"),
+        ((0.05, -0.01, 0.11), "absent"),  # a big mean whose interval holds zero is noise
+        ((0.004, 0.001, 0.007), "appears"),  # a small gain every seed agrees on is not
+        ((-0.03, -0.05, -0.01), "reversed"),
+        ((None,), "absent"),
+    ],
+)
+def test_classify_uses_the_interval_when_there_is_one(args, verdict: str) -> None:
+    assert classify(*args) == verdict
+
+
+def capacity_scenario(static: list[float], dynamic: list[float], scheduler: str) -> dict:
+    """A Table II scenario result with the given per-seed capacities."""
+
+    def cap(values: list[float]) -> dict:
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        return {"capacity": {"per_seed": values, "mean": mean, "std": std,
+                             "output_throughput_at_capacity": 100 * mean, "bracketed": True},
+                "spec": "static:64", "mean": {}}  # fmt: skip
+
+    results = {c: cap(static) for c in ("static:256", "alg1", "alg2", "alg1+alg2:chunk=1",
+                                        "oracle", "best-static")}  # fmt: skip
+    results["alg1+alg2"] = cap(dynamic)
+    return {
+        "name": f"Table II [{scheduler.upper()}] 257/62: fixed:257:62 on p, 50 ms TBT",
+        "scenario": {"scheduler": scheduler},
+        "results": results,
+    }
+
+
+def test_table2_gain_is_paired_over_seeds() -> None:
+    # seed-to-seed spread is large, but alg1+alg2 beats static by 0.5 on every seed
+    row = table2_row(capacity_scenario([4.0, 6.0, 8.0], [4.5, 6.4, 8.6], "v0"))
+    diffs = [0.5, 0.4, 0.6]
+    sd = math.sqrt(sum((d - 0.5) ** 2 for d in diffs) / 2)
+    half = 4.303 * sd / math.sqrt(3)  # Student t, 2 degrees of freedom
+    assert row["gain"] == pytest.approx(0.5 / 6.0)
+    assert row["gain_low"] == pytest.approx((0.5 - half) / 6.0)
+    assert row["gain_high"] == pytest.approx((0.5 + half) / 6.0)
+    assert row["verdict"] == "appears" and row["scheduler"] == "v0"
+    assert row["paper_gain"] == pytest.approx(6.6 / 5.4 - 1)
+    # the same means, but the seeds disagree: no effect
+    noisy = table2_row(capacity_scenario([4.0, 6.0, 8.0], [5.5, 5.4, 8.6], "v1"))
+    assert noisy["gain"] == pytest.approx(0.5 / 6.0) and noisy["verdict"] == "absent"
 
 
 @pytest.fixture(scope="module")
-def results() -> tuple[dict, dict]:
+def table1() -> dict:
+    """Table I's 7B setting, reduced to 400 requests, under V0 and V1."""
     t1 = [
         Scenario(
-            "Table I: 65B gsm8k",
-            "embedded:gsm8k",
-            "all-at-once",
-            120,
-            profile="llama-65b-8xa100",
-            score="output_throughput",
-        ),
-        Scenario(
-            "Table I: 65B 68/345",
-            "fixed:68:345",
-            "all-at-once",
-            120,
-            profile="llama-65b-8xa100",
-            score="output_throughput",
-        ),
-        Scenario(
-            "Table I: 7B 128/128",
+            f"Table I [{s.upper()}] 7b-128: fixed:128:128 on llama-2-7b-a100",
             "fixed:128:128",
             "all-at-once",
-            120,
-            profile="llama-7b-a100",
+            400,
+            profile="llama-2-7b-a100",
+            scheduler=s,
             score="output_throughput",
-        ),
+        )
+        for s in ("v0", "v1")
     ]
-    t2 = [
-        Scenario(
-            "Table II: 70B, 257/62 tokens",
-            "fixed:257:62",
-            "poisson:5",
-            80,
-            profile="llama3-70b-8xa100",
-            slo="tpot:50",
-        ),
-    ]
-    r1 = evaluate(t1, TABLE1_CONTROLLERS.split(","), [0], workers=1, progress=False)
-    target = CapacityTarget.parse("p90_itl_ms:50,p90_ttft_ms:2000", num_requests=60, max_probes=5)
-    r2 = evaluate(
-        t2, TABLE2_CONTROLLERS.split(","), [0], capacity=target, workers=1, progress=False
-    )
-    return r1, r2
+    return evaluate(t1, TABLE1_CONTROLLERS.split(","), [0], workers=1, progress=False)
 
 
-def test_table1_rows_carry_the_run_and_the_paper(results) -> None:
-    r1, r2 = results
-    lines = summary(r1, r2)
-    rows = [ln for ln in lines if ln.startswith("| ") and "→" in ln and "setting" not in ln]
-    assert len(rows) == 3 + 1
-    for sc, row, key in zip(r1["scenarios"], rows, PAPER_TABLE1, strict=False):
+def test_table1_rows_are_the_runs_numbers(table1: dict) -> None:
+    rows = [table1_row(sc) for sc in table1["scenarios"]]
+    assert [r["scheduler"] for r in rows] == ["v0", "v1"]
+    for sc, row in zip(table1["scenarios"], rows, strict=True):
         res = sc["results"]
         s = res["static:256"]["mean"]["output_throughput"]
         a = res["alg1"]["mean"]["output_throughput"]
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[3] == f"{s:,.0f}" and cells[4] == f"{a:,.0f}"
-        assert cells[5] == f"{(a / s - 1) * 100:+.1f}%"
-        _, paper_static, paper_dynamic = PAPER_TABLE1[key]
-        assert cells[1] == f"{paper_static:,} → {paper_dynamic:,}"
+        assert (row["static"], row["alg1"]) == (s, a)
+        assert row["gain"] == pytest.approx(a / s - 1)
+        assert row["verdict"] == classify(a / s - 1)
+    # the scheduler reached the engine: V0 stalls decodes for prefills, V1 does not
+    assert rows[0]["static"] != rows[1]["static"]
 
 
-def test_table2_row_states_capacity_from_the_run(results) -> None:
-    r1, r2 = results
-    row = next(line for line in summary(r1, r2) if line.startswith("| 70B, 257/62"))
-    res = r2["scenarios"][0]["results"]
-    s, d = res["static:256"]["capacity"]["mean"], res["alg1+alg2"]["capacity"]["mean"]
-    assert f"{s:.2f} → {d:.2f}" in row
-    assert "5.4 → 6.6" in row
+def test_summary_states_the_computed_verdicts(table1: dict) -> None:
+    r2 = {"seeds": [0, 1, 2], "scenarios": [capacity_scenario([4, 6, 8], [4.5, 6.4, 8.6], "v1")]}
+    r2["scenarios"][0]["capacity_target"] = {"bounds": [["p90_itl_ms", 50.0]]}
+    lines = summary(table1, r2)
+    v = verdicts(table1, r2)
+    text = "\n".join(lines)
+    for row in v["table1"]:
+        sign = f"{row['gain']:+.1%}"
+        assert any(sign in ln and row["verdict"] in ln and row["scheduler"].upper() in ln
+                   for ln in lines)  # fmt: skip
+    v1 = next(ln for ln in lines if ln.startswith("- **V1**"))
+    assert "Table II" in v1 and "appears in 1 of 1" in v1
+    assert "not an upper bound" in text
+    assert TABLE2["257/62"][0] in text
 
 
-def test_chunk_search_sentence_is_computed(results) -> None:
-    text = "\n".join(summary(*results))
-    assert re.search(r"changed capacity by [+-]\d+\.\d% to [+-]\d+\.\d%", text)
+def test_every_setting_runs_under_each_scheduler() -> None:
+    t1, t2 = scenarios(["v0", "v1"])
+    assert {s.scheduler for s in t1} == {s.scheduler for s in t2} == {"v0", "v1"}
+    assert len({s.name for s in t1 + t2}) == len(t1) + len(t2)
+    from batchpilot.envs.profiles import PROFILES
+
+    assert all(PROFILES[s.profile].step.kind == "table" for s in t1 + t2)  # measured profiles

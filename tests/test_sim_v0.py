@@ -133,3 +133,11 @@ def test_engines_and_the_simulate_command_take_the_scheduler(tmp_path) -> None:
         medians[scheduler] = json.loads(out.read_text())["metrics"]["median_ttft_ms"]
     # V0 prefills new arrivals at once (decodes stall); V1 shares steps with decodes
     assert medians["v0"] < medians["v1"]
+
+
+def test_the_gymnasium_env_passes_the_scheduler_to_the_simulator() -> None:
+    from batchpilot.envs.batching_env import BatchingEnv
+
+    env = BatchingEnv(engine_kwargs={"scheduler": "v0"})
+    env.reset(seed=0)
+    assert env._engine.scheduler == "v0"

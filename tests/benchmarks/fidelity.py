@@ -112,14 +112,18 @@ def main() -> None:
         "--repeats", type=int, default=5, help="real runs per case. Default: %(default)s"
     )
     parser.add_argument("--cases", help="comma-separated case numbers (default: all)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--json", type=Path, help="also write the results, with every real run, here"
+    )
+    parser.add_argument(
+        "--real",
+        type=Path,
+        help="score the profiles against the real runs saved by an earlier --json instead "
+        "of running the engine again",
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
-    from batchpilot.envs.vllm_engine import make_vllm_engine
-    from batchpilot.envs.vllm_models import tiny_llama
-
-    model = args.model or str(tiny_llama(Path(tempfile.mkdtemp()) / "tiny"))
     profiles: list[EngineProfile] = [
         replace(get_profile(p), num_gpu_blocks=args.blocks) for p in args.profile
     ]
@@ -130,13 +134,22 @@ def main() -> None:
         for p in profiles
     ):
         parser.error("profiles must share caps and block size (one real engine serves all)")
-    real_engine = make_vllm_engine(
-        model, slo=SLO_SPEC, max_num_seqs=first.max_num_seqs, max_model_len=first.max_model_len,
-        max_num_batched_tokens=first.max_num_batched_tokens, num_gpu_blocks=args.blocks,
-    )  # fmt: skip
-    chosen = (
-        [int(c) for c in args.cases.split(",")] if args.cases else list(range(len(CASES)))
-    )
+    saved = {}
+    if args.real:
+        saved = {
+            (c["case"], c["controller"]): c for c in json.loads(args.real.read_text())["cases"]
+        }
+    else:
+        from batchpilot.envs.vllm_engine import make_vllm_engine
+        from batchpilot.envs.vllm_models import tiny_llama
+
+        model = args.model or str(tiny_llama(Path(tempfile.mkdtemp()) / "tiny"))
+        real_engine = make_vllm_engine(
+            model, slo=SLO_SPEC, max_num_seqs=first.max_num_seqs,
+            max_model_len=first.max_model_len,
+            max_num_batched_tokens=first.max_num_batched_tokens, num_gpu_blocks=args.blocks,
+        )  # fmt: skip
+    chosen = [int(c) for c in args.cases.split(",")] if args.cases else list(range(len(CASES)))
     results = []
     for index in chosen:
         source, arrival, n, spec = CASES[index]
@@ -144,20 +157,26 @@ def main() -> None:
             source, arrival, num_requests=n, seed=0, max_model_len=first.max_model_len,
             overlong="truncate",
         )  # fmt: skip
-        real = [metrics(w, real_engine, spec) for _ in range(args.repeats)]
-        case = {"case": f"{source}@{arrival}", "controller": spec, "profiles": {}}
+        name = f"{source}@{arrival}"
+        trace = None
+        if args.real:
+            real, trace = saved[name, spec]["real_runs"], saved[name, spec].get("real_trace")
+        else:
+            real = [metrics(w, real_engine, spec) for _ in range(args.repeats)]
+        case = {"case": name, "controller": spec, "profiles": {}, "real_runs": real}
         for p in profiles:
             sim = metrics(w, SimEngine(p, slo=SLO_SPEC), spec)
             case["profiles"][p.name] = compare(real, sim)
         if arrival == "all-at-once":  # static controllers only
             limit = int(spec.removeprefix("static:"))
-            a = step_trace(real_engine, w, limit)
+            a = [tuple(x) for x in trace] if trace else step_trace(real_engine, w, limit)
+            case["real_trace"] = a
             for p in profiles:
                 b = step_trace(SimEngine(p, slo=SLO_SPEC, fast_forward=False), w, limit)
                 same = sum(x == y for x, y in zip(a, b, strict=False)) / max(len(a), len(b))
                 case["profiles"][p.name]["identical_scheduling"] = same
         results.append(case)
-        print_case(case, args.repeats)
+        print_case(case, len(real))
     print_summary(results)
     if args.json:
         args.json.write_text(json.dumps({"repeats": args.repeats, "cases": results}, indent=2))
