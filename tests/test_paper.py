@@ -9,6 +9,8 @@ import pytest
 
 from batchpilot.training.commands.paper import (
     MIN_GAIN,
+    STATIC_SEQS,
+    STATIC_TOKENS,
     TABLE1_CONTROLLERS,
     TABLE2,
     classify,
@@ -18,7 +20,7 @@ from batchpilot.training.commands.paper import (
     table2_row,
     verdicts,
 )
-from batchpilot.training.evaluate import Scenario, evaluate
+from batchpilot.training.evaluate import Scenario, StaticGrid, evaluate
 
 
 @pytest.mark.parametrize(
@@ -47,8 +49,7 @@ def capacity_scenario(static: list[float], dynamic: list[float], scheduler: str)
                              "output_throughput_at_capacity": 100 * mean, "bracketed": True},
                 "spec": "static:64", "mean": {}}  # fmt: skip
 
-    results = {c: cap(static) for c in ("static:256", "alg1", "alg2", "alg1+alg2:chunk=1",
-                                        "oracle", "best-static")}  # fmt: skip
+    results = {c: cap(static) for c in ("static:256", "alg1", "alg2", "oracle", "best-static")}
     results["alg1+alg2"] = cap(dynamic)
     return {
         "name": f"Table II [{scheduler.upper()}] 257/62: fixed:257:62 on p, 50 ms TBT",
@@ -88,7 +89,10 @@ def table1() -> dict:
         )
         for s in ("v0", "v1")
     ]
-    return evaluate(t1, TABLE1_CONTROLLERS.split(","), [0], workers=1, progress=False)
+    grid = StaticGrid(seqs=STATIC_SEQS, tokens=STATIC_TOKENS, first_seqs=STATIC_SEQS[0])
+    return evaluate(
+        t1, TABLE1_CONTROLLERS.split(","), [0], workers=1, progress=False, static_grid=grid
+    )
 
 
 def test_table1_rows_are_the_runs_numbers(table1: dict) -> None:

@@ -26,10 +26,13 @@ from typing import Any
 from batchpilot.training.commands.common import COUNT
 
 TABLE1_CONTROLLERS = "static:256,alg1,alg1+alg2,oracle,best-static"
-TABLE2_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,alg1+alg2:chunk=1,oracle,best-static"
+TABLE2_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle,best-static"
 SCHEDULERS = ("v0", "v1")
 MIN_GAIN = 0.02
 """Table I: a deterministic gain counts as an effect from this size (either sign)."""
+STATIC_SEQS = (16, 32, 64, 128, 256, 512, 1024)
+STATIC_TOKENS = (2048, 8192)
+"""best-static's grid here (coarser than `compare`'s: 12 settings x 2 schedulers to run)."""
 
 # key: (paper setting, paper static, paper dynamic, sim profile, source, requests)
 TABLE1 = {
@@ -76,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--capacity-requests",
         type=COUNT,
-        default=500,
+        default=300,
         help="requests per capacity probe. Default: %(default)s",
     )
     parser.add_argument("--workers", type=COUNT, help="worker processes (default: CPU count)")
@@ -122,7 +125,7 @@ def scenarios(
 
 def main(args: argparse.Namespace) -> int:
     from batchpilot.training.commands.common import write_json
-    from batchpilot.training.evaluate import CapacityTarget, evaluate
+    from batchpilot.training.evaluate import CapacityTarget, StaticGrid, evaluate
     from batchpilot.training.report import write_report
 
     schedulers = [s.strip() for s in args.schedulers.split(",") if s.strip()]
@@ -131,7 +134,8 @@ def main(args: argparse.Namespace) -> int:
     if args.seeds < 2:
         raise ValueError("--seeds must be >= 2 (Table II's intervals are paired over seeds)")
     t1, t2 = scenarios(schedulers, args.gsm8k)
-    common = {"workers": args.workers, "progress": not args.no_progress}
+    grid = StaticGrid(seqs=STATIC_SEQS, tokens=STATIC_TOKENS, first_seqs=STATIC_SEQS[0])
+    common = {"workers": args.workers, "progress": not args.no_progress, "static_grid": grid}
     r1 = evaluate(t1, TABLE1_CONTROLLERS.split(","), [0], **common)
     target = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
     r2 = evaluate(
@@ -263,7 +267,6 @@ def table2_row(sc: dict) -> dict[str, Any]:
         "throughput_gain": _gain(
             d["output_throughput_at_capacity"], s["output_throughput_at_capacity"]
         ),
-        "chunk_capacity": cap("alg1+alg2:chunk=1")["mean"],
         "alg1_capacity": cap("alg1")["mean"],
         "alg2_capacity": cap("alg2")["mean"],
         "best_static_capacity": cap("best-static")["mean"],
@@ -359,8 +362,8 @@ def summary(r1: dict[str, Any], r2: dict[str, Any]) -> list[str]:
         "",
         "| paper setting | sched. | paper capacity static → dynamic | sim static:256 "
         "| sim alg1+alg2 | gain (95% CI) | verdict | tok/s at capacity gain | alg1 | alg2 "
-        "| alg1+alg2:chunk=1 | best-static (N) | oracle |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| best-static (N) | oracle |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in v["table2"]:
         ci = (
@@ -373,8 +376,7 @@ def summary(r1: dict[str, Any], r2: dict[str, Any]) -> list[str]:
             f"({_pct(r['paper_gain'])}) | {r['static'][0]:.2f} ± {r['static'][1]:.2f} "
             f"| {r['dynamic'][0]:.2f} ± {r['dynamic'][1]:.2f} | {_pct(r['gain'])}{ci} "
             f"| {r['verdict']} | {_pct(r['throughput_gain'])} | {r['alg1_capacity']:.2f} "
-            f"| {r['alg2_capacity']:.2f} | {r['chunk_capacity']:.2f} "
-            f"| {r['best_static_capacity']:.2f} ({r['best_static']}) "
+            f"| {r['alg2_capacity']:.2f} | {r['best_static_capacity']:.2f} ({r['best_static']}) "
             f"| {r['oracle_capacity']:.2f} |"
         )
     if not all(r["bracketed"] for r in v["table2"]):
