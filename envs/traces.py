@@ -78,6 +78,8 @@ _COMPRESSED = {
     b"\xfd7zXZ": "xz-compressed (unxz it first)",
     b"\x28\xb5\x2f\xfd": "zstd-compressed (unzstd it first)",
 }
+MAX_SPAN_S = 1e8
+"""Longest first-to-last arrival span accepted (about 3 years): more is a bad timestamp."""
 MAX_FIELD = csv.field_size_limit()
 """Longest CSV field read (the csv module's limit, 131,072 characters)."""
 
@@ -172,6 +174,7 @@ def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
     prompts: list[int] = []
     outputs: list[int] = []
     times: list[float] = []
+    lines: list[int] = []
     skipped = 0
     for line, row in rows:
         where = f"{path}:{line}"
@@ -188,6 +191,7 @@ def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
                         f"{where}: {fmt.time} is {row[fmt.time]!r}, not a time"
                     ) from None
                 times.append(t)
+                lines.append(line)
         except TraceError:
             if not skip_bad_rows:
                 raise
@@ -195,13 +199,15 @@ def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
             continue
         prompts.append(p)
         outputs.append(o)
-    return _finish(path, fmt.name, prompts, outputs, times if fmt.time else None, skipped)
+    timed = (times, lines) if fmt.time else None
+    return _finish(path, fmt.name, prompts, outputs, timed, skipped)
 
 
 def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
     prompts: list[int] = []
     outputs: list[int] = []
     times: list[float] = []
+    lines: list[int] = []
     skipped = 0
     with path.open("rb") as handle:
         for line, text in enumerate(_text_lines(path, handle), start=1):
@@ -213,6 +219,8 @@ def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
                     row = json.loads(text)
                 except json.JSONDecodeError as exc:
                     raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+                except RecursionError:
+                    raise TraceError(f"{where}: JSON nested too deeply") from None
                 if not isinstance(row, dict):
                     raise TraceError(f"{where}: expected a JSON object")
                 missing = {"timestamp", "input_length", "output_length"} - row.keys()
@@ -235,7 +243,8 @@ def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
             prompts.append(p)
             outputs.append(o)
             times.append(t / 1000.0)
-    return _finish(path, "mooncake", prompts, outputs, times, skipped)
+            lines.append(line)
+    return _finish(path, "mooncake", prompts, outputs, (times, lines), skipped)
 
 
 def _finish(
@@ -243,16 +252,25 @@ def _finish(
     fmt: str,
     prompts: list[int],
     outputs: list[int],
-    times: list[float] | None,
+    timed: tuple[list[float], list[int]] | None,
     skipped: int,
 ) -> Trace:
+    """The trace, time-ordered; `timed` is (times, their lines) for a trace with times."""
     if not prompts:
         raise TraceError(f"{path}: no requests in the file")
     arrival = None
-    if times is not None:
-        t = np.asarray(times, dtype=np.float64)
+    if timed is not None:
+        t = np.asarray(timed[0], dtype=np.float64)
         order = np.argsort(t, kind="stable")
         arrival = t[order] - t[order[0]]
+        if arrival[-1] > MAX_SPAN_S:
+            # the outlier is the end farther from its neighbour
+            first = len(t) > 1 and arrival[1] - arrival[0] > arrival[-1] - arrival[-2]
+            line = timed[1][order[0] if first else order[-1]]
+            raise TraceError(
+                f"{path}:{line}: this timestamp puts the trace's span at {arrival[-1]:.3g} s, "
+                f"over {MAX_SPAN_S:.0e} s (3 years): a bad timestamp?"
+            )
         prompts = list(np.asarray(prompts)[order])
         outputs = list(np.asarray(outputs)[order])
     return Trace(

@@ -192,8 +192,11 @@ MOONCAKE_ROW = '{"timestamp": 0, "input_length": 5, "output_length": 3}\n'
         ("num_prefill_tokens,num_decode_tokens\n5,6\n7,8\n9,caf\u00e9\n".encode("latin-1"), ":4: not UTF-8 text"),
         (("num_prefill_tokens,num_decode_tokens\n5,6\n7," + "9" * 140_000 + "\n").encode(), ":3: a field is longer than 131,072 characters"),
         (b"\xff\xfe" + "num_prefill_tokens\n".encode("utf-16-le"), ":1: not UTF-8 text"),
+        ((AZURE + "2023-11-16 18:15:46.68,10,5\n1970-01-01 00:00:01,10,5\n2023-11-16 18:15:47.68,10,5\n").encode(), ":3: this timestamp puts the trace's span at"),
+        ((MOONCAKE_ROW + '{"timestamp": 1e300, "input_length": 5, "output_length": 3}\n').encode(), ":2: this timestamp"),
+        ((MOONCAKE_ROW + "[" * 100_000 + "\n").encode(), ":2: JSON nested too deeply"),
     ],
-    ids=["azure-empty-time", "azure-NaT", "mooncake-null-time", "mooncake-abc-time", "mooncake-negative-time", "mooncake-bool-length", "mooncake-string-length", "gzip", "binary", "latin-1", "huge-field", "utf-16"],
+    ids=["azure-empty-time", "azure-NaT", "mooncake-null-time", "mooncake-abc-time", "mooncake-negative-time", "mooncake-bool-length", "mooncake-string-length", "gzip", "binary", "latin-1", "huge-field", "utf-16", "azure-1970", "mooncake-1e300", "deep-json"],
 )
 def test_unreadable_traces_name_file_and_line(tmp_path: Path, data: bytes, message: str) -> None:
     path = tmp_path / "t.csv"
@@ -225,5 +228,5 @@ def test_a_utf8_bom_is_accepted_in_every_format(tmp_path: Path, text: str, fmt: 
 
 
 def test_missing_trace_suggests_the_embedded_workloads(tmp_path: Path) -> None:
-    with pytest.raises(TraceError, match="no such trace file.*embedded:azure-conv"):
+    with pytest.raises(TraceError, match=r"no such trace file.*embedded:azure-conv"):
         make_workload(str(tmp_path / "nope.csv"))
