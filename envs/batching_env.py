@@ -28,6 +28,8 @@ class WorkloadSpec:
 
     `rate_scale` (lo, hi) multiplies the arrival rate (Poisson, Gamma, replay) by a
     factor drawn uniformly per episode; `length_scale` does the same for output lengths.
+    `profiles`, if given, restricts the spec to episodes on those engine profiles (rates
+    that suit one GPU overload another).
     """
 
     source: str = DEFAULT_SOURCE
@@ -35,6 +37,7 @@ class WorkloadSpec:
     num_requests: int = 400
     rate_scale: tuple[float, float] = (1.0, 1.0)
     length_scale: tuple[float, float] = (1.0, 1.0)
+    profiles: tuple[str, ...] = ()
 
     @classmethod
     def coerce(cls, value: str | dict | WorkloadSpec) -> WorkloadSpec:
@@ -53,6 +56,9 @@ class WorkloadSpec:
                     if not 0 < lo <= hi:
                         raise ValueError(f"workload spec: {key} must be 0 < lo <= hi, got {lo, hi}")
                     data[key] = (float(lo), float(hi))
+            if "profiles" in data:
+                names = data["profiles"]
+                data["profiles"] = (names,) if isinstance(names, str) else tuple(names)
             return cls(**data)
         raise TypeError(f"workload spec must be a str, dict or WorkloadSpec, got {type(value)}")
 
@@ -141,7 +147,8 @@ class BatchingEnv(gym.Env):
       `engine_kwargs` go to `SimEngine` (e.g. `scheduler="v0"`) or `make_vllm_engine`.
     - `profile`: engine profile name or JSON path, or a list to draw from per episode.
     - `workload`: a source string (`embedded:NAME` or a trace path), a dict of
-      `WorkloadSpec` fields, or a list of them to draw from per episode.
+      `WorkloadSpec` fields, or a list of them to draw from per episode (among those whose
+      ``profiles`` include the episode's profile).
     - `slo`: goodput SLOs (ms); default `DEFAULT_SLO`, `"ttft:2000,tpot:50"`.
     - `control_interval_s` or `control_interval_iters`: one env step's length.
     - `action_mode` (``grid`` or ``step``), `w_recompute`.
@@ -190,6 +197,9 @@ class BatchingEnv(gym.Env):
         if not specs:
             raise ValueError("workload list is empty")
         self.workloads = [WorkloadSpec.coerce(s) for s in specs]
+        for p in self._profile_objs:
+            if not self._workloads_for(p.name):
+                raise ValueError(f"no workload spec applies to profile {p.name!r} (profiles:)")
         self.slo = SLO.parse(slo)
         self.control_interval_s = control_interval_s
         self.control_interval_iters = control_interval_iters
@@ -203,6 +213,9 @@ class BatchingEnv(gym.Env):
         self.observation_space = spaces.Box(-clip, clip, (len(OBSERVATION_FIELDS),), np.float32)
         self._engine: Engine | None = None
         self._vllm_engine: Engine | None = None
+
+    def _workloads_for(self, profile: str) -> list[WorkloadSpec]:
+        return [w for w in self.workloads if not w.profiles or profile in w.profiles]
 
     def _make_engine(self, profile: EngineProfile) -> Engine:
         if self.engine_kind == "vllm":
@@ -234,7 +247,8 @@ class BatchingEnv(gym.Env):
         rng = self.np_random
         profile = self._profile_objs[int(rng.integers(len(self._profile_objs)))]
         self._engine = self._make_engine(profile)
-        spec = self.workloads[int(rng.integers(len(self.workloads)))]
+        specs = self._workloads_for(profile.name)
+        spec = specs[int(rng.integers(len(specs)))]
         self.workload = spec.draw(rng, self._engine.max_model_len)
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)
         self._telemetry = self._engine.reset(self.workload, limits)

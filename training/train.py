@@ -19,7 +19,8 @@ then PPO (tensorboard ``ppo_*``). The evaluation callback keeps the best policy 
 the imitation result included, in ``best/``.
 
 A run directory holds ``config.yml``, ``run.json``, ``tb/`` (tensorboard), ``checkpoints/``,
-``best/`` (best evaluation) and ``final/``.
+``best/`` (best evaluation) and ``final/``; with a ``report`` setting, also
+``policy.onnx`` (the best checkpoint, exported) and ``report/<suite>/`` (`write_report`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class TrainConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] | None = None
     checkpoint_freq: int = 10_000
+    report: dict[str, Any] | None = None
+    """The evaluation report `train` ends with: ``suites`` (scenario suites: names under
+    training/scenarios or YAML paths relative to the config), ``seeds``, ``controllers``
+    (the references; the trained policy is added); None: no report."""
     hyperparams: dict[str, Any] = field(default_factory=dict)
     """Every other key: keyword arguments of the algorithm (PPO)."""
 
@@ -106,6 +111,8 @@ PPO_RANGES: dict[str, Check] = {
     "verbose": number(0, 2, integer=True),
 }
 EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True)}
+REPORT_KEYS = {"suites": list[str], "seeds": int, "controllers": str}
+REPORT_RANGES: dict[str, Check] = {"seeds": number(1, 1000, integer=True)}
 IMITATION_RANGES: dict[str, Check] = {
     "rounds": number(1, 1000, integer=True),
     "episodes": number(1, 1e6, integer=True),
@@ -167,6 +174,9 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     eval_hints = {k: v for k, v in eval_hints.items() if k not in ("slo", "interval")}
     problems += mapping_problems(
         body.get("eval") or {}, eval_hints, EVAL_RANGES, prefix="eval.", what="eval"
+    )
+    problems += mapping_problems(
+        body.get("report") or {}, REPORT_KEYS, REPORT_RANGES, prefix="report.", what="report"
     )
     policy_kwargs = body.get("policy_kwargs") or {}
     policy_hints = signature_hints(PPO.policy_aliases["MlpPolicy"].__init__)
@@ -330,6 +340,43 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
         venv.close()
     save_checkpoint(model, out / "final")
     return out / "best" if (out / "best" / "checkpoint.json").exists() else out / "final"
+
+
+DEFAULT_REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
+
+
+def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bool) -> list[Path]:
+    """Export the run's best policy to ``out/policy.onnx`` and compare it with the references
+    on each suite of ``cfg.report`` (``out/report/<suite>/report.md``); returns the reports."""
+    import argparse
+
+    from batchpilot.agents.export import export
+    from batchpilot.training.commands import compare
+    from batchpilot.training.suite import suite_names
+
+    assert cfg.report is not None
+    policy = out / "policy.onnx"
+    export(out, policy, "best" if (out / "best").is_dir() else "final")
+    refs = cfg.report.get("controllers", DEFAULT_REFERENCES)
+    reports = []
+    for suite in cfg.report.get("suites", []):
+        path = suite if suite in suite_names() else str((config_path.parent / suite).resolve())
+        dest = out / "report" / Path(suite).stem
+        argv = [
+            "--suite", path,
+            "--controllers", f"{refs},policy:{policy}",
+            "--interval", cfg.control_interval,
+            "--seeds", str(cfg.report.get("seeds", 3)),
+            "--no-capacity",
+            "--out", str(dest),
+            *([] if progress else ["--no-progress"]),
+        ]  # fmt: skip
+        parser = argparse.ArgumentParser(prog="batchpilot compare")
+        compare.add_arguments(parser)
+        if compare.main(parser.parse_args(argv)) != 0:
+            raise RuntimeError(f"the evaluation report on {suite} failed")
+        reports.append(dest / "report.md")
+    return reports
 
 
 def _imitate(cfg: TrainConfig, model: Any, tb: Path) -> None:

@@ -74,12 +74,12 @@ def main() -> None:
     policy = make_controller(f"policy:{args.policy}")
     policy.reset(engine)
     policy.decide(recorder.seen[-1])
-    obs = policy.observation(recorder.seen[-1]).astype(np.float32)
+    obs = policy.observer(recorder.seen[-1])
     start = time.perf_counter()
     n = 20_000
     for _ in range(n):
         policy.act(obs)
-    print(f"{'  network alone':<22}{(time.perf_counter() - start) / n * 1e6:>16.2f}  (runs every `hold`-th call)")
+    print(f"{'  network alone':<22}{(time.perf_counter() - start) / n * 1e6:>16.2f}  (of the policy's call)")
 
 
 if __name__ == "__main__":

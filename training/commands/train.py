@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import time
 
-    from batchpilot.training.train import load_config, train
+    from batchpilot.training.train import load_config, train, write_report
 
     if not args.config.is_file():
         raise ValueError(f"config {args.config} does not exist")
@@ -35,5 +35,9 @@ def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     best = train(cfg, args.config, args.out, resume=args.resume, progress=not args.no_progress)
     print(f"trained {cfg.n_timesteps} steps in {time.perf_counter() - start:.0f} s; policy: {best}")
-    print(f"export it: batchpilot export {args.out} --out {args.out / 'policy.onnx'}")
+    if cfg.report:
+        for report in write_report(cfg, args.config, args.out, progress=not args.no_progress):
+            print(f"evaluation report: {report}")
+    else:
+        print(f"export it: batchpilot export {args.out} --out {args.out / 'policy.onnx'}")
     return 0
