@@ -34,6 +34,19 @@ VECNORMALIZE = "vecnormalize.json"
 _OPT = "optimizer."
 
 
+MAX_LAYER = 65_536
+"""Widest layer (``net_arch`` entry) a config or checkpoint may ask for."""
+
+
+def ints(value: Any) -> list[int]:
+    """Every integer in a JSON value (bools excluded)."""
+    if isinstance(value, dict):
+        return [i for v in value.values() for i in ints(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in ints(v)]
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory that is missing, corrupt or made for another model."""
 
@@ -54,8 +67,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} does not exist")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc!r:.200})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return data
@@ -284,6 +297,9 @@ def load_policy_module(directory: Path) -> Any:
             bounds[key] = np.asarray(state[key], dtype=np.float32)
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: {key} is missing or not numbers") from None
+    too_big = [v for v in ints(state["policy_kwargs"].get("net_arch")) if not 1 <= v <= MAX_LAYER]
+    if too_big or bounds["observation_low"].size > MAX_LAYER:
+        raise CheckpointError(f"{path}: policy sizes over {MAX_LAYER:,} ({too_big[:3]})")
     try:
         obs = spaces.Box(bounds["observation_low"], bounds["observation_high"], dtype=np.float32)
         if "action_nvec" in bounds:

@@ -146,8 +146,8 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             raise PolicyFileError(f"policy file {p} does not exist (write it: batchpilot export)")
     try:
         meta = json.loads(side.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PolicyFileError(f"{side}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise PolicyFileError(f"{side}: not valid JSON ({exc!r:.200})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise PolicyFileError(f"{side}: not a batchpilot policy sidecar (format != {FORMAT!r})")
     if meta.get("format_version") != FORMAT_VERSION:

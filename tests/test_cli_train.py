@@ -87,3 +87,17 @@ def test_config_not_utf8_is_named(tmp_path: Path) -> None:
 def test_shipped_configs_pass(name: str) -> None:
     cfg = load_config(Path(str(files("batchpilot.training") / "configs" / name)))
     assert cfg.n_timesteps >= 1 and json.dumps(cfg.env_kwargs)
+
+
+def test_a_key_given_twice_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "twice.yml"
+    path.write_text("batchpilot/Batching-v0:\n  n_envs: 1\n  seed: 1\n  n_envs: 8\n")
+    with pytest.raises(ValueError, match=r"duplicate key 'n_envs'"):
+        load_config(path)
+
+
+def test_huge_layers_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "wide.yml"
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"policy_kwargs": {"net_arch": [10**9]}}}))
+    with pytest.raises(ValueError, match=r"policy_kwargs.net_arch: layer sizes \[1000000000\]"):
+        load_config(path)

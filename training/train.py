@@ -139,6 +139,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     from stable_baselines3 import PPO
 
     from batchpilot.agents.callbacks import EvalScenario
+    from batchpilot.agents.checkpoint import MAX_LAYER, ints
 
     run_hints = dataclass_hints(TrainConfig)
     ppo_hints = {
@@ -185,6 +186,9 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     problems += mapping_problems(
         policy_kwargs, policy_hints, prefix="policy_kwargs.", what="a policy keyword"
     )
+    wide = [v for v in ints(policy_kwargs.get("net_arch")) if not 1 <= v <= MAX_LAYER]
+    if wide:
+        problems.append(f"policy_kwargs.net_arch: layer sizes {wide[:3]} outside [1, {MAX_LAYER}]")
     if body.get("policy", "MlpPolicy") != "MlpPolicy":
         problems.append(f"policy: {body['policy']!r}; batchpilot's observations need MlpPolicy")
     if body.get("algo", "ppo") not in ALGOS:
@@ -195,10 +199,33 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     return problems
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:  # unhashable: construct_mapping names it
+            break
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def load_config(path: Path) -> TrainConfig:
     """Parse and check a whole config file up front; errors name the file and every bad key."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
     except UnicodeDecodeError as exc:

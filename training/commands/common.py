@@ -62,6 +62,10 @@ COUNT = whole(1)
 """At least one (requests, seeds, workers, repeats, sizes)."""
 SEED = whole(0, 2**32 - 1)
 """A random seed (numpy's range)."""
+REQUESTS = whole(1, 10_000_000)
+"""Requests in a run (up to 10 million: a run's memory is bounded, its workload is not)."""
+WORKERS = whole(1, 256)
+"""Worker processes."""
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +87,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--num-requests",
-        type=COUNT,
+        type=REQUESTS,
         default=None,
         help="first N requests of a trace (default: all), or N drawn from an embedded table "
         "(default: 1000)",

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from batchpilot.envs.metrics import DEFAULT_SLO
-from batchpilot.training.commands.common import COUNT
+from batchpilot.training.commands.common import COUNT, REQUESTS, WORKERS
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
 VLLM_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2"
@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--capacity-requests",
-        type=COUNT,
+        type=REQUESTS,
         default=500,
         help="requests per capacity probe. Default: %(default)s",
     )
@@ -126,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "vllm, where every probe is a full real-time run)",
     )
     parser.add_argument(
-        "--workers", type=COUNT, help="worker processes (default: CPU count; 1 for vllm)"
+        "--workers", type=WORKERS, help="worker processes (default: CPU count; 1 for vllm)"
     )
     parser.add_argument("--out", type=Path, help="report directory (required to run)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

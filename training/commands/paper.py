@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batchpilot.training.commands.common import COUNT
+from batchpilot.training.commands.common import COUNT, REQUESTS, WORKERS
 
 TABLE1_CONTROLLERS = "static:256,alg1,alg1+alg2,oracle,best-static"
 TABLE2_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle,best-static"
@@ -78,11 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--capacity-requests",
-        type=COUNT,
+        type=REQUESTS,
         default=300,
         help="requests per capacity probe. Default: %(default)s",
     )
-    parser.add_argument("--workers", type=COUNT, help="worker processes (default: CPU count)")
+    parser.add_argument("--workers", type=WORKERS, help="worker processes (default: CPU count)")
     parser.add_argument("--out", type=Path, required=True, help="report directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
