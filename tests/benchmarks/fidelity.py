@@ -111,6 +111,13 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=5, help="real runs per case. Default: %(default)s"
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="the real engine's clock: wall, or its CPU time with idle gaps skipped (for a "
+        "loaded machine; compare with a profile calibrated on the same clock)",
+    )
     parser.add_argument("--cases", help="comma-separated case numbers (default: all)")
     parser.add_argument(
         "--json", type=Path, help="also write the results, with every real run, here"
@@ -148,6 +155,7 @@ def main() -> None:
             model, slo=SLO_SPEC, max_num_seqs=first.max_num_seqs,
             max_model_len=first.max_model_len,
             max_num_batched_tokens=first.max_num_batched_tokens, num_gpu_blocks=args.blocks,
+            clock=args.clock,
         )  # fmt: skip
     chosen = [int(c) for c in args.cases.split(",")] if args.cases else list(range(len(CASES)))
     results = []
@@ -177,9 +185,11 @@ def main() -> None:
                 case["profiles"][p.name]["identical_scheduling"] = same
         results.append(case)
         print_case(case, len(real))
+        if args.json:  # after every case: a long run's finished cases are kept
+            data = {"repeats": args.repeats, "clock": args.clock, "cases": results}
+            args.json.write_text(json.dumps(data, indent=2))
     print_summary(results)
     if args.json:
-        args.json.write_text(json.dumps({"repeats": args.repeats, "cases": results}, indent=2))
         print(f"wrote {args.json}")
 
 
