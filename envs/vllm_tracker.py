@@ -2,8 +2,10 @@
 
 `StepTracker` is fed by `TrackingScheduler` (request arrivals, each `schedule()` output,
 each `update_from_output()`), and turns what vLLM's own scheduler knows into the same
-`Telemetry` and `RequestRecord`s the simulator reports. Times are `time.monotonic()`
-seconds since `start()`.
+`Telemetry` and `RequestRecord`s the simulator reports. Times are seconds since `start()`
+on the engine clock: `time.monotonic()` (``wall``, the default), or the process's CPU time
+with idle gaps skipped (``cpu``: what the engine's own work costs, unaffected by other
+processes on a shared machine; for measurements, never for serving).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
 from batchpilot.envs.telemetry import Telemetry, TelemetryAccumulator, on_track
 
+CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
 STEP_LOG_LEN = 200_000
 """Steps kept in `StepTracker.step_log` (calibration reads it)."""
 
@@ -43,9 +46,13 @@ class StepTracker:
         in `stats` either way (bounded memory)."""
         self.start()
 
+    clock = staticmethod(time.monotonic)
+    """The engine clock's source (`CLOCKS`); set before `start()`."""
+
     def start(self) -> None:
         """Forget everything; the engine clock restarts at 0."""
-        self.t0 = time.monotonic()
+        self.t0 = self.clock()
+        self.skipped = 0.0
         self.tracks: dict[str, _Track] = {}
         self.records: list[RequestRecord] = []
         self.stats = RunMetrics()
@@ -66,7 +73,11 @@ class StepTracker:
         """vLLM's internal id of the newest request (it appends a random suffix)."""
 
     def now(self) -> float:
-        return time.monotonic() - self.t0
+        return self.clock() - self.t0 + self.skipped
+
+    def skip(self, seconds: float) -> None:
+        """Move the engine clock over an idle gap (the CPU clock does not run while idle)."""
+        self.skipped += max(0.0, seconds)
 
     # ------------------------------------------------------------------ hooks
     def on_arrival(self, request_id: str, prompt_tokens: int) -> None:
