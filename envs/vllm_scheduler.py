@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -27,6 +27,8 @@ class EngineView:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    slo: SLO
+    """The SLO the run is scored on (Algorithm 2 takes its TPOT target as D_SLA)."""
 
 
 class TrackingScheduler(Scheduler):
@@ -47,11 +49,14 @@ class TrackingScheduler(Scheduler):
             self.max_model_len,
             self.cap_seqs,
             self.cap_tokens,
+            self.tracker.slo,
         )
 
     def set_slo(self, slo: SLO) -> None:
-        """Count goodput against `slo` from now on."""
+        """Count goodput against `slo` from now on (and show it to controllers reset
+        after this)."""
         self.tracker.slo = slo
+        self.view = replace(self.view, slo=slo)
 
     def set_limits(self, limits: Limits) -> None:
         """Write limits for the next step, clamped to the engine's configured caps."""

@@ -194,3 +194,16 @@ def test_settles_on_a_tpot_target_from_the_slo() -> None:
     end = tl["time_s"][-1]
     keep = (tl["time_s"] > 0.3 * end) & (tl["time_s"] < 0.8 * end)
     assert 20 <= np.median(tl["recent_tbt_s"][keep] * 1e3) <= 40
+
+
+@pytest.mark.vllm
+def test_serving_engine_view_carries_the_slo_to_alg2() -> None:
+    """Inside vLLM a controller is reset with the scheduler's `EngineView`: `set_slo`
+    (serve's --slo) must reach Algorithm 2 through it."""
+    vllm_scheduler = pytest.importorskip("batchpilot.envs.vllm_scheduler")
+    view = vllm_scheduler.EngineView(16, 1000, 2048, 64, 2048, SLO())
+    sched = SimpleNamespace(tracker=SimpleNamespace(slo=SLO()), view=view)
+    vllm_scheduler.TrackingScheduler.set_slo(sched, SLO.parse("ttft:2000,tpot:100"))
+    c = SLAController()
+    c.reset(sched.view)
+    assert c.sla_s == pytest.approx(0.100) and sched.tracker.slo.tpot_ms == 100
