@@ -166,3 +166,12 @@ def test_default_slo_is_one_object_and_parses_back() -> None:
 @pytest.mark.parametrize("spec", ["oracle", "alg1+oracle", "oracle+alg2:sla_ms=40", "alg1+alg2"])
 def test_simulator_only_is_any_part(spec: str) -> None:
     assert simulator_only(make_controller(spec)) == ("oracle" in spec)
+
+
+@pytest.mark.parametrize("spec", ["oracle", "alg1+oracle", "alg2+oracle:slack_blocks=2"])
+def test_serve_refuses_any_simulator_only_part(spec: str) -> None:
+    from batchpilot.serving.config import serving_controller  # imports no vLLM
+
+    with pytest.raises(ValueError, match="cannot serve"):
+        serving_controller(spec)
+    assert serving_controller("alg1+alg2").name == "alg1+alg2"
