@@ -8,16 +8,17 @@ the teacher for imitation; it reads the simulator's future, so it cannot run on 
 engine or serve.
 
 The score of a horizon [t0, t0 + H], in output tokens (the units of goodput), counts
-requests that were not already off track at t0 (`batchpilot.envs.telemetry.on_track`:
-TTFT met or its deadline ahead, TPOT so far within target):
+requests that were not already off pace at t0 (`on_pace`: TTFT met or its deadline
+ahead, and the mean TPOT projected with the remaining tokens (true length) at the recent
+decode step time within target):
 
 - **+ output** of each request that finishes in the horizon meeting the SLOs;
-- **+ generated so far** of each started, unfinished request still on track at t0 + H
+- **+ generated so far** of each started, unfinished request still on pace at t0 + H
   that the KV cache can carry to completion: with the true lengths, the running requests
   in admission order up to the last whose blocks still fit at their peak (`peak_blocks`,
   as the `oracle` controller uses); vLLM would preempt the later ones;
 - **- output** of each request lost in the horizon: finished missing an SLO, started and
-  now off track, not started by a TTFT deadline inside the horizon, or not started by
+  now off pace, not started by a TTFT deadline inside the horizon, or not started by
   t0 + H while the queue ahead of it, drained at the (net of recompute) prompt tokens
   per second this candidate prefilled at, would reach it after its deadline;
 - **- arrival rate x mean output x (drain time - TTFT target)** (at most H): while the
@@ -42,8 +43,9 @@ import numpy as np
 
 from batchpilot.baselines.oracle import OracleController, peak_blocks
 from batchpilot.envs.engine import Engine
+from batchpilot.envs.metrics import SLO
 from batchpilot.envs.sim_engine import NULL_BLOCKS
-from batchpilot.envs.telemetry import Limits, Telemetry, on_track
+from batchpilot.envs.telemetry import Limits, Telemetry
 
 SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOKENS_GRID = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -141,7 +143,6 @@ class MPCController:
 
     # ------------------------------------------------------------------ planning
     def _plan(self, telemetry: Telemetry) -> tuple[int, int]:
-        now = telemetry.time_s
         scores: dict[tuple[int, int], float] = {}
         # besides the grid: hold the running count, and the `oracle` controller's limit
         # (the most requests that never need a preemption, from the true lengths)
@@ -149,11 +150,11 @@ class MPCController:
         state.add(self._packing.decide(telemetry).max_num_seqs)
         seq_grid = sorted(set(self._seq_grid) | state)
 
-        lost = self._lost(now)
+        lost = self._lost(telemetry)
 
         def score(pair: tuple[int, int]) -> float:
             if pair not in scores:
-                scores[pair] = self.rollout(now, pair, lost)
+                scores[pair] = self.rollout(telemetry, pair, lost)
             return scores[pair]
 
         incumbent = self._current
@@ -175,13 +176,10 @@ class MPCController:
                 break
         return best
 
-    def rollout(self, now: float, pair: tuple[int, int], lost: set[str] | None = None) -> float:
-        """The horizon score (output tokens) of holding `pair` from `now` for `horizon_s`.
-
-        `lost`: ids of admitted requests already off track at `now` (computed if None).
-        """
-        if lost is None:
-            lost = self._lost(now)
+    def rollout(self, telemetry: Telemetry, pair: tuple[int, int], lost: set[str]) -> float:
+        """The horizon score (output tokens) of holding `pair` for `horizon_s` from the
+        engine's state at `telemetry`; `lost`: ids of requests already off pace then."""
+        now = telemetry.time_s
         engine = self._engine.fork(history=False)  # type: ignore[union-attr]
         self.rollouts += 1
         engine.set_limits(Limits(*pair))
@@ -195,6 +193,7 @@ class MPCController:
                 score -= r.output_tokens
         entries = engine.unfinished_requests()
         running = telemetry.num_requests_running
+        pace_s = telemetry.recent_tbt_s
         kept = self._kv_fit(engine, entries[:running])
         # Past the horizon, the queue drains at the pace this candidate prefilled at: a
         # request not started by `end` is lost if at that pace its first token would come
@@ -211,7 +210,7 @@ class MPCController:
             if rid in lost:
                 continue
             if first >= 0:
-                if on_track(slo, end, arrival, first, last, generated):
+                if on_pace(slo, end, arrival, first, last, generated, output, pace_s):
                     score += generated if i < kept else 0
                 else:
                     score -= output
@@ -224,13 +223,14 @@ class MPCController:
             score -= backlog * telemetry.arrival_rate * telemetry.output_mean
         return float(score)
 
-    def _lost(self, now: float) -> set[str]:
-        """Ids of the admitted unfinished requests already off track at `now`."""
-        slo = self._engine.slo  # type: ignore[union-attr]
+    def _lost(self, telemetry: Telemetry) -> set[str]:
+        """Ids of the admitted unfinished requests already off pace at the re-plan."""
+        engine = self._engine
+        now, tbt = telemetry.time_s, telemetry.recent_tbt_s
         return {
             rid
-            for rid, arrival, first, last, generated, _, _ in self._engine.unfinished_requests()  # type: ignore[union-attr]
-            if not on_track(slo, now, arrival, first, last, generated)
+            for rid, arrival, first, last, gen, out, _ in engine.unfinished_requests()  # type: ignore[union-attr]
+            if not on_pace(engine.slo, now, arrival, first, last, gen, out, tbt)  # type: ignore[union-attr]
         }
 
     def _kv_fit(self, engine: Engine, running: list[tuple]) -> int:
@@ -269,3 +269,29 @@ class MPCController:
 
 def _clip(grid: tuple[int, ...], cap: int) -> tuple[int, ...]:
     return tuple(sorted({min(v, cap) for v in grid} | {cap}))
+
+
+def on_pace(
+    slo: SLO,
+    now: float,
+    arrival: float,
+    first: float,
+    last: float,
+    generated: int,
+    output: int,
+    step_s: float,
+) -> bool:
+    """Whether an unfinished request will meet `slo` if its remaining tokens (true length)
+    come one per `step_s` from now on: TTFT met (or its deadline ahead, if not started),
+    and the projected mean TPOT and end-to-end latency within target. Unlike the mean
+    TPOT so far, this does not write off a request whose first few tokens were slow but
+    that has enough tokens left to make up for them."""
+    if first < 0:
+        return slo.ttft_ms is None or (now - arrival) * 1e3 <= slo.ttft_ms
+    if slo.ttft_ms is not None and (first - arrival) * 1e3 > slo.ttft_ms:
+        return False
+    finish = max(last, now) + (output - generated) * step_s
+    tpot_ms = (finish - first) / (output - 1) * 1e3 if output > 1 else 0.0
+    if slo.tpot_ms is not None and tpot_ms > slo.tpot_ms:
+        return False
+    return slo.e2el_ms is None or (finish - arrival) * 1e3 <= slo.e2el_ms
