@@ -110,7 +110,10 @@ Extra keyword arguments go to `vllm.EngineArgs`.
         self.scheduler.tracker.start()
         self.set_limits(limits)
         self._admit()
-        return self._telemetry()
+        scheduler = self.scheduler  # the report at the workload's start, engine time 0
+        return scheduler.tracker.telemetry(
+            scheduler, scheduler.max_num_active_reqs, scheduler.max_num_scheduled_tokens, now=0.0
+        )
 
     def set_limits(self, limits: Limits) -> None:
         self._limits = limits

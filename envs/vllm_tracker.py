@@ -193,10 +193,18 @@ class StepTracker:
 
     # ------------------------------------------------------------------ reporting
     def telemetry(
-        self, scheduler: Any, max_num_seqs: int, max_num_batched_tokens: int
+        self,
+        scheduler: Any,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        now: float | None = None,
     ) -> Telemetry:
-        """The interval's telemetry from `scheduler`'s state; starts a new interval."""
-        now = self.now()
+        """The interval's telemetry from `scheduler`'s state; starts a new interval.
+
+        `now` overrides the clock: 0 right after `start()` reports the workload's start as
+        the simulator does, the same on every reset (no microseconds of bookkeeping in it).
+        """
+        now = self.now() if now is None else now
         pool = scheduler.kv_cache_manager.block_pool
         usage = min(1.0, max(0.0, float(scheduler.kv_cache_manager.usage)))
         self._kv_mark(now, usage)
