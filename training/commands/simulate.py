@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.training.commands.common import add_workload_arguments, write_json
 
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--slo",
-        default="ttft:2000,tpot:100",
+        default=str(DEFAULT_SLO),
         help="goodput SLOs in ms, as for `vllm bench serve --goodput`. Default: %(default)s",
     )
     parser.add_argument("--json", type=Path, help="write the aggregate metrics to this file")
