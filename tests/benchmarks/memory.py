@@ -6,6 +6,7 @@ shows that process's peak RSS (``wait4``'s ``ru_maxrss``), its wall time and the
 p99 ITL and TTFT, so memory can be read beside the numbers it bought.
 
     python tests/benchmarks/memory.py [--sizes 10000 100000 1000000] [--interval 1s]
+    python tests/benchmarks/memory.py --trace fixed:128:128 --arrival all-at-once --interval 10s
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import time
 from pathlib import Path
 
 
-def measure(n: int, arrival: str, interval: str) -> tuple[float, float, dict[str, float]]:
+def measure(
+    n: int, trace: str, arrival: str, interval: str
+) -> tuple[float, float, dict[str, float]]:
     """(peak RSS in MB, wall seconds, metrics) of one `simulate` run of `n` requests."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "m.json"
@@ -29,6 +32,8 @@ def measure(n: int, arrival: str, interval: str) -> tuple[float, float, dict[str
             "-m",
             "batchpilot.training.cli",
             "simulate",
+            "--trace",
+            trace,
             "--num-requests",
             str(n),
             "--arrival",
@@ -52,6 +57,7 @@ def measure(n: int, arrival: str, interval: str) -> tuple[float, float, dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--trace", default="embedded:azure-conv", help="workload source")
     parser.add_argument("--arrival", default="replay", help="arrival spec. Default: replay")
     parser.add_argument(
         "--interval",
@@ -62,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'requests':>10}{'peak RSS MB':>13}{'wall s':>9}{'p99 ITL ms':>12}{'p99 TTFT ms':>13}")
     for n in args.sizes:
-        rss, wall, m = measure(n, args.arrival, args.interval)
+        rss, wall, m = measure(n, args.trace, args.arrival, args.interval)
         print(f"{n:>10,}{rss:>13,.0f}{wall:>9.1f}{m['p99_itl_ms']:>12.2f}{m['p99_ttft_ms']:>13.1f}")
 
 
