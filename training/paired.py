@@ -82,8 +82,10 @@ def describe(p: PairedDifference) -> str:
         if p.low is not None and p.high is not None:
             text += f" (95% CI {p.low:+,.1f} to {p.high:+,.1f})"
         return text
-    text = f"{p.rel:+.1%}"
     interval = p.rel_interval
+    spread = max(abs(p.rel), *(abs(x) for x in interval or ()))
+    fmt = "{:+.1%}" if spread >= 0.005 else "{:+.2%}"  # tiny differences: one more digit
+    text = fmt.format(p.rel)
     if interval is not None:
-        text += f" (95% CI {interval[0]:+.1%} to {interval[1]:+.1%})"
+        text += f" (95% CI {fmt.format(interval[0])} to {fmt.format(interval[1])})"
     return text
