@@ -305,3 +305,20 @@ def test_compare_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "unknown suite 'nope'" in capsys.readouterr().err
     assert main(["compare", "--suite", "list"]) == 0
     assert "kv-tight" in capsys.readouterr().out
+
+
+def test_suite_run_takes_command_line_overrides(tmp_path: Path) -> None:
+    suite = tmp_path / "tiny.yml"
+    suite.write_text(
+        "profiles: [llama-2-7b-a100]\nscenarios:\n"
+        "  - {name: a, source: embedded:gsm8k, arrival: 'steps:2@0,6@3', interval: 1it}\n"
+    )
+    out = tmp_path / "cmp"
+    code = main(["compare", "--suite", str(suite), "--controllers", "static:8,alg1", "--seeds", "2",
+                 "--num-requests", "30", "--interval", "4it", "--slo", "ttft:500", "--workers", "1",
+                 "--no-progress", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    sc = json.loads((out / "results.json").read_text())["scenarios"][0]
+    assert sc["name"] == "tiny/a on llama-2-7b-a100" and sc["scenario"]["family"] == "tiny"
+    assert (sc["scenario"]["interval"], sc["scenario"]["slo"]) == ("4it", "ttft:500")
+    assert sc["results"]["alg1"]["mean"]["completed"] == 30

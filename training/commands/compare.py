@@ -102,9 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: %(default)s",
     )
     parser.add_argument(
-        "--slo", default=str(DEFAULT_SLO), help="goodput SLOs in ms. Default: %(default)s"
+        "--slo",
+        help=f"goodput SLOs in ms. Default: {DEFAULT_SLO}, or each suite scenario's",
     )
-    parser.add_argument("--interval", default="1it", help="control interval. Default: %(default)s")
+    parser.add_argument(
+        "--interval", help="control interval. Default: 1it, or each suite scenario's"
+    )
     parser.add_argument(
         "--seeds", type=COUNT, help="evaluation seeds 0..N-1. Default: 3, or the suite's"
     )
@@ -151,6 +154,8 @@ def list_suites() -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    from batchpilot.envs.controller import ControlInterval
+    from batchpilot.envs.metrics import SLO
     from batchpilot.training.commands.common import write_json
     from batchpilot.training.engines import parse_engine_args
     from batchpilot.training.evaluate import TUNING_SEED_BASE, CapacityTarget, Scenario, evaluate
@@ -159,6 +164,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.suite == "list":
         return list_suites()
+    if args.slo:
+        SLO.parse(args.slo)  # bad values fail here, before any run
+    if args.interval:
+        ControlInterval.parse(args.interval)
     if args.out is None:
         raise ValueError("--out DIR is required (the report directory)")
     seeds, tuning, default_controllers = 3, 2, DEFAULT_CONTROLLERS
@@ -172,8 +181,14 @@ def main(args: argparse.Namespace) -> int:
         names = list(suite_names()) if args.suite == "all" else [args.suite]
         suites = [load_suite(n) for n in names]
         scenarios = [sc for suite in suites for sc in suite.scenarios]
-        if args.num_requests:
-            scenarios = [replace(sc, num_requests=args.num_requests) for sc in scenarios]
+        given = {
+            k: v
+            for k, v in (
+                ("num_requests", args.num_requests), ("slo", args.slo), ("interval", args.interval)
+            )
+            if v
+        }  # what the command line sets overrides the suite's
+        scenarios = [replace(sc, **given) for sc in scenarios]
         first = suites[0]
         seeds, tuning = first.seeds or seeds, first.tuning_seeds or tuning
         default_controllers = ",".join(first.controllers or SUITE_CONTROLLERS.split(","))
@@ -192,8 +207,8 @@ def main(args: argparse.Namespace) -> int:
                     model=args.model,
                     engine_args=parse_engine_args(args.engine_arg),
                     scheduler=args.scheduler,
-                    slo=args.slo,
-                    interval=args.interval,
+                    slo=args.slo or str(DEFAULT_SLO),
+                    interval=args.interval or "1it",
                     overlong=args.overlong,
                 )
             )
