@@ -5,7 +5,8 @@ and the clairvoyant oracle (DIR/report.md, DIR/report.html, DIR/results.json). T
 report's first lines say whether the learned policy beat the best reference on goodput
 and by how much (paired over seeds).
 
-Runs on the simulated engine with no trace files and no GPU; a few minutes on 2 CPU cores.
+Runs on the simulated engine with no trace files and no GPU; most of the time goes to the
+lookahead oracle labelling states during imitation.
 DIR/run holds the training run (tensorboard logs in DIR/run/tb), DIR/policy.onnx the
 exported policy.
 
