@@ -27,7 +27,7 @@ from batchpilot.training.evaluate import (
     scenario_workload,
     vllm_default_limits,
 )
-from batchpilot.training.paired import paired_difference, t975
+from batchpilot.training.paired import describe, paired_difference, t975
 from batchpilot.training.report import summary_table, verdict
 from batchpilot.training.suite import SuiteError, load_suite, suite_names
 
@@ -145,6 +145,8 @@ def test_paired_interval_matches_a_hand_computation() -> None:
     q = paired_difference([11.0, 11.1, 10.9], [10.0, 10.0, 10.0])  # differences 1, 1.1, 0.9
     assert q.significant and q.low == pytest.approx(1.0 - 4.303 * 0.1 / math.sqrt(3))
     assert paired_difference([5.0], [4.0]).low is None
+    assert describe(paired_difference([5.0], [4.0])) == "+25.0%"
+    assert describe(paired_difference([100.0, 100.1, 100.05], [100.0] * 3)).startswith("+0.05% (95% CI -0.07%")
     assert t975(30) == 2.042 and t975(120) == pytest.approx(1.980, abs=2e-3)
     with pytest.raises(ValueError, match="same seeds"):
         paired_difference([1.0, 2.0], [1.0])

@@ -83,7 +83,7 @@ def describe(p: PairedDifference) -> str:
             text += f" (95% CI {p.low:+,.1f} to {p.high:+,.1f})"
         return text
     interval = p.rel_interval
-    spread = max(abs(p.rel), *(abs(x) for x in interval or ()))
+    spread = max([abs(p.rel), *(abs(x) for x in interval or ())])
     fmt = "{:+.1%}" if spread >= 0.005 else "{:+.2%}"  # tiny differences: one more digit
     text = fmt.format(p.rel)
     if interval is not None:
