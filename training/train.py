@@ -111,6 +111,8 @@ PPO_RANGES: dict[str, Check] = {
     "verbose": number(0, 2, integer=True),
 }
 EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True)}
+EVAL_WORKLOAD = {"source": str, "arrival": str, "num_requests": int}
+EVAL_WORKLOAD_RANGES: dict[str, Check] = {"num_requests": number(1, 1e7, integer=True)}
 REPORT_KEYS = {"suites": list[str], "seeds": int, "controllers": str}
 REPORT_RANGES: dict[str, Check] = {"seeds": number(1, 1000, integer=True)}
 IMITATION_RANGES: dict[str, Check] = {
@@ -176,6 +178,13 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     problems += mapping_problems(
         body.get("eval") or {}, eval_hints, EVAL_RANGES, prefix="eval.", what="eval"
     )
+    workload = (body.get("eval") or {}).get("workload")
+    if isinstance(workload, dict):  # what `EvalScenario.score` passes to `make_workload`
+        problems += mapping_problems(
+            workload, EVAL_WORKLOAD, EVAL_WORKLOAD_RANGES, prefix="eval.workload.", what="it"
+        )
+        if "source" not in workload:
+            problems.append("eval.workload: needs a source (e.g. embedded:azure-conv)")
     problems += mapping_problems(
         body.get("report") or {}, REPORT_KEYS, REPORT_RANGES, prefix="report.", what="report"
     )
