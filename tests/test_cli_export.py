@@ -209,15 +209,17 @@ def test_non_finite_sidecar_values_are_refused(policy: Path, tmp_path: Path) -> 
 
 def test_a_failed_train_leaves_nothing_that_blocks_a_fresh_run(tmp_path: Path, capsys) -> None:
     data = json.loads(json.dumps(CONFIG))
-    data["batchpilot/Batching-v0"]["env_kwargs"]["profile"] = "no-such-profile"  # fails in the env
+    data["batchpilot/Batching-v0"]["policy_kwargs"]["optimizer_kwargs"] = {"bogus": 1}  # in PPO
     bad = tmp_path / "bad.yml"
     bad.write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
     assert main(["train", "--config", str(bad), "--out", str(out), "--no-progress"]) == 2
+    assert "PPO refused the config" in capsys.readouterr().err
     assert not (out / "run.json").exists()
-    capsys.readouterr()
     # a run.json from an older failure (no checkpoint) does not block a fresh start either
     out.mkdir(exist_ok=True)
     (out / "run.json").write_text("{}")
-    err = main(["train", "--config", str(bad), "--out", str(out), "--resume", "--no-progress"])
+    good = tmp_path / "good.yml"
+    good.write_text(yaml.safe_dump(CONFIG))
+    err = main(["train", "--config", str(good), "--out", str(out), "--resume", "--no-progress"])
     assert err == 2 and "started again without --resume" in capsys.readouterr().err

@@ -126,14 +126,19 @@ IMITATION_RANGES: dict[str, Check] = {
 }
 
 
-def _env_hints() -> dict[str, Any]:
-    """Keyword arguments of the registered env's constructor and their annotations."""
+def _env_class() -> Any:
+    """The registered env's class."""
     import importlib
 
     import gymnasium as gym
 
     module, _, name = str(gym.registry[ENV_ID].entry_point).partition(":")
-    return signature_hints(getattr(importlib.import_module(module), name).__init__)
+    return getattr(importlib.import_module(module), name)
+
+
+def _env_hints() -> dict[str, Any]:
+    """Keyword arguments of the registered env's constructor and their annotations."""
+    return signature_hints(_env_class().__init__)
 
 
 def config_problems(body: dict[str, Any]) -> list[str]:
@@ -256,7 +261,26 @@ def load_config(path: Path) -> TrainConfig:
             run["imitation"] = ImitationSpec(**run["imitation"])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{path}: imitation: {exc}") from None
-    return TrainConfig(env_id=env_id, hyperparams=hyper, **run)
+    cfg = TrainConfig(env_id=env_id, hyperparams=hyper, **run)
+    _check_values(cfg, path)
+    return cfg
+
+
+def _check_values(cfg: TrainConfig, path: Path) -> None:
+    """The env's and the evaluation's own value checks (profiles, workload specs, SLO),
+    run before anything is written; errors name the file."""
+    from batchpilot.envs.profiles import get_profile
+
+    try:
+        if cfg.env_kwargs.get("engine", "sim") == "sim":  # a real engine starts at reset only
+            _env_class()(**cfg.env_kwargs).close()
+    except (ValueError, TypeError, OSError) as exc:
+        raise ValueError(f"{path}: env_kwargs: {exc}") from None
+    if cfg.eval:
+        try:
+            get_profile(cfg.eval["profile"])
+        except (KeyError, ValueError, OSError) as exc:
+            raise ValueError(f"{path}: eval.profile: {exc}") from None
 
 
 def make_env(cfg: TrainConfig) -> Any:
@@ -327,6 +351,9 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
                     venv, norm_obs=False, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99)
                 )
             model = _new_model(cfg, venv, out / "tb")
+    except (TypeError, AssertionError) as exc:  # PPO's own argument checks
+        venv.close()
+        raise ValueError(f"{config_path}: PPO refused the config ({exc})") from None
     except BaseException:
         venv.close()
         raise
