@@ -293,6 +293,10 @@ def load_trace(path: str | Path, *, skip_bad_rows: bool = False) -> Trace:
     from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_names
 
     path = Path(path)
+    if path.is_dir():
+        raise TraceError(f"{path}: a directory, not a trace file")
+    if path.is_file() and path.stat().st_size == 0:
+        raise TraceError(f"{path}: the file is empty")
     if not path.is_file():
         names = ", ".join(f"{EMBEDDED_PREFIX}{n}" for n in embedded_names())
         raise TraceError(

@@ -230,3 +230,11 @@ def test_a_utf8_bom_is_accepted_in_every_format(tmp_path: Path, text: str, fmt: 
 def test_missing_trace_suggests_the_embedded_workloads(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"no such trace file.*embedded:azure-conv"):
         make_workload(str(tmp_path / "nope.csv"))
+
+
+def test_a_directory_or_an_empty_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="a directory, not a trace file"):
+        load_trace(tmp_path)
+    (tmp_path / "empty.csv").write_bytes(b"")
+    with pytest.raises(TraceError, match=r"empty\.csv: the file is empty"):
+        load_trace(tmp_path / "empty.csv")
