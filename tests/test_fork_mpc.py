@@ -90,7 +90,7 @@ def test_fork_continued_otherwise_leaves_the_original_untouched() -> None:
         drive(e, 40)
     for seqs in (1, 512):
         other = engine.fork()
-        finish(other, Limits(seqs, 64 if seqs == 1 else None))
+        finish(other, Limits(seqs, 512 if seqs == 1 else None))
         assert other.result().metrics() != reference.result().metrics()
     assert drive(engine, 30, start=40) == drive(reference, 30, start=40)
     assert finish(engine, Limits(96)) == finish(reference, Limits(96))
