@@ -62,15 +62,15 @@ class ActionGrid:
 
     def apply(self, action: np.ndarray) -> Limits:
         """The limits for `action`; in ``step`` mode relative to the previous ones."""
-        a = np.asarray(action).reshape(-1)
-        if a.shape != (2,) or not np.all(np.isfinite(a)):
+        a = np.asarray(action).reshape(-1).tolist()  # plain floats: a decision is hot
+        if len(a) != 2 or not (math.isfinite(a[0]) and math.isfinite(a[1])):
             raise ValueError(f"action must be 2 finite entries, got {action!r}")
         i, j = int(a[0]), int(a[1])
         if self.mode == "step":
-            i = self.index[0] + int(np.clip(i, 0, 2)) - 1
-            j = self.index[1] + int(np.clip(j, 0, 2)) - 1
-        i = int(np.clip(i, 0, self.top[0]))  # grid points past the engine's caps
-        j = int(np.clip(j, 0, self.top[1]))  # act as the caps
+            i = self.index[0] + min(2, max(0, i)) - 1
+            j = self.index[1] + min(2, max(0, j)) - 1
+        i = min(self.top[0], max(0, i))  # grid points past the engine's caps
+        j = min(self.top[1], max(0, j))  # act as the caps
         self.index = (i, j)
         return self.limits_at(self.index)
 

@@ -98,31 +98,30 @@ class Observer:
         self._kv_prev = t.kv_cache_usage
         tokens = t.interval_prompt_tokens + t.interval_output_tokens
         mean_len = max(1.0, t.prompt_mean + t.output_mean)
-        obs = np.array(
-            [
-                t.kv_cache_usage,
-                t.kv_cache_usage - kv_prev,
-                t.num_requests_running / R,
-                t.num_requests_waiting / R,
-                t.num_decoding / R,
-                t.oldest_waiting_age_s / self.ttft_s,
-                t.waiting_prefill_tokens / T,
-                math.log1p(t.arrival_rate_short) / s["log_rate"],
-                math.log1p(t.arrival_rate) / s["log_rate"],
-                t.recent_tbt_s / self.tpot_s,
-                t.recent_tbt_p90_s / self.tpot_s,
-                t.recent_ttft_s / self.ttft_s,
-                t.interval_prompt_tokens / tokens if tokens else 0.0,
-                tokens / max(1, t.interval_iterations) / T,
-                t.interval_preemptions / max(1, t.num_requests_running),
-                math.log2(max(1, t.max_num_seqs)) / s["log2_limit"],
-                math.log2(max(1, t.max_num_batched_tokens)) / s["log2_budget"],
-                t.kv_capacity_tokens / mean_len / R,
-                t.prompt_mean / C,
-                t.output_mean / C,
-                math.log2(max(1, t.kv_capacity_tokens)) / s["log2_kv_tokens"],
-            ],
-            dtype=np.float64,
+        values = [
+            t.kv_cache_usage,
+            t.kv_cache_usage - kv_prev,
+            t.num_requests_running / R,
+            t.num_requests_waiting / R,
+            t.num_decoding / R,
+            t.oldest_waiting_age_s / self.ttft_s,
+            t.waiting_prefill_tokens / T,
+            math.log1p(t.arrival_rate_short) / s["log_rate"],
+            math.log1p(t.arrival_rate) / s["log_rate"],
+            t.recent_tbt_s / self.tpot_s,
+            t.recent_tbt_p90_s / self.tpot_s,
+            t.recent_ttft_s / self.ttft_s,
+            t.interval_prompt_tokens / tokens if tokens else 0.0,
+            tokens / max(1, t.interval_iterations) / T,
+            t.interval_preemptions / max(1, t.num_requests_running),
+            math.log2(max(1, t.max_num_seqs)) / s["log2_limit"],
+            math.log2(max(1, t.max_num_batched_tokens)) / s["log2_budget"],
+            t.kv_capacity_tokens / mean_len / R,
+            t.prompt_mean / C,
+            t.output_mean / C,
+            math.log2(max(1, t.kv_capacity_tokens)) / s["log2_kv_tokens"],
+        ]
+        clip = s["clip"]  # NaN -> 0, then into [-clip, clip] (plain floats: a decision is hot)
+        return np.array(
+            [0.0 if v != v else min(clip, max(-clip, v)) for v in values], dtype=np.float32
         )
-        clip = s["clip"]
-        return np.clip(np.nan_to_num(obs, nan=0.0), -clip, clip).astype(np.float32)
