@@ -269,43 +269,51 @@ class SimEngine:
         budget = self._budget
         running, waiting = self._running, self._waiting
         scheduled: list[tuple[_Req, int]] = []
+        add = scheduled.append
         preempted = 0
+        free = self._free
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.prompt + req.generated - req.computed, budget)
-            while True:
-                need = -(-(req.computed + n) // bs) - req.blocks
-                if need <= self._free:
-                    self._free -= need
-                    req.blocks += need
-                    ok = True
-                    break
-                victim = running.pop()
-                self._preempt(victim)
-                preempted += 1
+            computed = req.computed
+            n = req.prompt + req.generated - computed
+            if n > budget:
+                n = budget
+            need = -(-(computed + n) // bs) - req.blocks
+            if need > free:
+                self._free = free
+                while True:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted += 1
+                    if victim is req or need <= self._free:
+                        break
+                free = self._free
                 if victim is req:
-                    ok = False
                     break
-            if not ok:
-                break
-            scheduled.append((req, n))
+            free -= need
+            req.blocks += need
+            add((req, n))
             budget -= n
             i += 1
         if not preempted:
-            while waiting and len(running) < self._limit and budget > 0:
+            limit = self._limit
+            while waiting and len(running) < limit and budget > 0:
                 req = waiting[0]
-                n = min(req.prompt + req.generated - req.computed, budget)
+                n = req.prompt + req.generated - req.computed
+                if n > budget:
+                    n = budget
                 need = -(-n // bs)
-                if need > self._free:
+                if need > free:
                     break
                 waiting.popleft()
                 self._waiting_tokens -= req.prompt + req.generated
-                self._free -= need
+                free -= need
                 req.blocks = need
                 running.append(req)
-                scheduled.append((req, n))
+                add((req, n))
                 budget -= n
+        self._free = free
         self._execute(scheduled, preempted)
 
     def _step_v0(self) -> None:
@@ -367,8 +375,9 @@ class SimEngine:
         """Run one iteration of `scheduled` (request, tokens) pairs and account for it."""
         prefill_seqs = prefill = prefill_kv = prefill_attn = decode = decode_kv = 0
         for req, n in scheduled:
-            context = req.computed + n
-            if n == 1 and req.computed == req.prompt + req.generated - 1 and req.generated:
+            computed = req.computed
+            context = computed + n
+            if n == 1 and req.generated and computed == req.prompt + req.generated - 1:
                 decode += 1
                 decode_kv += context
             else:
@@ -379,32 +388,38 @@ class SimEngine:
         dt = self.profile.step.time(
             prefill_seqs, prefill, prefill_kv, prefill_attn, decode, decode_kv
         )
-        self._clock += dt
-        now = self._clock
+        now = self._clock = self._clock + dt
         iv = self._tele.interval
         iv.prompt_tokens += prefill
         iv.preemptions += preempted
         finished = False
-        itl = self._stats.itl.buffer
+        itl = self._stats.itl
+        add_itl = itl.buffer.append
+        tokens = ttft_n = 0
+        ttft_sum = iv.ttft_sum
         for req, n in scheduled:
-            req.computed += n
-            if req.computed < req.prompt + req.generated:
+            computed = req.computed = req.computed + n
+            generated = req.generated
+            if computed < req.prompt + generated:
                 continue  # partial prefill chunk: no token yet
-            req.generated += 1
-            iv.output_tokens += 1
+            req.generated = generated = generated + 1
+            tokens += 1
             if req.first_token < 0:
                 req.first_token = now
-                iv.ttft_n += 1
-                iv.ttft_sum += now - req.arrival
+                ttft_n += 1
+                ttft_sum += now - req.arrival
             else:
                 gap = now - req.last_token
-                itl.append(gap)
+                add_itl(gap)
                 if gap > req.max_itl:
                     req.max_itl = gap
             req.last_token = now
-            if req.generated >= req.output:
+            if generated >= req.output:
                 finished = True
-        self._stats.itl.settle()
+        iv.output_tokens += tokens
+        iv.ttft_n += ttft_n
+        iv.ttft_sum = ttft_sum
+        itl.settle()
         used = self.num_total_blocks - self._free
         if finished:
             self._retire()
@@ -472,7 +487,12 @@ class SimEngine:
             iv.decode_time += duration
 
     def _decode_run(self, max_iterations: int | None, until_s: float | None) -> bool:
-        """Advance k > 1 identical pure-decode iterations in closed form; False if none apply."""
+        """Advance k > 1 identical pure-decode iterations in closed form; False if none apply.
+
+        Plain Python over lists (runs are short: a few iterations of tens of requests, where
+        numpy's per-call cost dominated); sums that numpy took are taken in numpy's order
+        (`_np_sum`), so every figure is bit-identical to the array version's.
+        """
         running = self._running
         n = len(running)
         if self.scheduler == "v0":
@@ -485,79 +505,97 @@ class SimEngine:
             if n == 0 or self._budget < n or (self._waiting and admission_open):
                 return False  # nothing to run, decodes cut by the budget, or an admission due
         first_finish = 1 << 62  # iterations until the first running request finishes
-        for req in running:
-            if req.computed != req.prompt + req.generated - 1 or not req.generated:
+        kv = 0
+        for req in reversed(running):  # newest first: a prefill chunk is due there if anywhere
+            generated = req.generated
+            held = req.prompt + generated
+            if req.computed != held - 1 or not generated:
                 return False  # a prefill chunk is due
-            first_finish = min(first_finish, req.output - req.generated)
-            if first_finish < 2:
-                return False
+            left = req.output - generated
+            if left < first_finish:
+                if left < 2:
+                    return False
+                first_finish = left
+            kv += held
         k = first_finish if max_iterations is None else min(first_finish, max_iterations)
         if k < 2:
             return False
-        bs = self.block_size
-        tokens = np.fromiter((r.prompt + r.generated for r in running), np.int64, n)
-        blocks = np.fromiter((r.blocks for r in running), np.int64, n)
-        durations = self.profile.step.decode_run(n, int(tokens.sum()), k)
-        # the clock summed in step order, as `_step` sums it: bit-identical end times
-        ends = np.cumsum(np.concatenate(([self._clock], durations)))[1:]
+        durations = self.profile.step.decode_run(n, kv, k).tolist()
         bound = until_s
         if admission_open and self._pending:
             nxt = self._pending[0].arrival_s
             bound = nxt if bound is None else min(bound, nxt)
-        if bound is not None:
-            k = min(k, int(np.searchsorted(ends, bound, side="left")) + 1)
-
-        def need(m: int) -> int:
-            return int(np.maximum(0, -(-(tokens + m - 1) // bs) - blocks).sum())
-
-        if need(k) > self._free:
-            lo, hi = 0, k  # need(lo) fits, need(hi) does not
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if need(mid) <= self._free:
-                    lo = mid
-                else:
-                    hi = mid
-            k = lo
+        # the clock summed in step order, as `_step` sums it: bit-identical end times
+        ends: list[float] = []
+        clock = self._clock
+        for d in durations:
+            clock += d
+            ends.append(clock)
+            if bound is not None and clock >= bound:
+                break  # the first iteration ending at or past the bound is the last
+        k = len(ends)
+        # extra[j]: blocks the running requests need beyond theirs after iteration j
+        bs = self.block_size
+        extra = [0] * k
+        held_blocks = 0
+        for req in running:
+            held = req.prompt + req.generated
+            blocks = req.blocks
+            held_blocks += blocks
+            first = blocks * bs - held + 1  # first iteration whose token needs a new block
+            if first >= 0:
+                for j in range(first, k, bs):
+                    extra[j] += 1
+            else:  # fewer blocks than its tokens so far: not reached by `_step`, kept exact
+                for j in range(k):
+                    extra[j] += max(0, -(-(held + j) // bs) - blocks)
+        total = 0
+        for j in range(k):
+            total += extra[j]
+            extra[j] = total
+        free = self._free
+        if extra[-1] > free:
+            k = sum(1 for e in extra if e <= free)
         if k < 2:
             return False
-        durations = durations[:k]
-        ends = ends[:k]
+        del durations[k:], ends[k:], extra[k:]
         # KV usage after each iteration, for the time-weighted mean
-        per_iter_blocks = np.maximum(
-            blocks[:, None], -(-(tokens[:, None] + np.arange(k)[None, :]) // bs)
-        ).sum(axis=0)
-        used_other = self.num_total_blocks - self._free - int(blocks.sum())
-        usage_time = float(((per_iter_blocks + used_other) * durations).sum())
+        used = self.num_total_blocks - free
+        usage_time = _np_sum([(used + e) * d for e, d in zip(extra, durations, strict=True)])
         usage_time /= self.num_total_blocks
-        new_blocks = np.maximum(blocks, -(-(tokens + k - 1) // bs))
-        self._free -= int((new_blocks - blocks).sum())
+        self._free = free - extra[-1]
         start = self._clock
-        end = float(ends[-1])
-        first_end = float(ends[0])
-        d1 = float(durations[0])
-        rest_max = float(durations[1:].max())
-        weights = np.full(k, n, dtype=np.int64)
+        end = ends[-1]
+        first_end = ends[0]
+        d1 = durations[0]
+        rest_max = max(durations[1:])
+        first_weight = n
         itl = self._stats.itl
-        for idx, req in enumerate(running):
+        last = k - 1
+        for req in running:
+            held = req.prompt + req.generated
             req.computed += k
             req.generated += k
-            req.blocks = int(new_blocks[idx])
+            blocks = -(-(held + last) // bs)
+            if blocks > req.blocks:
+                req.blocks = blocks
             first_gap = d1
             if req.last_token != start:  # it did not run in the previous step
                 first_gap = first_end - req.last_token
-                weights[0] -= 1
+                first_weight -= 1
                 itl.add(first_gap)
             req.max_itl = max(req.max_itl, first_gap, rest_max)
             req.last_token = end
-        self._tele.step_times.extend(durations[-StepTimes.maxlen :].tolist())
-        itl.add_many(durations, weights)
+        self._tele.step_times.extend(durations[-StepTimes.maxlen :])
+        weights = np.full(k, n, dtype=np.int64)
+        weights[0] = first_weight
+        itl.add_many(np.array(durations), weights)
         self._clock = end
         self._tele.interval.output_tokens += n * k
         if k == first_finish:
             self._retire()
-        self._tele.last_step = (0, n, float(durations[-1]))
-        self._account(float(durations.sum()), usage_time, n, k)
+        self._tele.last_step = (0, n, durations[-1])
+        self._account(_np_sum(durations), usage_time, n, k)
         return True
 
     # ------------------------------------------------------------------ reporting
@@ -605,6 +643,42 @@ class SimEngine:
             slo=self.slo,
             unfinished=len(self._pending) + len(self._waiting) + len(self._running),
         )
+
+
+def _np_sum(values: list[float]) -> float:
+    """``float(np.sum(values))`` for a short list, in numpy's own order (pairwise blocks
+    of 8 accumulators) but without building an array."""
+    return _pairwise_sum(values, 0, len(values))
+
+
+def _pairwise_sum(a: list[float], lo: int, n: int) -> float:
+    """numpy's ``pairwise_sum`` over ``a[lo:lo + n]`` (numpy/_core/src/umath/loops_utils.h)."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3, r4, r5, r6, r7 = a[lo : lo + 8]
+        i = lo + 8
+        stop = lo + n - n % 8
+        while i < stop:
+            r0 += a[i]
+            r1 += a[i + 1]
+            r2 += a[i + 2]
+            r3 += a[i + 3]
+            r4 += a[i + 4]
+            r5 += a[i + 5]
+            r6 += a[i + 6]
+            r7 += a[i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        for j in range(i, lo + n):
+            res += a[j]
+        return res
+    half = n // 2
+    half -= half % 8
+    return _pairwise_sum(a, lo, half) + _pairwise_sum(a, lo + half, n - half)
 
 
 _SHARED = (int, float, bool, str, bytes, type(None), tuple, frozenset)
