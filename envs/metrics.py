@@ -178,9 +178,11 @@ class LatencySketch:
             self.add_many(np.frombuffer(pending, dtype=np.float64))
 
     def _index(self, values: np.ndarray) -> np.ndarray:
-        safe = np.clip(values, self.TINY, self.HUGE)
+        # np.minimum/np.maximum: np.clip's result at a fraction of its per-call cost
+        safe = np.minimum(np.maximum(values, self.TINY), self.HUGE)
         idx = np.ceil(np.log(safe) / self._LOG_GAMMA).astype(np.int64) - self._OFFSET + 1
-        return np.where(values <= self.TINY, 0, np.clip(idx, 1, self.NUM_BUCKETS - 1))
+        idx = np.minimum(np.maximum(idx, 1), self.NUM_BUCKETS - 1)
+        return np.where(values <= self.TINY, 0, idx)
 
     def _to_buckets(self) -> None:
         self._buckets = np.bincount(

@@ -504,8 +504,10 @@ class SimEngine:
             admission_open = n < self._limit and self._budget > n
             if n == 0 or self._budget < n or (self._waiting and admission_open):
                 return False  # nothing to run, decodes cut by the budget, or an admission due
+        bs = self.block_size
         first_finish = 1 << 62  # iterations until the first running request finishes
         kv = 0
+        firsts: list[int] = []  # per request, the first iteration whose token needs a new block
         for req in reversed(running):  # newest first: a prefill chunk is due there if anywhere
             generated = req.generated
             held = req.prompt + generated
@@ -517,38 +519,39 @@ class SimEngine:
                     return False
                 first_finish = left
             kv += held
+            firsts.append(req.blocks * bs - held + 1)
         k = first_finish if max_iterations is None else min(first_finish, max_iterations)
         if k < 2:
             return False
-        durations = self.profile.step.decode_run(n, kv, k).tolist()
         bound = until_s
         if admission_open and self._pending:
             nxt = self._pending[0].arrival_s
             bound = nxt if bound is None else min(bound, nxt)
-        # the clock summed in step order, as `_step` sums it: bit-identical end times
+        # each step's time as `StepModel.decode_run` gives it (base + per-KV-token term, the
+        # same floating-point operations as one step), the clock summed in step order as
+        # `_step` sums it: bit-identical end times; computed only up to the bound
+        step = self.profile.step
+        base, per_kv = step.base_time(0, 0, 0, 0, n), step.decode_kv_s
+        durations: list[float] = []
         ends: list[float] = []
         clock = self._clock
-        for d in durations:
+        for i in range(k):
+            d = base + per_kv * float(kv + n * i)
             clock += d
+            durations.append(d)
             ends.append(clock)
             if bound is not None and clock >= bound:
                 break  # the first iteration ending at or past the bound is the last
         k = len(ends)
         # extra[j]: blocks the running requests need beyond theirs after iteration j
-        bs = self.block_size
         extra = [0] * k
-        held_blocks = 0
-        for req in running:
-            held = req.prompt + req.generated
-            blocks = req.blocks
-            held_blocks += blocks
-            first = blocks * bs - held + 1  # first iteration whose token needs a new block
-            if first >= 0:
-                for j in range(first, k, bs):
-                    extra[j] += 1
-            else:  # fewer blocks than its tokens so far: not reached by `_step`, kept exact
-                for j in range(k):
-                    extra[j] += max(0, -(-(held + j) // bs) - blocks)
+        for first in firsts:
+            if first >= k:
+                continue
+            if first < 0:  # `_step` always holds blocks for every computed token
+                raise AssertionError("a decoding request holds fewer blocks than its tokens")
+            for j in range(first, k, bs):
+                extra[j] += 1
         total = 0
         for j in range(k):
             total += extra[j]
@@ -579,12 +582,16 @@ class SimEngine:
             blocks = -(-(held + last) // bs)
             if blocks > req.blocks:
                 req.blocks = blocks
-            first_gap = d1
+            worst = req.max_itl
             if req.last_token != start:  # it did not run in the previous step
                 first_gap = first_end - req.last_token
                 first_weight -= 1
                 itl.add(first_gap)
-            req.max_itl = max(req.max_itl, first_gap, rest_max)
+                if first_gap > worst:
+                    worst = first_gap
+            elif d1 > worst:
+                worst = d1
+            req.max_itl = rest_max if rest_max > worst else worst
             req.last_token = end
         self._tele.step_times.extend(durations[-StepTimes.maxlen :])
         weights = np.full(k, n, dtype=np.int64)
