@@ -85,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
         cfg.control_interval,
         "--seeds",
         str(args.seeds),
+        "--no-capacity",  # the main job stays quick: goodput per seed, no capacity bisection
         "--out",
         str(args.out),
         *(["--no-progress"] if args.no_progress else []),
