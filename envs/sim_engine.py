@@ -35,7 +35,7 @@ import copy
 from array import array
 from collections import deque
 from collections.abc import Callable
-from itertools import pairwise
+from itertools import pairwise, repeat
 from operator import attrgetter
 
 import numpy as np
@@ -255,8 +255,11 @@ class SimEngine:
                 self._step_v0() if self.scheduler == "v0" else self._step()
         return self._telemetry()
 
-    def _admit_arrivals(self) -> None:
-        pending, clock = self._pending, self._clock
+    def _admit_arrivals(self, clock: float | None = None) -> None:
+        """Queue the requests arrived by `clock` (default: now)."""
+        pending = self._pending
+        if clock is None:
+            clock = self._clock
         while pending and pending[0].arrival_s <= clock:
             r = _Req(pending.popleft())
             self._waiting.append(r)
@@ -495,15 +498,27 @@ class SimEngine:
         """
         running = self._running
         n = len(running)
+        queue_arrivals = False
         if self.scheduler == "v0":
             # V0 decodes the whole batch; FCFS: a blocked head keeps later arrivals waiting
             if n == 0 or (self._waiting and n < self._limit and self._v0_fits(self._waiting[0])):
                 return False  # a prefill step is due
             admission_open = n < self._limit and not self._waiting
         else:
-            admission_open = n < self._limit and self._budget > n
-            if n == 0 or self._budget < n or (self._waiting and admission_open):
-                return False  # nothing to run, decodes cut by the budget, or an admission due
+            budget = self._budget
+            if n == 0 or budget < n:
+                return False  # nothing to run, or decodes cut by the budget
+            admission_open = n < self._limit and budget > n
+            if self._waiting and admission_open:
+                head = self._waiting[0]
+                chunk = min(head.prompt + head.generated - head.computed, budget - n)
+                if -(-chunk // self.block_size) <= self._free:
+                    return False  # an admission is due
+                # the head's first chunk cannot get its blocks until a request finishes
+                # (decodes only take blocks): later arrivals queue behind it, and are
+                # admitted to the queue when `_step` would have (`queue_arrivals`)
+                admission_open = False
+                queue_arrivals = True
         bs = self.block_size
         first_finish = 1 << 62  # iterations until the first running request finishes
         kv = 0
@@ -562,11 +577,28 @@ class SimEngine:
         if k < 2:
             return False
         del durations[k:], ends[k:], extra[k:]
-        # KV usage after each iteration, for the time-weighted mean
         used = self.num_total_blocks - free
+        self._free = free - extra[-1]
+        if queue_arrivals:
+            self._stepped_decodes(durations, ends, used, extra)
+            self._admit_arrivals(ends[-2])  # `_step` queues them before each iteration
+        else:
+            self._decode_totals(durations, ends, used, extra)
+        if k == first_finish:
+            self._retire()
+        return True
+
+    def _decode_totals(
+        self, durations: list[float], ends: list[float], used: int, extra: list[int]
+    ) -> None:
+        """Account a closed-form decode run in closed form: its inter-token latencies and
+        KV usage as weighted totals (`_decode_run` started this way; its figures are kept)."""
+        running = self._running
+        n, k = len(running), len(durations)
+        bs = self.block_size
+        # KV usage after each iteration, for the time-weighted mean
         usage_time = _np_sum([(used + e) * d for e, d in zip(extra, durations, strict=True)])
         usage_time /= self.num_total_blocks
-        self._free = free - extra[-1]
         start = self._clock
         end = ends[-1]
         first_end = ends[0]
@@ -599,11 +631,52 @@ class SimEngine:
         itl.add_many(np.array(durations), weights)
         self._clock = end
         self._tele.interval.output_tokens += n * k
-        if k == first_finish:
-            self._retire()
         self._tele.last_step = (0, n, durations[-1])
         self._account(_np_sum(durations), usage_time, n, k)
-        return True
+
+    def _stepped_decodes(
+        self, durations: list[float], ends: list[float], used: int, extra: list[int]
+    ) -> None:
+        """Account a closed-form decode run step by step, with `_execute`'s figures and
+        floating-point order (each gap a difference of step end times, each step's totals
+        added in turn): bit-identical to stepping, at a fraction of its per-request cost.
+        For runs `_decode_run` takes past a KV-blocked queue head, which it once stepped."""
+        running = self._running
+        n, k = len(running), len(durations)
+        bs = self.block_size
+        total = self.num_total_blocks
+        itl = self._stats.itl
+        step_times = self._tele.step_times
+        iv = self._tele.interval
+        first_end, end = ends[0], ends[-1]
+        gaps = [b - a for a, b in pairwise(ends)]  # every later step's gap, as `_execute`
+        rest_max = max(gaps)
+        last = k - 1
+        add = itl.buffer.append
+        for req in running:
+            held = req.prompt + req.generated
+            req.computed += k
+            req.generated += k
+            blocks = -(-(held + last) // bs)
+            if blocks > req.blocks:
+                req.blocks = blocks
+            gap = first_end - req.last_token
+            add(gap)
+            worst = req.max_itl
+            if gap > worst:
+                worst = gap
+            req.max_itl = rest_max if rest_max > worst else worst
+            req.last_token = end
+        for j in range(k):
+            if j:
+                itl.buffer.extend(repeat(gaps[j - 1], n))
+            itl.settle()
+            dt = durations[j]
+            step_times.add(dt)
+            self._account(dt, (used + extra[j]) * dt / total, n, 1)
+        self._clock = end
+        iv.output_tokens += n * k
+        self._tele.last_step = (0, n, durations[-1])
 
     # ------------------------------------------------------------------ reporting
     def _telemetry(self) -> Telemetry:
