@@ -51,8 +51,14 @@ class OnnxablePolicy(th.nn.Module):
 
     def forward(self, observation: th.Tensor) -> th.Tensor:
         x = th.clamp((observation - self.mean) / self.std, -self.clip, self.clip)
-        action, _, _ = self.policy(x, deterministic=True)
-        return action.to(th.float32)
+        nvec = getattr(self.policy.action_space, "nvec", None)
+        if nvec is None:
+            action, _, _ = self.policy(x, deterministic=True)
+            return action.to(th.float32)
+        # a grid choice: the argmax of each knob's logits (no distribution ops in the graph)
+        latent = self.policy.mlp_extractor.forward_actor(self.policy.extract_features(x))
+        logits = th.split(self.policy.action_net(latent), [int(n) for n in nvec], dim=1)
+        return th.stack([lg.argmax(dim=1) for lg in logits], dim=1).to(th.float32)
 
 
 def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
