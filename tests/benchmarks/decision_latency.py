@@ -12,8 +12,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
-
 from batchpilot.agents.specs import make_controller
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.engine import Engine

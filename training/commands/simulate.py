@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         default="llama-7b-a100",
-        help="engine profile name (llama-7b-a100, llama-65b-8xa100, llama3-70b-8xa100, "
-        "cpu-tiny-llama) or a profile JSON from `batchpilot calibrate`. Default: %(default)s",
+        help="engine profile name (`batchpilot profiles` lists them) or a profile JSON from "
+        "`batchpilot calibrate` or `batchpilot profiles build`. Default: %(default)s",
     )
     parser.add_argument(
         "--scheduler",
