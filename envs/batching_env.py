@@ -14,7 +14,7 @@ from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
-from batchpilot.envs.profiles import EngineProfile, get_profile
+from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
 from batchpilot.envs.workload import Request, Workload
 from batchpilot.envs.workloads import DEFAULT_SOURCE, make_workload
@@ -170,7 +170,7 @@ class BatchingEnv(gym.Env):
     def __init__(
         self,
         engine: str = "sim",
-        profile: str | list[str] = "llama-7b-a100",
+        profile: str | list[str] = DEFAULT_PROFILE,
         workload: str | dict | list[str | dict] = DEFAULT_SOURCE,
         slo: str = str(DEFAULT_SLO),
         control_interval_s: float | None = 0.5,

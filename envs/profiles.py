@@ -547,6 +547,11 @@ PROFILES: dict[str, EngineProfile] = {
 }
 
 
+DEFAULT_PROFILE = "llama-7b-a100"
+"""The profile every command and the env use when none is named: Llama-2-7B's roofline on one
+A100 with its context stretched to 16,384 so the Azure traces' long prompts fit."""
+
+
 def get_profile(name_or_path: str) -> EngineProfile:
     """A shipped profile by name, or a profile JSON file (as `batchpilot calibrate` writes)."""
     if name_or_path in PROFILES:

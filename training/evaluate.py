@@ -40,6 +40,7 @@ from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO
+from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import run
 from batchpilot.envs.traces import load_trace
 from batchpilot.envs.workload import Request, Workload
@@ -107,7 +108,7 @@ class Scenario:
     source: str
     arrival: str = "replay"
     num_requests: int | None = None
-    profile: str = "llama-7b-a100"
+    profile: str = DEFAULT_PROFILE
     engine: str = "sim"
     model: str | None = None
     engine_args: tuple[tuple[str, Any], ...] = ()

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.evaluate import RANGES, Scenario
 
 TOP_KEYS = (
@@ -94,7 +95,7 @@ def parse_suite(data: Any, path: Path) -> Suite:
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise SuiteError(f"{path}: 'defaults' must be a mapping of scenario fields")
-    profiles = data.get("profiles", ["llama-7b-a100"])
+    profiles = data.get("profiles", [DEFAULT_PROFILE])
     scenarios = []
     for i, entry in enumerate(entries):
         where = f"{path}: scenarios[{i}]"

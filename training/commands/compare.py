@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.commands.common import COUNT, REQUESTS, WORKERS
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
@@ -92,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "max_model_len, max_num_batched_tokens, time_scale",
     )
     parser.add_argument(
-        "--profile", default="llama-7b-a100", help="sim engine profile. Default: %(default)s"
+        "--profile", default=DEFAULT_PROFILE, help="sim engine profile. Default: %(default)s"
     )
     parser.add_argument(
         "--scheduler",

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.commands.common import COUNT
 
 QUICK_CONFIG = "quick.yml"
@@ -72,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
         else compare.DEFAULT_WORKLOAD,
         "embedded:sharegpt@poisson:1.3",
     ]
-    profile = ev.get("profile") or cfg.env_kwargs.get("profile", ["llama-7b-a100"])[0]
+    profile = ev.get("profile") or cfg.env_kwargs.get("profile", [DEFAULT_PROFILE])[0]
     argv = [
         "--controllers",
         f"{CONTROLLERS},policy:{policy}",

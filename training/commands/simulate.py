@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.commands.common import add_workload_arguments, write_json
 
 
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     parser.add_argument(
         "--profile",
-        default="llama-7b-a100",
+        default=DEFAULT_PROFILE,
         help="engine profile name (`batchpilot profiles` lists them) or a profile JSON from "
         "`batchpilot calibrate` or `batchpilot profiles build`. Default: %(default)s",
     )
