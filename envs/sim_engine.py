@@ -23,10 +23,10 @@ linear model or the measured tabular one, given each step's prefill requests, to
 contexts and chunk x context work, and its decode requests and KV tokens.
 
 Runs of identical pure-decode iterations (no admission possible, no finish, no block
-shortage, no control boundary) are advanced in closed form: the step-time model's
-`decode_run` gives each iteration's time with the same floating-point operations as one
-step, the clock is summed in step order, and KV usage and every token's inter-token
-latency are still accounted exactly.
+shortage, no control boundary) are advanced in closed form: each iteration's time comes
+from the step-time model's `base_time` and `decode_kv_s` with the same floating-point
+operations as one step, the clock is summed in step order, and KV usage and every
+token's inter-token latency are still accounted exactly.
 """
 
 from __future__ import annotations
@@ -542,7 +542,7 @@ class SimEngine:
         if admission_open and self._pending:
             nxt = self._pending[0].arrival_s
             bound = nxt if bound is None else min(bound, nxt)
-        # each step's time as `StepModel.decode_run` gives it (base + per-KV-token term, the
+        # each step's time as `StepModel.time` gives it (base + per-KV-token term, the
         # same floating-point operations as one step), the clock summed in step order as
         # `_step` sums it: bit-identical end times; computed only up to the bound
         step = self.profile.step

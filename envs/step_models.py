@@ -20,10 +20,10 @@ Two models implement it:
   attention cost linear in prefill tokens, chunk x context and decode KV tokens, and
   explicit per-step and per-request CPU overheads.
 
-Both are linear in ``decode_kv`` as the last term, so `decode_run` evaluates a run of
-pure-decode steps (batch fixed, context growing by the batch each step) with the same
-floating-point operations as one `time` call per step: the simulator's closed-form decode
-runs give bit-identical step times.
+Both are linear in ``decode_kv`` as the last term (`base_time` + `decode_kv_s` x KV), so
+the simulator's closed-form decode runs (batch fixed, context growing by the batch each
+step) compute each step's time with the same floating-point operations as one `time` call:
+bit-identical step times.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from abc import ABC, abstractmethod
 from bisect import bisect_right
 from dataclasses import dataclass, field, fields
 from itertools import pairwise
-
-import numpy as np
 
 
 class StepModel(ABC):
@@ -78,13 +76,6 @@ class StepModel(ABC):
         """Seconds for one request's whole prompt in one chunk (nothing else in the step)."""
         p = prompt_tokens
         return self.time(1, p, p, p * p, 0, 0)
-
-    def decode_run(self, decode_seqs: int, decode_kv: int, iterations: int) -> np.ndarray:
-        """Step times of `iterations` pure-decode steps of `decode_seqs` requests whose
-        contexts sum to `decode_kv` in the first and grow by `decode_seqs` each step;
-        element i equals ``time(0, 0, 0, 0, decode_seqs, decode_kv + decode_seqs * i)``."""
-        kv = decode_kv + decode_seqs * np.arange(iterations, dtype=np.int64)
-        return self.base_time(0, 0, 0, 0, decode_seqs) + self.decode_kv_s * kv.astype(np.float64)
 
     @abstractmethod
     def to_dict(self) -> dict:

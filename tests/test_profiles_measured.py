@@ -106,15 +106,6 @@ def test_attention_and_tensor_parallelism_behave() -> None:
     assert h100.prefill_time(2048) < tp4.prefill_time(2048)
 
 
-@pytest.mark.parametrize("name", ["llama-2-7b-a100", "llama-2-70b-a100x8", "cpu-tiny-llama"])
-def test_decode_run_is_bit_identical_to_single_steps(name: str) -> None:
-    step = PROFILES[name].step
-    for n, kv, k in ((1, 17, 50), (64, 64 * 700, 300), (300, 300 * 3000, 20)):
-        run = step.decode_run(n, kv, k)
-        singles = [step.time(0, 0, 0, 0, n, kv + n * i) for i in range(k)]
-        assert run.tolist() == singles
-
-
 def _small_table_profile(blocks: int) -> EngineProfile:
     step = TableStepModel(
         token_knots=(1.0, 8.0, 16.0, 64.0),
