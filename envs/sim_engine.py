@@ -581,9 +581,9 @@ class SimEngine:
         self._free = free - extra[-1]
         if queue_arrivals:
             self._stepped_decodes(durations, ends, used, extra)
-            self._admit_arrivals(ends[-2])  # `_step` queues them before each iteration
         else:
             self._decode_totals(durations, ends, used, extra)
+        self._admit_arrivals(ends[-2])  # stepping queues arrivals before each iteration
         if k == first_finish:
             self._retire()
         return True
