@@ -139,6 +139,9 @@ class SimEngine:
         self._watermark = int(V0_WATERMARK * profile.num_gpu_blocks) if scheduler == "v0" else 0
         self.block_size = profile.block_size
         self.num_total_blocks = profile.num_gpu_blocks
+        self._kv_blocks = profile.num_gpu_blocks - NULL_BLOCKS
+        """Blocks requests can hold: KV usage is a fraction of these, as vLLM's
+        (`BlockPool.get_usage` leaves out the null block)."""
         self.max_model_len = profile.max_model_len
         self.max_num_seqs = profile.max_num_seqs
         self.max_num_batched_tokens = profile.max_num_batched_tokens
@@ -423,13 +426,13 @@ class SimEngine:
         iv.ttft_n += ttft_n
         iv.ttft_sum = ttft_sum
         itl.settle()
-        used = self.num_total_blocks - self._free
+        used = self._kv_blocks - self._free
         if finished:
             self._retire()
         self._tele.last_step = (prefill, decode, dt)
         if decode:
             self._tele.step_times.add(dt)
-        self._account(dt, used * dt / self.num_total_blocks, decode, 1)
+        self._account(dt, used * dt / self._kv_blocks, decode, 1)
 
     def _preempt(self, req: _Req) -> None:
         self._free += req.blocks
@@ -577,7 +580,7 @@ class SimEngine:
         if k < 2:
             return False
         del durations[k:], ends[k:], extra[k:]
-        used = self.num_total_blocks - free
+        used = self._kv_blocks - free
         self._free = free - extra[-1]
         if queue_arrivals:
             self._stepped_decodes(durations, ends, used, extra)
@@ -598,7 +601,7 @@ class SimEngine:
         bs = self.block_size
         # KV usage after each iteration, for the time-weighted mean
         usage_time = _np_sum([(used + e) * d for e, d in zip(extra, durations, strict=True)])
-        usage_time /= self.num_total_blocks
+        usage_time /= self._kv_blocks
         start = self._clock
         end = ends[-1]
         first_end = ends[0]
@@ -644,7 +647,7 @@ class SimEngine:
         running = self._running
         n, k = len(running), len(durations)
         bs = self.block_size
-        total = self.num_total_blocks
+        total = self._kv_blocks
         itl = self._stats.itl
         step_times = self._tele.step_times
         iv = self._tele.interval
@@ -681,7 +684,7 @@ class SimEngine:
     # ------------------------------------------------------------------ reporting
     def _telemetry(self) -> Telemetry:
         now = self._clock
-        usage = (self.num_total_blocks - self._free) / self.num_total_blocks
+        usage = 1.0 - self._free / self._kv_blocks  # vLLM's formula, to the bit
         decoding = on_track_tokens = 0
         slo = self.slo
         for r in self._running:
