@@ -33,6 +33,8 @@ class _Track:
     preemptions: int = 0
     recomputed: int = 0
     max_itl_s: float = 0.0
+    computed: int = 0
+    """Tokens with KV computed as of the last step scheduled (what a preemption drops)."""
 
 
 class StepTracker:
@@ -107,6 +109,9 @@ class StepTracker:
                 continue
             before = req.num_computed_tokens - n  # schedule() already advanced it
             context = req.num_computed_tokens
+            track = self.tracks.get(rid)
+            if track is not None:
+                track.computed = context
             if n == 1 and req.num_output_tokens > 0 and before == req.num_tokens - 1:
                 decode += 1
             else:
@@ -116,10 +121,10 @@ class StepTracker:
                 prefill_attn += n * context
             kv += context
         for rid in out.preempted_req_ids or ():
-            track, req = self.tracks.get(rid), requests.get(rid)
+            track = self.tracks.get(rid)
             if track is not None:
                 track.preemptions += 1
-                dropped = req.num_tokens if req is not None else track.prompt_tokens
+                dropped = track.computed  # vLLM has already reset num_computed_tokens
                 track.recomputed += dropped
                 self.tele.interval.recomputed_tokens += dropped
             self.tele.interval.preemptions += 1

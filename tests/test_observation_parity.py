@@ -36,9 +36,10 @@ pytestmark = pytest.mark.vllm
 SLO_SPEC = SLO.parse("ttft:2000,tpot:50")
 QUANTUM_S = 1.0 / 4096
 INTERVAL_ITERS = 3
-LIMITS = [Limits(4, 256)] * 3 + [Limits(8)] * 4 + [Limits(3, 512)]
+LIMITS = [Limits(6, 256)] * 2 + [Limits(32)] * 5 + [Limits(4, 512)]
 """Limits per decision (the last one holds to the end): chunked prefill under a small
-budget, a larger batch, then a lowered cap that drains."""
+budget, then every request admitted, more than the KV cache holds once they decode past
+a block (preemption and recompute), then a lowered cap that drains."""
 
 
 class VirtualClock:
@@ -123,10 +124,10 @@ def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
     clock = VirtualClock()
     real.scheduler.tracker.clock = clock
     clock.attach(real.scheduler)
-    workload = make_workload("fixed:300:24", "all-at-once", num_requests=12, seed=0)
+    workload = make_workload("fixed:120:16", "all-at-once", num_requests=16, seed=0)
     real_seen = decisions(real, workload)
     tracker = real.scheduler.tracker
-    assert len(tracker.step_log) == tracker.iterations > 30
+    assert len(tracker.step_log) == tracker.iterations > 20
 
     steps = ReplayedStepTimes(tracker.step_log)
     profile = EngineProfile(
@@ -146,6 +147,8 @@ def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
     real_obs, sim_obs = observations(real_seen), observations(sim_seen)
     assert np.all(real_obs[1:, OBSERVATION_FIELDS.index("tbt_mean_over_tpot")] >= 0)
     assert np.any(real_obs[:, OBSERVATION_FIELDS.index("ttft_over_target")] > 0)
+    assert np.any(real_obs[:, OBSERVATION_FIELDS.index("preemptions_per_running")] > 0)
+    assert len(set(real_obs[:, OBSERVATION_FIELDS.index("log2_token_budget")])) == 3
     for i, (r, s) in enumerate(zip(real_obs, sim_obs, strict=True)):
         differ = [f for f, a, b in zip(OBSERVATION_FIELDS, r, s, strict=True) if a != b]
         assert not differ, f"decision {i}: {differ} differ: vLLM {r}, simulator {s}"
