@@ -170,6 +170,9 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
     assert "Against the best reference alg1: mpc -7.0%" in line  # -15 / 215
     line = verdict(_fake_scenario([100.0, 200.0, 300.0], [120.0, 190.0, 300.0]), ["alg1", "mpc"])
     assert "no significant difference on goodput between mpc and alg1" in line
+    # consistently ahead by 0.05%: significant, but a tie for anyone choosing a controller
+    line = verdict(_fake_scenario([100.0, 200.0, 300.0], [100.1, 200.1, 300.12]), ["alg1", "mpc"])
+    assert line.startswith("**S**: mpc and alg1 tie on goodput (significant but under 1%)")
 
 
 def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:

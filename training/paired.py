@@ -15,6 +15,10 @@ T975 = (
 )  # fmt: skip
 """97.5% quantiles of Student's t for 1..30 degrees of freedom."""
 
+MIN_EFFECT = 0.01
+"""The smallest relative difference a verdict calls a win or a loss: a significant +0.02%
+is a tie for anyone choosing a controller."""
+
 
 def t975(dof: int) -> float:
     """The 97.5% quantile of Student's t with `dof` degrees of freedom."""
@@ -56,8 +60,18 @@ class PairedDifference:
             return False
         return self.low > 0 or self.high < 0
 
+    @property
+    def decisive(self) -> bool:
+        """Significant and at least `MIN_EFFECT` of b's mean: a verdict's win or loss."""
+        return self.significant and (self.rel is None or abs(self.rel) >= MIN_EFFECT)
+
     def to_dict(self) -> dict[str, float | int | bool | None]:
-        return {**asdict(self), "rel": self.rel, "significant": self.significant}
+        return {
+            **asdict(self),
+            "rel": self.rel,
+            "significant": self.significant,
+            "decisive": self.decisive,
+        }
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> PairedDifference:

@@ -2,13 +2,13 @@
 
 The first lines say, per scenario, which controller wins on the scenario's score (goodput
 unless no controller meets the SLOs) and by how much: the mean paired difference over
-seeds with its 95% interval vs the runner-up, or "no significant difference" when the
-interval spans 0, and each oracle / learned controller against the best reference (tuned
-static, vLLM's default, the rules). Per scenario: what the seeds varied, how ``default``
-and ``best-static`` were set, a metrics table (mean ± std across seeds), the paired
-differences of every controller against every other, and plots of the limit / running
-requests / KV usage over time, the ITL distribution, and throughput and goodput against the
-Poisson arrival rate.
+seeds with its 95% interval vs the runner-up, "no significant difference" when the
+interval spans 0, or a tie when it is significant but under `paired.MIN_EFFECT`; then each
+oracle / learned controller against the best reference (tuned static, vLLM's default, the
+rules). Per scenario: what the seeds varied, how ``default`` and ``best-static`` were set,
+a metrics table (mean ± std across seeds), the paired differences of every controller
+against every other, and plots of the limit / running requests / KV usage over time, the
+ITL distribution, and throughput and goodput against the Poisson arrival rate.
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ from typing import Any
 
 from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.training.evaluate import SEPARATION
-from batchpilot.training.paired import PairedDifference, describe, paired_difference
+from batchpilot.training.paired import (
+    MIN_EFFECT,
+    PairedDifference,
+    describe,
+    paired_difference,
+)
 
 TABLE_METRICS = (
     ("output_throughput", "out tok/s", "{:,.0f}"),
@@ -113,8 +118,13 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
     p = paired_vs(sc, win, second, key)
     if p.n == 1:
         line = f"{win} leads on {what}, {describe(p)} vs {second} (one run: no interval)"
-    elif p.significant:
+    elif p.decisive:
         line = f"{win} wins on {what}, {describe(p)} vs {second} ({p.n} paired seeds)"
+    elif p.significant:
+        line = (
+            f"{win} and {second} tie on {what} (significant but under "
+            f"{MIN_EFFECT:.0%}): {describe(p)} ({p.n} paired seeds)"
+        )
     else:
         line = (
             f"no significant difference on {what} between {win} and {second}: "

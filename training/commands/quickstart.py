@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
 def learned_verdict(results: dict[str, Any], label: str) -> str:
     """The report's first lines: did the learned policy beat the best reference (tuned
     static, vLLM's default, the rules) on goodput, per scenario, paired over seeds."""
-    from batchpilot.training.paired import describe
+    from batchpilot.training.paired import MIN_EFFECT, describe
     from batchpilot.training.report import best_reference, paired_vs
 
     lines, wins, losses = [], 0, 0
@@ -117,7 +117,9 @@ def learned_verdict(results: dict[str, Any], label: str) -> str:
             continue
         p = paired_vs(sc, label, ref, "output_goodput")
         outcome = "tie (no significant difference)"
-        if p.significant:
+        if p.significant and not p.decisive:
+            outcome = f"tie (significant but under {MIN_EFFECT:.0%})"
+        if p.decisive:
             won = p.diff > 0
             wins, losses = wins + won, losses + (not won)
             outcome = "won" if won else "lost"
@@ -127,7 +129,9 @@ def learned_verdict(results: dict[str, Any], label: str) -> str:
         head = f"**The learned policy won** on {wins} of {n} scenarios"
     elif losses and not wins:
         head = f"**The learned policy lost** on {losses} of {n} scenarios"
-    else:
+    elif wins or losses:
         head = f"**The learned policy won on {wins} and lost on {losses} of {n} scenarios**"
+    else:
+        head = f"**The learned policy tied** on all {n} scenarios"
     head += " against the best reference (paired 95% intervals over seeds):"
     return "\n".join([head, *lines])
