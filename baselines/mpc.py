@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from batchpilot.baselines.oracle import OracleController, peak_blocks
+from batchpilot.baselines.oracle import OracleController, largest_fitting, peak_blocks
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.sim_engine import NULL_BLOCKS
@@ -247,14 +247,7 @@ class MPCController:
 
         if fits(len(running)):
             return len(running)
-        lo, hi = 0, len(running) - 1  # fits(lo) holds, fits(hi + 1) does not
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return largest_fitting(fits, 0, len(running) - 1)  # fits(len(running)) does not hold
 
     def _drain_s(self, tokens: int, pace: float) -> float:
         """Seconds to prefill `tokens` at `pace` tokens/s (infinite at pace 0)."""

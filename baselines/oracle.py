@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from batchpilot.envs.engine import Engine
@@ -22,6 +24,18 @@ def peak_blocks(held: np.ndarray, remaining: np.ndarray, block_size: int) -> int
     alive = remaining[None, :] > steps[:, None]
     blocks = -(-(held[None, :] + steps[:, None]) // block_size)
     return int((blocks * alive).sum(axis=1).max())
+
+
+def largest_fitting(fits: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest k in [lo, hi] with ``fits(k)``, by bisection; `fits` must hold at `lo` and
+    be monotone (true up to some k, false after)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class OracleController:
@@ -71,13 +85,7 @@ class OracleController:
             rows = pairs[: len(running) + k]
             return peak_blocks(rows[:, 0], rows[:, 1], bs) <= capacity
 
-        lo, hi = 0, min(len(waiting), max(cap - len(running), 0))  # fits(lo) holds
-        if not fits(lo):
+        if not fits(0):
             return Limits(max(len(running), 1))
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return Limits(min(max(len(running) + lo, 1), cap))
+        admit = largest_fitting(fits, 0, min(len(waiting), max(cap - len(running), 0)))
+        return Limits(min(max(len(running) + admit, 1), cap))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
+from batchpilot.envs.profiles import DEFAULT_PROFILE
 
 
 def whole(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -99,6 +100,23 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         default="error",
         help="requests longer than the model's context: stop with an error (default), drop "
         "them, or truncate prompt then output",
+    )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The simulated engine: ``--profile`` and ``--scheduler``."""
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help="engine profile name (`batchpilot profiles` lists them) or a profile JSON from "
+        "`batchpilot calibrate` or `batchpilot profiles build`. Default: %(default)s",
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=("v1", "v0"),
+        default="v1",
+        help="simulated scheduling: v1 (vLLM V1: chunked prefills share steps with decodes) "
+        "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: %(default)s",
     )
 
 

@@ -30,8 +30,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from batchpilot.envs.metrics import DEFAULT_SLO
-from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.training.commands.common import COUNT, REQUESTS, WORKERS
+from batchpilot.training.commands.common import (
+    COUNT,
+    REQUESTS,
+    WORKERS,
+    add_engine_arguments,
+)
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
 VLLM_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2"
@@ -92,16 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="real-engine setting, repeatable: num_gpu_blocks (KV pressure), max_num_seqs, "
         "max_model_len, max_num_batched_tokens, time_scale",
     )
-    parser.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help="sim engine profile. Default: %(default)s"
-    )
-    parser.add_argument(
-        "--scheduler",
-        choices=("v1", "v0"),
-        default="v1",
-        help="simulated scheduling: v1 (vLLM V1: chunked prefills share steps with decodes) "
-        "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: %(default)s",
-    )
+    add_engine_arguments(parser)
     parser.add_argument(
         "--slo",
         help=f"goodput SLOs in ms. Default: {DEFAULT_SLO}, or each suite scenario's",

@@ -15,25 +15,16 @@ import argparse
 from pathlib import Path
 
 from batchpilot.envs.metrics import DEFAULT_SLO
-from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.training.commands.common import add_workload_arguments, write_json
+from batchpilot.training.commands.common import (
+    add_engine_arguments,
+    add_workload_arguments,
+    write_json,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
-    parser.add_argument(
-        "--profile",
-        default=DEFAULT_PROFILE,
-        help="engine profile name (`batchpilot profiles` lists them) or a profile JSON from "
-        "`batchpilot calibrate` or `batchpilot profiles build`. Default: %(default)s",
-    )
-    parser.add_argument(
-        "--scheduler",
-        choices=("v1", "v0"),
-        default="v1",
-        help="simulated scheduling: v1 (vLLM V1: chunked prefills share steps with decodes) "
-        "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: %(default)s",
-    )
+    add_engine_arguments(parser)
     parser.add_argument(
         "--controller",
         default="static:256",
