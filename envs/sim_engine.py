@@ -446,7 +446,6 @@ class SimEngine:
 
     def _retire(self) -> None:
         keep: list[_Req] = []
-        iv = self._tele.interval
         slo = self.slo
         for req in self._running:
             if req.generated < req.output:
@@ -469,10 +468,7 @@ class SimEngine:
             self._stats.add_request(rec, good)
             if self.keep_records:
                 self._records.append(rec)
-            self._tele.finished(req.output)
-            iv.finished += 1
-            if good:
-                iv.good_tokens += req.output
+            self._tele.finished(req.output, good)
         self._running = keep
 
     def _account(

@@ -306,9 +306,12 @@ class TelemetryAccumulator:
         self.prompt_stats.add(prompt_tokens)
         self.arrivals.add(t)
 
-    def finished(self, output_tokens: int) -> None:
-        """A request finished after `output_tokens` tokens."""
+    def finished(self, output_tokens: int, good: bool) -> None:
+        """A request finished after `output_tokens` tokens, meeting its SLOs if `good`."""
         self.output_stats.add(output_tokens)
+        self.interval.finished += 1
+        if good:
+            self.interval.good_tokens += output_tokens
 
     def report(self, now: float, iteration: int, **state: float) -> Telemetry:
         """`Telemetry` at engine time `now`; starts a new interval.

@@ -184,10 +184,7 @@ class StepTracker:
             self.last_finish_s = now
             if self.keep_records:
                 self.records.append(rec)
-            self.tele.finished(track.output_tokens)
-            iv.finished += 1
-            if good:
-                iv.good_tokens += track.output_tokens
+            self.tele.finished(track.output_tokens, good)
 
     def on_abort(self, request_ids: list[str] | None) -> None:
         """Requests finished from outside (client gone, abort): forget them; None: all."""
