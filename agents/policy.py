@@ -1,6 +1,8 @@
 """A learned policy as a controller: ``policy:PATH`` loads an exported ONNX file.
 
-Serving needs numpy and onnxruntime only (no stable-baselines3, no torch, no pickle).
+Serving needs numpy and the `onnx` package only (no onnxruntime, stable-baselines3, torch
+or pickle): `batchpilot.agents.onnx_numpy` lowers the graph to a few numpy calls per
+decision and refuses any op an export does not write.
 The JSON sidecar ``PATH.json`` (written by `batchpilot export`) says how to use the
 network: the observation layout and its scaling constants, the action's grids, the SLO
 the observation is normalised by, the control interval it was trained at, and the
@@ -14,20 +16,18 @@ The sidecar is sealed: ``sidecar_sha256`` is the sha256 of the canonical JSON of
 other field (`canonical_json`), so any edit to its semantic content (a grid, a scale, a
 new field) is refused, and its values are range-checked against `SIDECAR_SCHEMA`. A
 checksum is not a signature: it catches edits and mix-ups, not an author who re-seals;
-the range checks and the absence of any executable content (no pickle, ONNX run by
-onnxruntime) are the safety boundary.
+the range checks and the absence of any executable content (no pickle; the graph's ops
+checked one by one against a short list) are the safety boundary.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from batchpilot.agents.onnx_numpy import Act, GraphError, compile_graph
 from batchpilot.agents.schema import Check, number
 from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
@@ -42,9 +42,6 @@ FORMAT_VERSION = 4
 (``sidecar_sha256``) and range-checked; 4: both knobs on log grids (no residual), the
 observation's scaling constants recorded and enforced."""
 SEAL = "sidecar_sha256"
-
-Act = Callable[[np.ndarray], np.ndarray]
-"""Raw observation (n,) float32 -> action (2,): grid indices or moves (`ActionGrid`)."""
 
 
 class PolicyFileError(ValueError):
@@ -194,36 +191,22 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
     return meta
 
 
-def onnx_act(onnx_path: Path, n_obs: int) -> Act:
-    """An `Act` running the ONNX graph with onnxruntime (one thread: decisions are tiny)."""
+def numpy_act(onnx_path: Path, n_obs: int) -> Act:
+    """An `Act` running the ONNX graph with numpy (`batchpilot.agents.onnx_numpy`): the
+    action (2,) is grid indices or moves (`ActionGrid`)."""
     try:
-        import onnxruntime as ort
+        return compile_graph(onnx_path.read_bytes(), n_obs)
     except ImportError:
-        raise PolicyFileError("policy controllers need onnxruntime (the serve extra)") from None
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise PolicyFileError(f"{onnx_path}: not a loadable ONNX model ({exc})") from None
-    (inp,) = session.get_inputs()
-    if list(inp.shape)[-1] != n_obs:
-        raise PolicyFileError(f"{onnx_path}: input has shape {inp.shape}, sidecar says {n_obs}")
-    name = inp.name
-    run = session.run
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        return run(None, {name: obs.reshape(1, -1).astype(np.float32, copy=False)})[0][0]
-
-    return act
+        raise PolicyFileError("policy controllers need the onnx package (serve extra)") from None
+    except GraphError as exc:
+        raise PolicyFileError(f"{onnx_path}: {exc}") from None
 
 
 def load_policy(path: str | Path) -> PolicyController:
     """The controller a ``policy:PATH`` spec names, after checking file and sidecar."""
     onnx_path = Path(path)
     meta = read_sidecar(onnx_path)
-    act = onnx_act(onnx_path, len(meta["observation"]["fields"]))
+    act = numpy_act(onnx_path, len(meta["observation"]["fields"]))
     return PolicyController(
         act,
         meta["action"]["mode"],

@@ -15,7 +15,7 @@ from batchpilot.envs.controller import Controller
 
 
 def _policy(args: list[str]) -> Controller:
-    from batchpilot.agents.policy import load_policy  # lazy: onnxruntime only when asked
+    from batchpilot.agents.policy import load_policy  # lazy: onnx only when asked
 
     return load_policy(":".join(args))
 

@@ -43,6 +43,7 @@ class ActionGrid:
         if self.mode not in MODES:
             raise ValueError(f"action_mode must be one of {MODES}, got {self.mode!r}")
         self.index = self.top = (len(SEQ_GRID) - 1, len(BUDGET_GRID) - 1)
+        self._limits: dict[tuple[int, int], Limits] = {}  # a decision is hot: made once
 
     @property
     def nvec(self) -> tuple[int, int]:
@@ -52,13 +53,17 @@ class ActionGrid:
     def reset(self, max_seqs: int, max_budget: int) -> Limits:
         """Start at the engine's caps (the grid points nearest them); returns those limits."""
         self.max_seqs, self.max_budget = max_seqs, max_budget
+        self._limits.clear()
         self.index = self.top = (nearest(SEQ_GRID, max_seqs), nearest(BUDGET_GRID, max_budget))
         return self.limits_at(self.index)
 
     def limits_at(self, index: tuple[int, int]) -> Limits:
-        seqs = min(SEQ_GRID[index[0]], self.max_seqs)
-        budget = min(BUDGET_GRID[index[1]], self.max_budget)
-        return Limits(int(seqs), int(budget))
+        limits = self._limits.get(index)
+        if limits is None:
+            seqs = min(SEQ_GRID[index[0]], self.max_seqs)
+            budget = min(BUDGET_GRID[index[1]], self.max_budget)
+            limits = self._limits[index] = Limits(int(seqs), int(budget))
+        return limits
 
     def apply(self, action: np.ndarray) -> Limits:
         """The limits for `action`; in ``step`` mode relative to the previous ones."""

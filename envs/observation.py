@@ -87,41 +87,48 @@ class Observer:
         self.ttft_s = (slo.ttft_ms / 1e3) if slo.ttft_ms else s["default_ttft_s"]
         self.tpot_s = (slo.tpot_ms / 1e3) if slo.tpot_ms else s["default_tpot_s"]
         self._kv_prev: float | None = None
+        names = ["requests", "tokens", "context_tokens", "log_rate", "log2_limit"]
+        names += ["log2_budget", "log2_kv_tokens", "clip"]
+        self._scales = tuple(s[k] for k in names)
 
     def reset(self) -> None:
         self._kv_prev = None
 
     def __call__(self, t: Telemetry) -> np.ndarray:
-        s = SCALES
-        R, T, C = s["requests"], s["tokens"], s["context_tokens"]
-        kv_prev = t.kv_cache_usage if self._kv_prev is None else self._kv_prev
-        self._kv_prev = t.kv_cache_usage
-        tokens = t.interval_prompt_tokens + t.interval_output_tokens
-        mean_len = max(1.0, t.prompt_mean + t.output_mean)
+        # a decision is hot: plain floats, constants unpacked once, clipped only if needed
+        R, T, C, log_rate, log2_limit, log2_budget, log2_kv_tokens, clip = self._scales
+        ttft_s, tpot_s, log2, log1p = self.ttft_s, self.tpot_s, math.log2, math.log1p
+        kv = t.kv_cache_usage
+        kv_prev = kv if self._kv_prev is None else self._kv_prev
+        self._kv_prev = kv
+        prompt_tokens, running = t.interval_prompt_tokens, t.num_requests_running
+        tokens = prompt_tokens + t.interval_output_tokens
+        prompt_mean, output_mean = t.prompt_mean, t.output_mean
+        capacity = t.kv_capacity_tokens
         values = [
-            t.kv_cache_usage,
-            t.kv_cache_usage - kv_prev,
-            t.num_requests_running / R,
+            kv,
+            kv - kv_prev,
+            running / R,
             t.num_requests_waiting / R,
             t.num_decoding / R,
-            t.oldest_waiting_age_s / self.ttft_s,
+            t.oldest_waiting_age_s / ttft_s,
             t.waiting_prefill_tokens / T,
-            math.log1p(t.arrival_rate_short) / s["log_rate"],
-            math.log1p(t.arrival_rate) / s["log_rate"],
-            t.recent_tbt_s / self.tpot_s,
-            t.recent_tbt_p90_s / self.tpot_s,
-            t.recent_ttft_s / self.ttft_s,
-            t.interval_prompt_tokens / tokens if tokens else 0.0,
+            log1p(t.arrival_rate_short) / log_rate,
+            log1p(t.arrival_rate) / log_rate,
+            t.recent_tbt_s / tpot_s,
+            t.recent_tbt_p90_s / tpot_s,
+            t.recent_ttft_s / ttft_s,
+            prompt_tokens / tokens if tokens else 0.0,
             tokens / max(1, t.interval_iterations) / T,
-            t.interval_preemptions / max(1, t.num_requests_running),
-            math.log2(max(1, t.max_num_seqs)) / s["log2_limit"],
-            math.log2(max(1, t.max_num_batched_tokens)) / s["log2_budget"],
-            t.kv_capacity_tokens / mean_len / R,
-            t.prompt_mean / C,
-            t.output_mean / C,
-            math.log2(max(1, t.kv_capacity_tokens)) / s["log2_kv_tokens"],
+            t.interval_preemptions / max(1, running),
+            log2(max(1, t.max_num_seqs)) / log2_limit,
+            log2(max(1, t.max_num_batched_tokens)) / log2_budget,
+            capacity / max(1.0, prompt_mean + output_mean) / R,
+            prompt_mean / C,
+            output_mean / C,
+            log2(max(1, capacity)) / log2_kv_tokens,
         ]
-        clip = s["clip"]  # NaN -> 0, then into [-clip, clip] (plain floats: a decision is hot)
-        return np.array(
-            [0.0 if v != v else min(clip, max(-clip, v)) for v in values], dtype=np.float32
-        )
+        total = sum(values)  # NaN if any value is NaN
+        if total != total or min(values) < -clip or max(values) > clip:
+            values = [0.0 if v != v else min(clip, max(-clip, v)) for v in values]
+        return np.array(values, dtype=np.float32)

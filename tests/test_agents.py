@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 pytest.importorskip("stable_baselines3")
-pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
 
 from batchpilot.agents.policy import (
     PolicyController,
@@ -213,10 +213,10 @@ def exported(trained_run: Path) -> Path:
 
 
 def test_onnx_matches_the_sb3_policy(trained_run: Path, exported: Path) -> None:
-    """The exported graph acts as SB3's predict does (the observation has fixed scales:
-    VecNormalize normalises rewards only, the graph's normalisation is the identity)."""
-    import onnxruntime as ort
-
+    """The exported graph acts as SB3's predict does, run by onnxruntime and by the
+    deployed numpy network (the observation has fixed scales: VecNormalize normalises
+    rewards only, the graph's normalisation is the identity)."""
+    ort = pytest.importorskip("onnxruntime")
     from batchpilot.agents.checkpoint import load_policy_module, normalisation
 
     policy = load_policy_module(trained_run / "final")
@@ -229,6 +229,8 @@ def test_onnx_matches_the_sb3_policy(trained_run: Path, exported: Path) -> None:
     session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
     got = session.run(None, {"observation": obs})[0]
     np.testing.assert_allclose(got, expected, atol=1e-5)
+    act = load_policy(exported).act
+    np.testing.assert_array_equal(np.stack([act(o) for o in obs]), expected)
 
 
 def test_sidecar_describes_the_policy(exported: Path) -> None:

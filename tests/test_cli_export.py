@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 pytest.importorskip("stable_baselines3")
-pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
 
 from batchpilot.agents.checkpoint import CheckpointError, normalisation
 from batchpilot.agents.policy import PolicyFileError, load_policy, seal, sidecar_path

@@ -1,0 +1,233 @@
+"""A deployed policy's network runs in numpy (`batchpilot.agents.onnx_numpy`): its actions
+equal onnxruntime's, other ops are refused by name, and the Observer's values are the
+documented ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from telemetry_builder import make_telemetry  # noqa: E402
+
+from batchpilot.agents.onnx_numpy import GraphError, compile_graph  # noqa: E402
+from batchpilot.agents.policy import PolicyFileError, load_policy, seal, sidecar_path  # noqa: E402
+from batchpilot.envs.metrics import SLO  # noqa: E402
+from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer  # noqa: E402
+
+COMMITTED = Path(__file__).parents[1] / "training" / "reports" / "learned" / "policy.onnx"
+N_OBS = len(OBSERVATION_FIELDS)
+
+
+def onnxruntime_run(data: bytes, obs: np.ndarray) -> np.ndarray:
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: obs})[0]
+
+
+def logits64(model: onnx.ModelProto, obs: np.ndarray) -> np.ndarray:
+    """The committed graph's logits in float64 (its MLP: Gemm, Tanh, Gemm, Tanh, Gemm)."""
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    gemms = [n.input[1:] for n in model.graph.node if n.op_type == "Gemm"]
+    x = (obs - w["mean"]) / w["std"]
+    for i, (weight, bias) in enumerate(gemms):
+        x = x @ w[weight].T + w[bias]
+        x = np.tanh(x) if i < len(gemms) - 1 else x
+    return x
+
+
+def test_committed_policy_acts_as_onnxruntime() -> None:
+    """On 4,000 random observations the actions are onnxruntime's, except where the two
+    best logits of a knob are equal to float32 rounding (then either is right)."""
+    data = COMMITTED.read_bytes()
+    act = compile_graph(data, N_OBS)
+    obs = np.random.default_rng(0).uniform(-3, 3, size=(4000, N_OBS)).astype(np.float32)
+    expected = onnxruntime_run(data, obs)
+    got = np.stack([act(o) for o in obs])
+    assert got.dtype == np.float32 and got.shape == expected.shape == (4000, 2)
+    differ = np.nonzero((got != expected).any(axis=1))[0]
+    assert len(differ) <= 4, f"{len(differ)} of 4000 actions differ"
+    sizes = [17, 8]  # the committed policy's grids
+    logits = np.split(logits64(onnx.load(COMMITTED), obs[differ].astype(np.float64)), [17], axis=1)
+    for k, size in enumerate(sizes):
+        for row, i in enumerate(differ):
+            a, b = int(got[i, k]), int(expected[i, k])
+            assert a < size and b < size
+            assert abs(logits[k][row, a] - logits[k][row, b]) < 1e-5, "not a near-tie"
+
+
+def test_loaded_network_reuses_its_buffers_soundly() -> None:
+    """`load_policy` gives the numpy network (a closure over its buffers): a call does not
+    depend on the previous one."""
+    policy = load_policy(COMMITTED)
+    obs = np.linspace(-1, 1, N_OBS, dtype=np.float32)
+    first = policy.act(obs)
+    policy.act(-obs)
+    np.testing.assert_array_equal(policy.act(obs), first)
+    np.testing.assert_array_equal(first, onnxruntime_run(COMMITTED.read_bytes(), obs[None])[0])
+
+
+def tensor(name: str, value: np.ndarray) -> TensorProto:
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def model_bytes(nodes: list, inits: list, n_in: int = 5, out_dims: int = 2) -> bytes:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", n_in])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", out_dims])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def other_arrangement() -> tuple[list, list]:
+    """Normalisation and a finite clip, MatMul + Add + Relu, a Gemm with alpha, beta and
+    B not transposed, a split into 3 + 4, LogSoftmax on one knob, keepdims on the other."""
+    rng = np.random.default_rng(1)
+    f32 = np.float32
+    inits = [
+        tensor("mean", rng.normal(size=5).astype(f32)),
+        tensor("std", rng.uniform(0.5, 2, size=5).astype(f32)),
+        tensor("lo", np.array(-1.5, f32)),
+        tensor("hi", np.array(1.5, f32)),
+        tensor("w1", rng.normal(size=(5, 6)).astype(f32)),
+        tensor("b1", rng.normal(size=6).astype(f32)),
+        tensor("w2", rng.normal(size=(6, 7)).astype(f32)),
+        tensor("b2", rng.normal(size=(1, 7)).astype(f32)),
+        tensor("sizes", np.array([3, 4], np.int64)),
+        tensor("axes", np.array([1], np.int64)),
+    ]
+    node = helper.make_node
+    nodes = [
+        node("Sub", ["obs", "mean"], ["c"]),
+        node("Div", ["c", "std"], ["n"]),
+        node("Clip", ["n", "lo", "hi"], ["x"]),
+        node("MatMul", ["x", "w1"], ["m"]),
+        node("Add", ["m", "b1"], ["a"]),
+        node("Relu", ["a"], ["r"]),
+        node("Gemm", ["r", "w2", "b2"], ["logits"], alpha=0.5, beta=2.0),
+        node("Split", ["logits", "sizes"], ["k0", "k1"], axis=1),
+        node("LogSoftmax", ["k0"], ["l0"], axis=1),
+        node("ArgMax", ["l0"], ["i0"], axis=1, keepdims=1),
+        node("ArgMax", ["k1"], ["j1"], axis=-1, keepdims=0),
+        node("Unsqueeze", ["j1", "axes"], ["i1"]),
+        node("Concat", ["i0", "i1"], ["ij"], axis=1),
+        node("Cast", ["ij"], ["action"], to=TensorProto.FLOAT),
+    ]
+    return nodes, inits
+
+
+def test_other_arrangements_act_as_onnxruntime() -> None:
+    nodes, inits = other_arrangement()
+    data = model_bytes(nodes, inits)
+    act = compile_graph(data, 5)
+    obs = np.random.default_rng(2).normal(scale=2, size=(500, 5)).astype(np.float32)
+    expected = onnxruntime_run(data, obs)
+    got = np.stack([act(o) for o in obs])
+    assert len(np.unique(got[:, 0])) > 1 and len(np.unique(got[:, 1])) > 1  # not constant
+    assert (got == expected).all(axis=1).sum() >= 499
+
+
+def test_unsupported_op_is_refused_by_name() -> None:
+    nodes, inits = other_arrangement()
+    nodes[5] = helper.make_node("Softsign", ["a"], ["r"], name="act1")
+    with pytest.raises(GraphError, match=r"node 'act1': op 'Softsign' is not supported"):
+        compile_graph(model_bytes(nodes, inits), 5)
+
+
+def test_unsupported_op_in_a_policy_file_is_refused(tmp_path: Path) -> None:
+    """End to end: a re-sealed sidecar whose graph uses another op is refused by
+    `load_policy`, naming the op."""
+    model = onnx.load(COMMITTED)
+    next(n for n in model.graph.node if n.op_type == "Tanh").op_type = "Softsign"
+    path = tmp_path / "p.onnx"
+    path.write_bytes(model.SerializeToString())
+    meta = json.loads(sidecar_path(COMMITTED).read_text())
+    meta["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    sidecar_path(path).write_text(json.dumps(seal(meta)))
+    with pytest.raises(PolicyFileError, match="op 'Softsign' is not supported"):
+        load_policy(path)
+
+
+@pytest.mark.parametrize(
+    ("replacement", "message"),
+    [
+        (("Relu", ["m"], ["r"], {}), "latest dense vector"),  # a branch, not one chain
+        (("Cast", ["ij"], ["action"], {"to": TensorProto.INT64}), "cast to float"),
+        (("ArgMax", ["l0"], ["i0"], {"axis": 0}), "last axis"),
+        (("Sub", ["mean", "obs"], ["c"], {}), "arranged otherwise"),
+    ],
+)
+def test_other_arrangements_are_refused(replacement: tuple, message: str) -> None:
+    nodes, inits = other_arrangement()
+    op, inputs, outputs, attrs = replacement
+    index = next(i for i, n in enumerate(nodes) if list(n.output) == outputs)
+    nodes[index] = helper.make_node(op, inputs, outputs, **attrs)
+    with pytest.raises(GraphError, match=message):
+        compile_graph(model_bytes(nodes, inits), 5)
+
+
+def test_garbage_is_not_a_loadable_model() -> None:
+    with pytest.raises(GraphError, match="not a loadable ONNX model"):
+        compile_graph(b"not an onnx graph", N_OBS)
+
+
+def test_observer_values_are_the_documented_ones() -> None:
+    """The vector for one telemetry, entry by entry from `Observer`'s table, with one entry
+    clipped; then a NaN entry (0)."""
+    slo = SLO.parse("ttft:2000,tpot:50")
+    t = make_telemetry(
+        oldest_waiting_age_s=50.0,  # 25 TTFT targets: clipped to 10
+        interval_prompt_tokens=30,
+        interval_output_tokens=10,
+        interval_iterations=4,
+        interval_preemptions=2,
+        waiting_prefill_tokens=4096,
+        arrival_rate_short=3.0,
+        recent_tbt_p90_s=0.06,
+    )
+    s = SCALES
+    capacity = t.num_total_blocks * t.block_size
+    expected = {
+        "kv_cache_usage": t.kv_cache_usage,
+        "kv_usage_trend": 0.0,
+        "running": t.num_requests_running / s["requests"],
+        "waiting": t.num_requests_waiting / s["requests"],
+        "decoding": t.num_decoding / s["requests"],
+        "oldest_waiting_over_ttft": s["clip"],
+        "waiting_prefill_tokens": 0.5,
+        "log_arrival_rate_short": math.log(4.0) / s["log_rate"],
+        "log_arrival_rate_long": math.log1p(t.arrival_rate) / s["log_rate"],
+        "tbt_mean_over_tpot": t.recent_tbt_s / 0.05,
+        "tbt_p90_over_tpot": 0.06 / 0.05,
+        "ttft_over_target": t.recent_ttft_s / 2.0,
+        "prefill_share": 0.75,
+        "tokens_per_step": 10 / s["tokens"],
+        "preemptions_per_running": 2 / t.num_requests_running,
+        "log2_max_num_seqs": math.log2(t.max_num_seqs) / s["log2_limit"],
+        "log2_token_budget": math.log2(t.max_num_batched_tokens) / s["log2_budget"],
+        "kv_fit": capacity / (t.prompt_mean + t.output_mean) / s["requests"],
+        "prompt_mean": t.prompt_mean / s["context_tokens"],
+        "output_mean": t.output_mean / s["context_tokens"],
+        "log2_kv_capacity": math.log2(capacity) / s["log2_kv_tokens"],
+    }
+    obs = Observer(slo)(t)
+    assert obs.dtype == np.float32 and list(expected) == list(OBSERVATION_FIELDS)
+    np.testing.assert_array_equal(obs, np.array(list(expected.values()), np.float32))
+    unclipped = Observer(slo)(make_telemetry())
+    assert np.isfinite(unclipped).all() and np.abs(unclipped).max() < s["clip"]
+    nan = dataclasses.replace(make_telemetry(), recent_ttft_s=float("nan"))  # not valid
+    i = OBSERVATION_FIELDS.index("ttft_over_target")
+    assert unclipped[i] != 0
+    np.testing.assert_array_equal(Observer(slo)(nan), np.where(np.arange(N_OBS) == i, 0, unclipped))
