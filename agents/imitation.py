@@ -181,7 +181,7 @@ def dagger(
     returns_all: list[np.ndarray] = []
     history = []
     for r in range(spec.rounds):
-        beta = 1.0 if r == 0 else spec.beta ** r
+        beta = 1.0 if r == 0 else spec.beta**r
         policy = None if r == 0 else model.policy
         seeds = [seed + 10_000 * r + i for i in range(spec.episodes)]
         args = [(make_env, spec.teacher, s, policy, beta) for s in seeds]

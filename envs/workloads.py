@@ -13,6 +13,9 @@ FIXED_PREFIX = "fixed:"
 """``fixed:PROMPT:OUTPUT``: every request has these lengths (the paper's 128/128 setting)."""
 MIX_PREFIX = "mix:"
 """``mix:NAME=W,NAME=W``: each request's lengths from embedded table NAME with weight W."""
+SHIFT_PREFIX = "shift:"
+"""``shift:NAME@0,NAME@T1,...[/PERIOD]``: lengths from embedded table NAME for requests arriving
+from T seconds on; with ``/PERIOD`` the schedule repeats every PERIOD seconds (a regime shift)."""
 DEFAULT_SOURCE = "embedded:azure-conv"
 """The workload used when none is given: Azure 2023 conversation lengths, no file needed."""
 
@@ -59,6 +62,19 @@ def make_workload(
             raise WorkloadError(f"workload {source!r}: a mix has no timestamps to replay")
         times = process.times(n, rng)
         label = f"{source.removeprefix(MIX_PREFIX)} ({process_label(process)})"
+    elif source.startswith(SHIFT_PREFIX):
+        n = num_requests or 1000
+        names, starts, period = shift_phases(source)
+        if process.kind == "replay":
+            raise WorkloadError(f"workload {source!r}: a shift has no timestamps to replay")
+        times = process.times(n, rng)
+        phase = np.searchsorted(starts, times % period if period else times, side="right") - 1
+        prompt, output = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
+        for i, name in enumerate(names):
+            rows = phase == i
+            if rows.any():
+                prompt[rows], output[rows] = embedded_lengths(name).sample(int(rows.sum()), rng)
+        label = f"{source.removeprefix(SHIFT_PREFIX)} ({process_label(process)})"
     elif source.startswith(EMBEDDED_PREFIX):
         name = source.removeprefix(EMBEDDED_PREFIX)
         n = num_requests or 1000
@@ -116,6 +132,40 @@ def mix_components(source: str) -> tuple[list[str], np.ndarray]:
     return names, np.asarray(weights) / sum(weights)
 
 
+def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
+    """Table names, phase starts (s) and repeat period (None: no repeat) of a ``shift:``."""
+    body, _, period_text = source.removeprefix(SHIFT_PREFIX).partition("/")
+    names, starts = [], []
+    for part in body.split(","):
+        name, sep, start = part.partition("@")
+        try:
+            t = float(start)
+        except ValueError:
+            t = -1.0
+        if not sep or not np.isfinite(t) or t < 0 or (starts and t <= starts[-1]):
+            raise WorkloadError(
+                f"workload {source!r}: {part!r} is not NAME@START_S with starts increasing "
+                "from 0 (e.g. shift:sharegpt@0,azure-code@60/120)"
+            )
+        embedded_lengths(name)  # names the known tables if unknown
+        names.append(name)
+        starts.append(t)
+    if starts[0] != 0.0:
+        raise WorkloadError(f"workload {source!r}: the first phase must start at 0")
+    period = None
+    if period_text:
+        try:
+            period = float(period_text)
+        except ValueError:
+            period = -1.0
+        if not np.isfinite(period) or period <= starts[-1]:
+            raise WorkloadError(
+                f"workload {source!r}: the period {period_text!r} must be a number of seconds "
+                f"after the last phase's start ({starts[-1]:g})"
+            )
+    return names, np.asarray(starts), period
+
+
 def process_label(process: Arrival) -> str:
     """Short human label for an arrival process."""
     if process.kind == "poisson":
@@ -136,9 +186,11 @@ __all__ = [
     "DEFAULT_SOURCE",
     "FIXED_PREFIX",
     "MIX_PREFIX",
+    "SHIFT_PREFIX",
     "embedded_names",
     "fixed_lengths",
     "make_workload",
     "mix_components",
     "process_label",
+    "shift_phases",
 ]

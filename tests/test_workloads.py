@@ -238,3 +238,41 @@ def test_a_directory_or_an_empty_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "empty.csv").write_bytes(b"")
     with pytest.raises(TraceError, match=r"empty\.csv: the file is empty"):
         load_trace(tmp_path / "empty.csv")
+
+
+def test_shift_source_draws_each_phase_from_its_own_table_and_repeats() -> None:
+    w = make_workload("shift:gsm8k@0,azure-code@20/40", "poisson:10", num_requests=2000, seed=3)
+    phase_b = [(r.arrival_s % 40) >= 20 for r in w.requests]
+    prompts = np.array([r.prompt_tokens for r in w.requests])
+    b = np.array(phase_b)
+    assert b.any() and (~b).any() and max(r.arrival_s for r in w.requests) > 80  # >= 2 cycles
+    assert np.median(prompts[~b]) < 200 < np.median(prompts[b])  # GSM8K ~68, Azure code ~2,000
+    late_b = [r for r in w.requests if 60 <= r.arrival_s < 80]  # second cycle, phase B
+    assert late_b and np.median([r.prompt_tokens for r in late_b]) > 200
+
+
+def test_shift_source_without_period_stays_in_its_last_phase() -> None:
+    w = make_workload("shift:azure-code@0,gsm8k@10", "poisson:10", num_requests=500, seed=0)
+    assert all(r.prompt_tokens < 1000 for r in w.requests if r.arrival_s >= 10)
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("shift:gsm8k@5,sharegpt@20", "first phase must start at 0"),
+        ("shift:gsm8k@0,sharegpt@0", "starts increasing"),
+        ("shift:gsm8k@0,sharegpt", "NAME@START_S"),
+        ("shift:gsm8k@0,sharegpt@x", "NAME@START_S"),
+        ("shift:gsm8k@0,nosuch@10", "nosuch"),
+        ("shift:gsm8k@0,sharegpt@20/10", "period"),
+        ("shift:gsm8k@0,sharegpt@20/abc", "period"),
+    ],
+)
+def test_bad_shift_sources_are_named(source: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):  # WorkloadError, or the embedded table's
+        make_workload(source, "poisson:1", num_requests=10)
+
+
+def test_shift_source_cannot_replay() -> None:
+    with pytest.raises(WorkloadError, match="no timestamps"):
+        make_workload("shift:gsm8k@0,sharegpt@20", "replay", num_requests=10)

@@ -44,7 +44,7 @@ from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import run
 from batchpilot.envs.traces import load_trace
 from batchpilot.envs.workload import Request, Workload
-from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, make_workload
+from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, make_workload
 from batchpilot.training.engines import make_engine
 
 DEFAULT = "default"
@@ -158,7 +158,7 @@ class Scenario:
 
     @property
     def is_trace_file(self) -> bool:
-        return not self.source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX))
+        return not self.source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX))
 
     def seed_free(self) -> bool:
         """Whether every seed gives the same workload (nothing a seed can vary)."""

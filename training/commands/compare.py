@@ -7,7 +7,8 @@ each scenario and by how much (paired differences over seeds, 95% intervals).
 `best-static` is the static (max_num_seqs, max_num_batched_tokens) pair with the best score
 on separate tuning seeds (a grid as vLLM's benchmarks/auto_tune); `default` is vLLM 0.32's
 `vllm serve` defaults for the profile's GPU. Workloads are SOURCE@ARRIVAL: a trace path,
-embedded:NAME, mix:NAME=W,NAME=W or fixed:PROMPT:OUTPUT, and an arrival process
+embedded:NAME, mix:NAME=W,NAME=W, shift:NAME@0,NAME@T1,...[/PERIOD] (lengths that change
+regime over time) or fixed:PROMPT:OUTPUT, and an arrival process
 (all-at-once, poisson:R, gamma:R:CV, steps:R0@0,R1@T1,..., ramp:R0:R1[:S], replay[:SCALE]).
 Suites (--suite NAME, --suite list) are scenario families under training/scenarios/.
 
