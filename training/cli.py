@@ -10,7 +10,7 @@ SUBCOMMANDS = {
     "simulate": "Run a workload through the simulated engine with one controller.",
     "compare": "Compare controllers on workloads and seeds; write a report with plots.",
     "paper": "Reproduce the paper's Tables I and II in simulation; write a report.",
-    "train": "Train a learned controller (PPO residual on Algorithms 1+2) from a YAML config.",
+    "train": "Train a learned controller (imitation of mpc, then PPO) from a YAML config.",
     "export": "Export a trained policy as ONNX + JSON sidecar, loadable as policy:PATH.",
     "quickstart": "Main job: train a small policy on the embedded default, export, compare.",
     "serve": "Start vLLM's OpenAI server with a batchpilot controller inside its scheduler.",

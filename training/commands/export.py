@@ -1,6 +1,6 @@
 """Export a trained run's policy as ONNX with a JSON sidecar (observation layout,
 normalisation, action mapping, SLO and profile assumptions, versions, sha256). Load it
-anywhere a controller spec is taken as ``policy:PATH`` (onnxruntime only at serve time).
+anywhere a controller spec is taken as ``policy:PATH`` (numpy and the onnx package at serve time).
 
 examples:
   batchpilot export runs/quick --out runs/quick/policy.onnx

@@ -1,7 +1,9 @@
-"""Train a learned batch-size controller (PPO, a residual on Algorithms 1+2) from an
-rl-zoo3-style YAML config: parallel simulated envs, tensorboard logs (SB3's and
-domain/*, episode/*, eval/*), periodic evaluation against the baselines on a held-out
-workload keeping the best checkpoint in OUT/best, periodic checkpoints for --resume.
+"""Train a learned batch-size controller (both knobs: max_num_seqs and
+max_num_batched_tokens) from an rl-zoo3-style YAML config: imitation of a teacher (the
+lookahead oracle mpc, with DAgger rounds), then PPO on parallel simulated envs;
+tensorboard logs (imitation/*, SB3's, domain/*, episode/*, eval/*), periodic evaluation
+against the baselines on a held-out workload keeping the best checkpoint in OUT/best,
+periodic checkpoints for --resume.
 
 examples:
   batchpilot train --config training/configs/quick.yml --out runs/quick
