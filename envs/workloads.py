@@ -53,11 +53,7 @@ def make_workload(
         n = num_requests or 1000
         names, weights = mix_components(source)
         pick = rng.choice(len(names), size=n, p=weights)
-        prompt, output = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
-        for i, name in enumerate(names):
-            rows = pick == i
-            if rows.any():
-                prompt[rows], output[rows] = embedded_lengths(name).sample(int(rows.sum()), rng)
+        prompt, output = _lengths_by_table(names, pick, rng)
         if process.kind == "replay":
             raise WorkloadError(f"workload {source!r}: a mix has no timestamps to replay")
         times = process.times(n, rng)
@@ -69,11 +65,7 @@ def make_workload(
             raise WorkloadError(f"workload {source!r}: a shift has no timestamps to replay")
         times = process.times(n, rng)
         phase = np.searchsorted(starts, times % period if period else times, side="right") - 1
-        prompt, output = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
-        for i, name in enumerate(names):
-            rows = phase == i
-            if rows.any():
-                prompt[rows], output[rows] = embedded_lengths(name).sample(int(rows.sum()), rng)
+        prompt, output = _lengths_by_table(names, phase, rng)
         label = f"{source.removeprefix(SHIFT_PREFIX)} ({process_label(process)})"
     elif source.startswith(EMBEDDED_PREFIX):
         name = source.removeprefix(EMBEDDED_PREFIX)
@@ -99,6 +91,19 @@ def make_workload(
     if max_model_len is not None:
         workload = workload.fit_context(max_model_len, overlong)
     return workload
+
+
+def _lengths_by_table(
+    names: list[str], which: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt, output) lengths, request i's drawn from embedded table ``names[which[i]]``
+    (each table sampled once, in the order of `names`)."""
+    prompt, output = np.ones(len(which), dtype=np.int64), np.ones(len(which), dtype=np.int64)
+    for i, name in enumerate(names):
+        rows = which == i
+        if rows.any():
+            prompt[rows], output[rows] = embedded_lengths(name).sample(int(rows.sum()), rng)
+    return prompt, output
 
 
 def fixed_lengths(source: str) -> tuple[int, int]:
