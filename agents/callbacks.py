@@ -27,6 +27,7 @@ from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.workloads import make_workload
 
 EPISODE_METRICS = ("output_goodput", "output_throughput", "slo_attainment", "num_preemptions")
+EVAL_METRICS = ("output_goodput", "output_throughput", "num_preemptions")
 
 
 class DomainMetricsCallback(BaseCallback):
@@ -70,34 +71,59 @@ class DomainMetricsCallback(BaseCallback):
 
 @dataclass(frozen=True)
 class EvalScenario:
-    """Held-out runs the policy is judged on during training."""
+    """Held-out runs the policy is judged on during training: each workload on each profile
+    (as the env's `profile` and `workload` lists: a workload's optional ``profiles`` picks
+    which), on the same seeds."""
 
-    profile: str
-    workload: dict[str, Any]
-    """`make_workload` arguments: source, arrival, num_requests."""
+    profile: str | list[str]
+    workload: dict[str, Any] | list[dict[str, Any]]
+    """`make_workload` arguments (source, arrival, num_requests), and optional ``profiles``."""
     slo: str
     interval: str
     seeds: list[int] = field(default_factory=lambda: [1000, 1001])
 
-    def score(self, make: Any) -> dict[str, float]:
-        """Mean output goodput, throughput and preemptions of ``make()`` controllers."""
-        rows = []
-        profile = get_profile(self.profile)
-        for seed in self.seeds:
-            w = make_workload(
-                self.workload["source"],
-                self.workload.get("arrival", "replay"),
-                num_requests=self.workload.get("num_requests"),
-                seed=seed,
-                max_model_len=profile.max_model_len,
-                overlong="truncate",
-            )
-            controller: Controller = make()
-            engine = SimEngine(profile, slo=SLO.parse(self.slo))
-            m = run(w, engine, controller, ControlInterval.parse(self.interval)).metrics()
-            rows.append([m["output_goodput"], m["output_throughput"], m["num_preemptions"]])
-        mean = np.mean(rows, axis=0)
-        return {"output_goodput": mean[0], "output_throughput": mean[1], "num_preemptions": mean[2]}
+    def runs(self) -> list[tuple[str, dict[str, Any]]]:
+        """(profile, workload) pairs, workloads first."""
+        profiles = [self.profile] if isinstance(self.profile, str) else list(self.profile)
+        workloads = [self.workload] if isinstance(self.workload, dict) else list(self.workload)
+        return [
+            (p, w) for w in workloads for p in profiles if p in w.get("profiles", profiles)
+        ]
+
+    def score(self, make: Any) -> dict[str, Any]:
+        """Goodput and throughput of ``make()`` controllers, each a geometric mean over the
+        runs of the mean over seeds (so a slow profile weighs as much as a fast one), the
+        mean preemptions, and ``goodput_by_run`` (one value per `runs` pair)."""
+        by_run = []
+        for name, spec in self.runs():
+            profile = get_profile(name)
+            rows = []
+            for seed in self.seeds:
+                w = make_workload(
+                    spec["source"],
+                    spec.get("arrival", "replay"),
+                    num_requests=spec.get("num_requests"),
+                    seed=seed,
+                    max_model_len=profile.max_model_len,
+                    overlong="truncate",
+                )
+                controller: Controller = make()
+                engine = SimEngine(profile, slo=SLO.parse(self.slo))
+                m = run(w, engine, controller, ControlInterval.parse(self.interval)).metrics()
+                rows.append([m["output_goodput"], m["output_throughput"], m["num_preemptions"]])
+            by_run.append(np.mean(rows, axis=0))
+        good, out, pre = np.array(by_run).T
+        return {
+            "output_goodput": geometric_mean(good),
+            "output_throughput": geometric_mean(out),
+            "num_preemptions": float(pre.mean()),
+            "goodput_by_run": [float(g) for g in good],
+        }
+
+
+def geometric_mean(values: np.ndarray) -> float:
+    """exp(mean(log)), a zero entry counting as 1e-6."""
+    return float(np.exp(np.mean(np.log(np.maximum(values, 1e-6)))))
 
 
 class BaselineEvalCallback(BaseCallback):
@@ -144,14 +170,27 @@ class BaselineEvalCallback(BaseCallback):
         score = self.scenario.score(
             lambda: PolicyController(self._act, self.action_mode, self.slo, interval)
         )
-        top = max(r["output_goodput"] for r in self.reference.values())
+        # per run, the best baseline there; their geometric mean is the bar
+        top = np.max([r["goodput_by_run"] for r in self.reference.values()], axis=0)
         for b, r in self.reference.items():
             self.logger.record(f"eval/{b}_goodput", r["output_goodput"])
-        for k, v in score.items():
-            self.logger.record(f"eval/{k}", v)
-        self.logger.record("eval/gain_vs_best_baseline", score["output_goodput"] / top - 1.0)
+        for k in EVAL_METRICS:
+            self.logger.record(f"eval/{k}", score[k])
+        for i, g in enumerate(score["goodput_by_run"]):
+            self.logger.record(f"eval/run{i}_goodput", g)
+        gain = score["output_goodput"] / geometric_mean(top) - 1.0
+        self.logger.record("eval/gain_vs_best_baseline", gain)
         if score["output_goodput"] > self.best:
             self.best = score["output_goodput"]
             save_checkpoint(self.model, self.best_dir)
-            record = {"timesteps": self.num_timesteps, **score, "baselines": self.reference}
+            runs = [
+                f"{w['source']}@{w.get('arrival', 'replay')} on {p}"
+                for p, w in self.scenario.runs()
+            ]
+            record = {
+                "timesteps": self.num_timesteps,
+                **score,
+                "runs": runs,
+                "baselines": self.reference,
+            }
             (self.best_dir / "eval.json").write_text(json.dumps(record, indent=2) + "\n")

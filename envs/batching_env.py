@@ -95,6 +95,13 @@ class WorkloadSpec:
         return w
 
 
+def offered_output_tps(workload: Workload) -> float:
+    """The workload's output tokens over its arrival span (at least 1 s): the reward's unit."""
+    arrivals = [r.arrival_s for r in workload.requests]
+    span = max(max(arrivals) - min(arrivals), 1.0) if arrivals else 1.0
+    return max(sum(r.output_tokens for r in workload.requests), 1) / span
+
+
 class BatchingEnv(gym.Env):
     """
     ## Description
@@ -120,10 +127,17 @@ class BatchingEnv(gym.Env):
     the fixed constants `SCALES`.
 
     ## Rewards
-    Goodput credit, dense, in thousands of output tokens per control interval:
+    Goodput credit, dense, in seconds of the episode's offered output (output tokens divided
+    by the workload's offered output rate, `offered_output_tps` in the reset info: its
+    output tokens over its arrival span, at least 1 s):
 
         r = (good_finished + on_track_now - on_track_before
-             - w_recompute * recomputed_tokens) / 1000
+             - w_recompute * recomputed_tokens) / offered_output_tps
+
+    Serving every request within the SLO earns about one per second of the run, on a light
+    model or a heavy one, on a short or a long trace; so each episode weighs by its length
+    in time, not by how many tokens its engine can produce, and a policy trained on several
+    profiles and workloads does not neglect the slow ones.
 
     - ``good_finished``: output tokens of requests that finished in the interval meeting
       every SLO (`interval_good_output_tokens`);
@@ -132,7 +146,8 @@ class BatchingEnv(gym.Env):
       `Telemetry.inflight_on_track_tokens`). A request's tokens are credited as they are
       generated while it is on track; when it falls off track, everything credited for it
       is debited; when it finishes, its credit becomes final if it met the SLO. Over an
-      episode the credit therefore sums to exactly the goodput's token count;
+      episode the credit therefore sums to exactly the goodput's token count (over
+      `offered_output_tps`);
     - ``recomputed_tokens``: tokens whose KV cache was dropped by preemption in the
       interval (`w_recompute` good tokens each, default 0.5): the price of preemption.
 
@@ -234,8 +249,8 @@ class BatchingEnv(gym.Env):
         credit = t.interval_good_output_tokens + t.inflight_on_track_tokens - self._on_track
         self._on_track = t.inflight_on_track_tokens
         parts = {
-            "credit": credit / 1000.0,
-            "recompute": -self.w_recompute * t.interval_recomputed_tokens / 1000.0,
+            "credit": credit / self._offered_tps,
+            "recompute": -self.w_recompute * t.interval_recomputed_tokens / self._offered_tps,
         }
         return float(sum(parts.values())), parts
 
@@ -250,11 +265,16 @@ class BatchingEnv(gym.Env):
         specs = self._workloads_for(profile.name)
         spec = specs[int(rng.integers(len(specs)))]
         self.workload = spec.draw(rng, self._engine.max_model_len)
+        self._offered_tps = offered_output_tps(self.workload)
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)
         self._telemetry = self._engine.reset(self.workload, limits)
         self._on_track = self._telemetry.inflight_on_track_tokens
         self.observer.reset()
-        info = {"workload": self.workload.name, "profile": profile.name}
+        info = {
+            "workload": self.workload.name,
+            "profile": profile.name,
+            "offered_output_tps": self._offered_tps,
+        }
         return self.observer(self._telemetry), info
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:

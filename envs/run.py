@@ -16,6 +16,7 @@ from batchpilot.envs.workload import Workload
 TIMELINE_FIELDS = (
     "time_s",
     "max_num_seqs",
+    "max_num_batched_tokens",
     "num_requests_running",
     "num_requests_waiting",
     "kv_cache_usage",
@@ -26,7 +27,7 @@ TIMELINE_FIELDS = (
 
 @dataclass
 class Timeline:
-    """The controller's limit and the engine's state at control decisions: every one up to
+    """The controller's limits and the engine's state at control decisions: every one up to
     `max_rows`, then every `stride`-th (halved as needed), so memory stays bounded on runs
     of any length."""
 
@@ -35,7 +36,8 @@ class Timeline:
     stride: int = 1
     decisions: int = 0
 
-    def add(self, t: Telemetry, limits: Limits) -> None:
+    def add(self, t: Telemetry, limits: Limits, budget_cap: int) -> None:
+        """Record a decision; a budget of None is the engine's cap, `budget_cap`."""
         self.decisions += 1
         if (self.decisions - 1) % self.stride:
             return
@@ -48,6 +50,7 @@ class Timeline:
             (
                 t.time_s,
                 limits.max_num_seqs,
+                min(limits.max_num_batched_tokens or budget_cap, budget_cap),
                 t.num_requests_running,
                 t.num_requests_waiting,
                 t.kv_cache_usage,
@@ -120,7 +123,7 @@ def run(
         while not engine.done:
             limits = controller.decide(telemetry)
             engine.set_limits(limits)
-            timeline.add(telemetry, limits)
+            timeline.add(telemetry, limits, engine.max_num_batched_tokens)
             until = None
             if interval.seconds is not None:
                 until = telemetry.time_s + interval.seconds

@@ -48,7 +48,10 @@ TINY = {
         "eval": {
             "freq": 128,
             "profile": "llama-7b-a100",
-            "workload": {"source": "embedded:azure-conv", "arrival": "replay", "num_requests": 40},
+            "workload": [
+                {"source": "embedded:azure-conv", "arrival": "replay", "num_requests": 40},
+                {"source": "embedded:gsm8k", "arrival": "poisson:4", "num_requests": 30},
+            ],
             "seeds": [7],
         },
         "checkpoint_freq": 128,
@@ -157,6 +160,31 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "run"
 
 
+def test_evaluation_runs_each_workload_on_its_profiles_and_takes_the_geometric_mean() -> None:
+    from batchpilot.agents.callbacks import EvalScenario
+
+    gsm8k = {"source": "embedded:gsm8k", "arrival": "poisson:4", "num_requests": 30}
+    conv = {"source": "embedded:azure-conv", "arrival": "poisson:1", "num_requests": 20}
+    scenarios = EvalScenario(
+        profile=["llama-7b-a100", "llama-2-70b-a100x4"],
+        workload=[gsm8k, conv | {"profiles": ["llama-2-70b-a100x4"]}],
+        slo=SLO_SPEC,
+        interval="500ms",
+        seeds=[1, 2],
+    )
+    assert [(p, w["source"]) for p, w in scenarios.runs()] == [
+        ("llama-7b-a100", "embedded:gsm8k"),
+        ("llama-2-70b-a100x4", "embedded:gsm8k"),
+        ("llama-2-70b-a100x4", "embedded:azure-conv"),
+    ]
+    score = scenarios.score(lambda: make_controller("static:64:2048"))
+    by_run = score["goodput_by_run"]
+    assert len(set(by_run)) == 3 and min(by_run) > 0
+    assert score["output_goodput"] == pytest.approx(np.prod(by_run) ** (1 / 3))
+    one = EvalScenario("llama-2-70b-a100x4", conv, SLO_SPEC, "500ms", seeds=[1, 2])
+    assert one.score(lambda: make_controller("static:64:2048"))["output_goodput"] == by_run[2]
+
+
 def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -184,6 +212,11 @@ def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> No
     assert {"imitation/nll", "imitation/accuracy"} <= set(imitation.Tags()["scalars"])
     record = json.loads((trained_run / "best" / "eval.json").read_text())
     assert set(record["baselines"]) == {"alg1+alg2", "alg2:chunk=1"}
+    assert record["runs"] == [
+        "embedded:azure-conv@replay on llama-7b-a100",
+        "embedded:gsm8k@poisson:4 on llama-7b-a100",
+    ]
+    assert {"eval/run0_goodput", "eval/run1_goodput"} <= tags
 
 
 def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path) -> None:

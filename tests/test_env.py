@@ -91,7 +91,9 @@ def test_reward_credit_sums_to_goodput_and_recompute_is_priced() -> None:
         slo="tpot:100",
         max_episode_steps=100_000,
     )
-    env.reset(seed=1)
+    _, start = env.reset(seed=1)
+    unit = start["offered_output_tps"]
+    assert unit > 0
     credit = recompute = 0.0
     recomputed = 0
     terminated = False
@@ -104,9 +106,9 @@ def test_reward_credit_sums_to_goodput_and_recompute_is_priced() -> None:
     m = info["episode_metrics"]
     good = m["output_goodput"] * m["duration"]
     assert 0 < good < m["total_output_tokens"]
-    assert credit * 1000 == pytest.approx(good)
+    assert credit * unit == pytest.approx(good)
     assert recomputed > 0
-    assert recompute == pytest.approx(-0.5 * recomputed / 1000)
+    assert recompute == pytest.approx(-0.5 * recomputed / unit)
 
 
 def test_workload_and_profile_mixes_are_sampled_per_episode() -> None:

@@ -96,7 +96,9 @@ def test_timeline_memory_is_bounded() -> None:
     for i in range(10_000):
         t = SimpleNamespace(time_s=float(i), num_requests_running=0, num_requests_waiting=0,
                             kv_cache_usage=0.0, recent_tbt_s=0.0, interval_preemptions=0)  # fmt: skip
-        tl.add(t, Limits(8))
-    times = tl.array()["time_s"]
+        tl.add(t, Limits(8, 256 if i % 3 else None), 2048)
+    cols = tl.array()
+    times = cols["time_s"]
     assert 50 <= len(times) <= 100
     assert np.all(np.diff(times) == tl.stride) and times[0] == 0
+    assert set(cols["max_num_batched_tokens"]) == {256, 2048}  # None: the engine's cap

@@ -7,7 +7,7 @@ interval spans 0, or a tie when it is significant but under `paired.MIN_EFFECT`;
 oracle / learned controller against the best reference (tuned static, vLLM's default, the
 rules). Per scenario: what the seeds varied, how ``default`` and ``best-static`` were set,
 a metrics table (mean ± std across seeds), the paired differences of every controller
-against every other, and plots of the limit / running requests / KV usage over time, the
+against every other, and plots of both limits / running requests / KV usage over time, the
 ITL distribution, and throughput and goodput against the Poisson arrival rate.
 """
 
@@ -238,23 +238,26 @@ def plot_scenario(
     colors = {c: plt.cm.tab10(i % 10) for i, c in enumerate(labels)}
     base = slug(sc["name"])
 
-    fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
+    fig, axes = plt.subplots(4, 1, figsize=(9, 9.5), sharex=True)
     for c in labels:
         tl = sc["timelines"][c]
         t = np.asarray(tl["time_s"])
         axes[0].step(t, tl["max_num_seqs"], where="post", color=colors[c], label=c, lw=1.3)
-        axes[1].plot(t, tl["num_requests_running"], color=colors[c], lw=1.3)
-        axes[2].plot(t, np.asarray(tl["kv_cache_usage"]) * 100, color=colors[c], lw=1.3)
-    axes[0].set_ylabel("limit (max_num_seqs)")
-    axes[0].set_yscale("log", base=2)
-    axes[1].set_ylabel("running requests")
-    axes[2].set_ylabel("KV cache used (%)")
-    axes[2].set_ylim(0, 105)
-    axes[2].set_xlabel("engine time (s), first seed")
+        axes[1].step(t, tl["max_num_batched_tokens"], where="post", color=colors[c], lw=1.3)
+        axes[2].plot(t, tl["num_requests_running"], color=colors[c], lw=1.3)
+        axes[3].plot(t, np.asarray(tl["kv_cache_usage"]) * 100, color=colors[c], lw=1.3)
+    axes[0].set_ylabel("max_num_seqs")
+    axes[1].set_ylabel("max_num_batched_tokens")
+    for ax in axes[:2]:
+        ax.set_yscale("log", base=2)
+    axes[2].set_ylabel("running requests")
+    axes[3].set_ylabel("KV cache used (%)")
+    axes[3].set_ylim(0, 105)
+    axes[3].set_xlabel("engine time (s), first seed")
     axes[0].legend(fontsize=8, ncol=3, loc="best")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{sc['name']}: limit, running requests and KV usage over time")
+    fig.suptitle(f"{sc['name']}: both limits, running requests and KV usage over time")
     fig.tight_layout()
     paths.append(_save(fig, out_dir / f"{base}-timeline.png"))
 

@@ -9,14 +9,15 @@ A config has one top-level key, the env id, mapping to the run's settings; the k
       n_timesteps: 50000
       imitation: {teacher: "mpc:horizon_s=8", rounds: 3, episodes: 4}
       env_kwargs: {profile: [llama-7b-a100], workload: [...], slo: "ttft:2000,tpot:50"}
-      eval: {freq: 10000, profile: llama-7b-a100, workload: {...}, seeds: [1000, 1001]}
+      eval: {freq: 10000, profile: llama-7b-a100, workload: [{...}, ...], seeds: [1000, 1001]}
       n_steps: 256
       policy_kwargs: {net_arch: [64, 64]}
 
 Training has two phases: imitation of the ``imitation.teacher`` controller (behaviour
 cloning with DAgger rounds, `batchpilot.agents.imitation`; tensorboard ``imitation/*``),
 then PPO (tensorboard ``ppo_*``). The evaluation callback keeps the best policy seen,
-the imitation result included, in ``best/``.
+the imitation result included, in ``best/``: best by the geometric mean, over the
+``eval`` runs (each workload on each profile), of the goodput on its seeds.
 
 A run directory holds ``config.yml``, ``run.json``, ``tb/`` (tensorboard), ``checkpoints/``,
 ``best/`` (best evaluation) and ``final/``; with a ``report`` setting, also
@@ -111,7 +112,7 @@ PPO_RANGES: dict[str, Check] = {
     "verbose": number(0, 2, integer=True),
 }
 EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True)}
-EVAL_WORKLOAD = {"source": str, "arrival": str, "num_requests": int}
+EVAL_WORKLOAD = {"source": str, "arrival": str, "num_requests": int, "profiles": list[str]}
 EVAL_WORKLOAD_RANGES: dict[str, Check] = {"num_requests": number(1, 1e7, integer=True)}
 REPORT_KEYS = {"suites": list[str], "seeds": int, "controllers": str}
 REPORT_RANGES: dict[str, Check] = {"seeds": number(1, 1000, integer=True)}
@@ -183,13 +184,16 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     problems += mapping_problems(
         body.get("eval") or {}, eval_hints, EVAL_RANGES, prefix="eval.", what="eval"
     )
-    workload = (body.get("eval") or {}).get("workload")
-    if isinstance(workload, dict):  # what `EvalScenario.score` passes to `make_workload`
+    workloads = (body.get("eval") or {}).get("workload")
+    workloads = [workloads] if isinstance(workloads, dict) else workloads
+    for i, workload in enumerate(workloads if isinstance(workloads, list) else []):
+        # what `EvalScenario.score` passes to `make_workload`
+        where = "eval.workload" if len(workloads) == 1 else f"eval.workload[{i}]"
         problems += mapping_problems(
-            workload, EVAL_WORKLOAD, EVAL_WORKLOAD_RANGES, prefix="eval.workload.", what="it"
+            workload, EVAL_WORKLOAD, EVAL_WORKLOAD_RANGES, prefix=f"{where}.", what="it"
         )
         if "source" not in workload:
-            problems.append("eval.workload: needs a source (e.g. embedded:azure-conv)")
+            problems.append(f"{where}: needs a source (e.g. embedded:azure-conv)")
     problems += mapping_problems(
         body.get("report") or {}, REPORT_KEYS, REPORT_RANGES, prefix="report.", what="report"
     )
@@ -277,10 +281,24 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
     except (ValueError, TypeError, OSError) as exc:
         raise ValueError(f"{path}: env_kwargs: {exc}") from None
     if cfg.eval:
+        names = cfg.eval.get("profile")
+        names = [names] if isinstance(names, str) else names or []
         try:
-            get_profile(cfg.eval["profile"])
-        except (KeyError, ValueError, OSError) as exc:
+            if not names:
+                raise ValueError("needs a profile name or a list of them")
+            for name in names:
+                get_profile(name)
+        except (ValueError, OSError) as exc:
             raise ValueError(f"{path}: eval.profile: {exc}") from None
+        workloads = cfg.eval.get("workload")
+        for w in [workloads] if isinstance(workloads, dict) else workloads or []:
+            if not set(w.get("profiles", names)) & set(names):
+                raise ValueError(
+                    f"{path}: eval.workload {w['source']}: its profiles {w['profiles']} "
+                    f"name none of eval.profile {names}"
+                )
+        if not workloads:
+            raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
 
 
 def make_env(cfg: TrainConfig) -> Any:
