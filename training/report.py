@@ -257,7 +257,7 @@ def plot_scenario(
     axes[0].legend(fontsize=8, ncol=3, loc="best")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{sc['name']}: both limits, running requests and KV usage over time")
+    fig.suptitle(f"{sc['name']}: both limits, running requests and KV usage over time", fontsize=10)
     fig.tight_layout()
     paths.append(_save(fig, out_dir / f"{base}-timeline.png"))
 
