@@ -130,7 +130,8 @@ class BaselineEvalCallback(BaseCallback):
     """Every `eval_freq` calls: evaluate the deterministic policy, keep the best in `best_dir`.
 
     The baselines' scores (``eval/<spec>_goodput``) are computed once at the start; the
-    policy's gain over the best of them is ``eval/gain_vs_best_baseline``.
+    policy's gain over the geometric mean, across the runs, of the best baseline in each is
+    ``eval/gain_vs_best_baseline``; ``eval/run<i>_goodput`` is the policy's goodput per run.
     """
 
     def __init__(

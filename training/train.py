@@ -291,14 +291,14 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
         except (ValueError, OSError) as exc:
             raise ValueError(f"{path}: eval.profile: {exc}") from None
         workloads = cfg.eval.get("workload")
-        for w in [workloads] if isinstance(workloads, dict) else workloads or []:
+        if not workloads:
+            raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
+        for w in [workloads] if isinstance(workloads, dict) else workloads:
             if not set(w.get("profiles", names)) & set(names):
                 raise ValueError(
                     f"{path}: eval.workload {w['source']}: its profiles {w['profiles']} "
                     f"name none of eval.profile {names}"
                 )
-        if not workloads:
-            raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
 
 
 def make_env(cfg: TrainConfig) -> Any:
