@@ -82,12 +82,19 @@ class EvalScenario:
     interval: str
     seeds: list[int] = field(default_factory=lambda: [1000, 1001])
 
+    @property
+    def profiles(self) -> list[str]:
+        return [self.profile] if isinstance(self.profile, str) else list(self.profile)
+
+    @property
+    def workloads(self) -> list[dict[str, Any]]:
+        return [self.workload] if isinstance(self.workload, dict) else list(self.workload)
+
     def runs(self) -> list[tuple[str, dict[str, Any]]]:
         """(profile, workload) pairs, workloads first."""
-        profiles = [self.profile] if isinstance(self.profile, str) else list(self.profile)
-        workloads = [self.workload] if isinstance(self.workload, dict) else list(self.workload)
+        profiles = self.profiles
         return [
-            (p, w) for w in workloads for p in profiles if p in w.get("profiles", profiles)
+            (p, w) for w in self.workloads for p in profiles if p in w.get("profiles", profiles)
         ]
 
     def score(self, make: Any) -> dict[str, Any]:

@@ -97,9 +97,9 @@ class WorkloadSpec:
 
 def offered_output_tps(workload: Workload) -> float:
     """The workload's output tokens over its arrival span (at least 1 s): the reward's unit."""
-    arrivals = [r.arrival_s for r in workload.requests]
-    span = max(max(arrivals) - min(arrivals), 1.0) if arrivals else 1.0
-    return max(sum(r.output_tokens for r in workload.requests), 1) / span
+    reqs = workload.requests  # sorted by arrival
+    span = reqs[-1].arrival_s - reqs[0].arrival_s if reqs else 0.0
+    return max(int(workload.lengths()[1].sum()), 1) / max(span, 1.0)
 
 
 class BatchingEnv(gym.Env):

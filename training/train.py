@@ -281,23 +281,28 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
     except (ValueError, TypeError, OSError) as exc:
         raise ValueError(f"{path}: env_kwargs: {exc}") from None
     if cfg.eval:
-        names = cfg.eval.get("profile")
-        names = [names] if isinstance(names, str) else names or []
+        from batchpilot.agents.callbacks import EvalScenario
+
+        ev = EvalScenario(
+            profile=cfg.eval.get("profile") or [],
+            workload=cfg.eval.get("workload") or [],
+            slo=str(DEFAULT_SLO),
+            interval=cfg.control_interval,
+        )
         try:
-            if not names:
+            if not ev.profiles:
                 raise ValueError("needs a profile name or a list of them")
-            for name in names:
+            for name in ev.profiles:
                 get_profile(name)
         except (ValueError, OSError) as exc:
             raise ValueError(f"{path}: eval.profile: {exc}") from None
-        workloads = cfg.eval.get("workload")
-        if not workloads:
+        if not ev.workloads:
             raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
-        for w in [workloads] if isinstance(workloads, dict) else workloads:
-            if not set(w.get("profiles", names)) & set(names):
+        for w in ev.workloads:
+            if not set(w.get("profiles", ev.profiles)) & set(ev.profiles):
                 raise ValueError(
                     f"{path}: eval.workload {w['source']}: its profiles {w['profiles']} "
-                    f"name none of eval.profile {names}"
+                    f"name none of eval.profile {ev.profiles}"
                 )
 
 
