@@ -137,16 +137,21 @@ def mix_components(source: str) -> tuple[list[str], np.ndarray]:
     return names, np.asarray(weights) / sum(weights)
 
 
+def _number(text: str) -> float:
+    """`text` as a float; NaN if it is not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
 def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
     """Table names, phase starts (s) and repeat period (None: no repeat) of a ``shift:``."""
     body, _, period_text = source.removeprefix(SHIFT_PREFIX).partition("/")
     names, starts = [], []
     for part in body.split(","):
         name, sep, start = part.partition("@")
-        try:
-            t = float(start)
-        except ValueError:
-            t = -1.0
+        t = _number(start)
         if not sep or not np.isfinite(t) or t < 0 or (starts and t <= starts[-1]):
             raise WorkloadError(
                 f"workload {source!r}: {part!r} is not NAME@START_S with starts increasing "
@@ -159,10 +164,7 @@ def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
         raise WorkloadError(f"workload {source!r}: the first phase must start at 0")
     period = None
     if period_text:
-        try:
-            period = float(period_text)
-        except ValueError:
-            period = -1.0
+        period = _number(period_text)
         if not np.isfinite(period) or period <= starts[-1]:
             raise WorkloadError(
                 f"workload {source!r}: the period {period_text!r} must be a number of seconds "
