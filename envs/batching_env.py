@@ -29,7 +29,8 @@ class WorkloadSpec:
     `rate_scale` (lo, hi) multiplies the arrival rate (Poisson, Gamma, replay) by a
     factor drawn uniformly per episode; `length_scale` does the same for output lengths.
     `profiles`, if given, restricts the spec to episodes on those engine profiles (rates
-    that suit one GPU overload another).
+    that suit one GPU overload another). An episode draws its profile uniformly, then one of
+    the specs that apply to it with probability proportional to `weight`.
     """
 
     source: str = DEFAULT_SOURCE
@@ -38,6 +39,7 @@ class WorkloadSpec:
     rate_scale: tuple[float, float] = (1.0, 1.0)
     length_scale: tuple[float, float] = (1.0, 1.0)
     profiles: tuple[str, ...] = ()
+    weight: float = 1.0
 
     @classmethod
     def coerce(cls, value: str | dict | WorkloadSpec) -> WorkloadSpec:
@@ -56,6 +58,11 @@ class WorkloadSpec:
                     if not 0 < lo <= hi:
                         raise ValueError(f"workload spec: {key} must be 0 < lo <= hi, got {lo, hi}")
                     data[key] = (float(lo), float(hi))
+            if "weight" in data:
+                w = data["weight"]
+                if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
+                    raise ValueError(f"workload spec: weight must be a number > 0, got {w!r}")
+                data["weight"] = float(w)
             if "profiles" in data:
                 names = data["profiles"]
                 data["profiles"] = (names,) if isinstance(names, str) else tuple(names)
@@ -263,7 +270,8 @@ class BatchingEnv(gym.Env):
         profile = self._profile_objs[int(rng.integers(len(self._profile_objs)))]
         self._engine = self._make_engine(profile)
         specs = self._workloads_for(profile.name)
-        spec = specs[int(rng.integers(len(specs)))]
+        weights = np.array([s.weight for s in specs])
+        spec = specs[int(rng.choice(len(specs), p=weights / weights.sum()))]
         self.workload = spec.draw(rng, self._engine.max_model_len)
         self._offered_tps = offered_output_tps(self.workload)
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)

@@ -120,6 +120,14 @@ def test_workload_and_profile_mixes_are_sampled_per_episode() -> None:
     assert len(seen) >= 3
 
 
+def test_workload_weights_set_how_often_each_is_drawn() -> None:
+    heavy = {"source": "embedded:gsm8k", "arrival": "poisson:5", "num_requests": 30, "weight": 9}
+    env = make(workload=[SMALL, heavy])
+    names = [env.reset(seed=s)[1]["workload"] for s in range(200)]
+    share = sum(name.startswith("gsm8k") for name in names) / len(names)
+    assert 0.8 < share < 0.97  # 0.9 expected; equal weights would give 0.5
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -130,6 +138,8 @@ def test_workload_and_profile_mixes_are_sampled_per_episode() -> None:
         ({"control_interval_s": None}, "exactly one of"),
         ({"profile": "gpt-9"}, "unknown profile"),
         ({"workload": {"source": "embedded:gsm8k", "rate": 3}}, r"unknown key\(s\) \['rate'\]"),
+        ({"workload": {"source": "embedded:gsm8k", "weight": 0}}, "weight must be a number > 0, got 0"),
+        ({"workload": {"source": "embedded:gsm8k", "weight": "2x"}}, "weight must be a number > 0, got '2x'"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict, message: str) -> None:
