@@ -139,7 +139,8 @@ class BatchingEnv(gym.Env):
     output tokens over its arrival span, at least 1 s):
 
         r = (good_finished + on_track_now - on_track_before
-             - w_recompute * recomputed_tokens) / offered_output_tps
+             - w_recompute * recomputed_tokens
+             - w_latency * in_engine * interval_s * mean_output) / offered_output_tps
 
     Serving every request within the SLO earns about one per second of the run, on a light
     model or a heavy one, on a short or a long trace; so each episode weighs by its length
@@ -157,8 +158,16 @@ class BatchingEnv(gym.Env):
       `offered_output_tps`);
     - ``recomputed_tokens``: tokens whose KV cache was dropped by preemption in the
       interval (`w_recompute` good tokens each, default 0.5): the price of preemption.
+    - ``in_engine``: requests waiting or running at the interval's end, held for its
+      `interval_s`; ``mean_output``: the workload's mean output length. Each second a request
+      spends in the engine costs `w_latency` (default 0: off) of a mean request's output, so
+      over an episode the debit is about `w_latency` x the mean end-to-end latency (s) x the
+      arrival span, against at most about the arrival span of credit. The credit alone does
+      not charge a backlog whose requests are already lost, though it lengthens the run and
+      so lowers goodput (good tokens over the run's duration); this term does.
 
-    ``info`` holds the telemetry and ``reward_<part>`` for ``credit`` and ``recompute``.
+    ``info`` holds the telemetry and ``reward_<part>`` for ``credit``, ``recompute`` and
+    ``latency``.
 
     ## Episode End
     Terminated when every request of the episode's workload has finished; truncated by
@@ -173,7 +182,7 @@ class BatchingEnv(gym.Env):
       ``profiles`` include the episode's profile).
     - `slo`: goodput SLOs (ms); default `DEFAULT_SLO`, `"ttft:2000,tpot:50"`.
     - `control_interval_s` or `control_interval_iters`: one env step's length.
-    - `action_mode` (``grid`` or ``step``), `w_recompute`.
+    - `action_mode` (``grid`` or ``step``), `w_recompute`, `w_latency`.
 
     ## Examples
     ```python
@@ -199,6 +208,7 @@ class BatchingEnv(gym.Env):
         control_interval_iters: int | None = None,
         action_mode: str = "grid",
         w_recompute: float = 0.5,
+        w_latency: float = 0.0,
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -208,8 +218,9 @@ class BatchingEnv(gym.Env):
             raise ValueError("engine='vllm' needs model=DIR (a model directory vLLM can load)")
         if (control_interval_s is None) == (control_interval_iters is None):
             raise ValueError("set exactly one of control_interval_s and control_interval_iters")
-        if w_recompute < 0:
-            raise ValueError(f"w_recompute must be >= 0, got {w_recompute}")
+        for name, w in (("w_recompute", w_recompute), ("w_latency", w_latency)):
+            if not 0 <= w < np.inf:
+                raise ValueError(f"{name} must be >= 0, got {w}")
         self.engine_kind = engine
         self.profiles = [profile] if isinstance(profile, str) else list(profile)
         if not self.profiles:
@@ -227,6 +238,7 @@ class BatchingEnv(gym.Env):
         self.control_interval_iters = control_interval_iters
         self.grid = ActionGrid(action_mode)
         self.w_recompute = w_recompute
+        self.w_latency = w_latency
         self.model = model
         self.engine_kwargs = engine_kwargs or {}
         self.observer = Observer(self.slo)
@@ -258,6 +270,11 @@ class BatchingEnv(gym.Env):
         parts = {
             "credit": credit / self._offered_tps,
             "recompute": -self.w_recompute * t.interval_recomputed_tokens / self._offered_tps,
+            "latency": -self.w_latency
+            * (t.num_requests_running + t.num_requests_waiting)
+            * t.interval_s
+            * self._mean_output
+            / self._offered_tps,
         }
         return float(sum(parts.values())), parts
 
@@ -274,6 +291,7 @@ class BatchingEnv(gym.Env):
         spec = specs[int(rng.choice(len(specs), p=weights / weights.sum()))]
         self.workload = spec.draw(rng, self._engine.max_model_len)
         self._offered_tps = offered_output_tps(self.workload)
+        self._mean_output = float(self.workload.lengths()[1].mean())
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)
         self._telemetry = self._engine.reset(self.workload, limits)
         self._on_track = self._telemetry.inflight_on_track_tokens

@@ -111,6 +111,26 @@ def test_reward_credit_sums_to_goodput_and_recompute_is_priced() -> None:
     assert recompute == pytest.approx(-0.5 * recomputed / unit)
 
 
+def test_latency_debit_charges_each_request_second_in_the_engine() -> None:
+    """A starved engine (one running request, a growing queue) pays in proportion to the
+    requests waiting or running; the default `w_latency` 0 charges nothing."""
+    env = make(workload={"source": "embedded:sharegpt", "arrival": "poisson:20", "num_requests": 200}, w_latency=0.05)
+    _, start = env.reset(seed=2)
+    workload = env.unwrapped.workload
+    mean_output = workload.lengths()[1].mean()
+    debits = []
+    for _ in range(10):
+        _, _, _, _, info = env.step(np.array([0, len(BUDGET_GRID) - 1]))  # max_num_seqs 1
+        in_engine = info["num_requests_running"] + info["num_requests_waiting"]
+        expected = -0.05 * in_engine * info["interval_s"] * mean_output / start["offered_output_tps"]
+        assert info["reward_latency"] == pytest.approx(expected)
+        debits.append(info["reward_latency"])
+    assert debits[-1] < debits[0] < 0  # the queue grows, and so does its cost
+    env = make(workload={"source": "embedded:sharegpt", "arrival": "poisson:20", "num_requests": 200})
+    env.reset(seed=2)
+    assert env.step(np.array([0, 0]))[4]["reward_latency"] == 0.0
+
+
 def test_workload_and_profile_mixes_are_sampled_per_episode() -> None:
     env = make(
         profile=["llama-7b-a100", "llama3-70b-8xa100"],
@@ -135,6 +155,7 @@ def test_workload_weights_set_how_often_each_is_drawn() -> None:
         ({"engine": "vllm"}, "needs model=DIR"),
         ({"action_mode": "jump"}, "action_mode must be"),
         ({"w_recompute": -1}, "w_recompute must be"),
+        ({"w_latency": float("nan")}, "w_latency must be >= 0, got nan"),
         ({"control_interval_s": None}, "exactly one of"),
         ({"profile": "gpt-9"}, "unknown profile"),
         ({"workload": {"source": "embedded:gsm8k", "rate": 3}}, r"unknown key\(s\) \['rate'\]"),
