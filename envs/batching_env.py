@@ -270,11 +270,9 @@ class BatchingEnv(gym.Env):
         parts = {
             "credit": credit / self._offered_tps,
             "recompute": -self.w_recompute * t.interval_recomputed_tokens / self._offered_tps,
-            "latency": -self.w_latency
+            "latency": -self._latency_cost
             * (t.num_requests_running + t.num_requests_waiting)
-            * t.interval_s
-            * self._mean_output
-            / self._offered_tps,
+            * t.interval_s,
         }
         return float(sum(parts.values())), parts
 
@@ -291,7 +289,8 @@ class BatchingEnv(gym.Env):
         spec = specs[int(rng.choice(len(specs), p=weights / weights.sum()))]
         self.workload = spec.draw(rng, self._engine.max_model_len)
         self._offered_tps = offered_output_tps(self.workload)
-        self._mean_output = float(self.workload.lengths()[1].mean())
+        mean_output = float(self.workload.lengths()[1].mean())
+        self._latency_cost = self.w_latency * mean_output / self._offered_tps  # per request-s
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)
         self._telemetry = self._engine.reset(self.workload, limits)
         self._on_track = self._telemetry.inflight_on_track_tokens

@@ -120,29 +120,26 @@ def fixed_lengths(source: str) -> tuple[int, int]:
     return prompt, output
 
 
-def mix_components(source: str) -> tuple[list[str], np.ndarray]:
-    """Table names and normalised weights of a ``mix:NAME=W,...`` source."""
-    names, weights = [], []
-    for part in source.removeprefix(MIX_PREFIX).split(","):
-        name, _, text = part.partition("=")
-        try:
-            weight = float(text)
-        except ValueError:
-            weight = -1.0
-        if not np.isfinite(weight) or weight <= 0:
-            raise WorkloadError(f"workload {source!r}: {part!r} is not NAME=WEIGHT (weight > 0)")
-        embedded_lengths(name)  # names the known tables if unknown
-        names.append(name)
-        weights.append(weight)
-    return names, np.asarray(weights) / sum(weights)
-
-
 def _number(text: str) -> float:
     """`text` as a float; NaN if it is not a number."""
     try:
         return float(text)
     except ValueError:
         return float("nan")
+
+
+def mix_components(source: str) -> tuple[list[str], np.ndarray]:
+    """Table names and normalised weights of a ``mix:NAME=W,...`` source."""
+    names, weights = [], []
+    for part in source.removeprefix(MIX_PREFIX).split(","):
+        name, _, text = part.partition("=")
+        weight = _number(text)
+        if not np.isfinite(weight) or weight <= 0:
+            raise WorkloadError(f"workload {source!r}: {part!r} is not NAME=WEIGHT (weight > 0)")
+        embedded_lengths(name)  # names the known tables if unknown
+        names.append(name)
+        weights.append(weight)
+    return names, np.asarray(weights) / sum(weights)
 
 
 def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
