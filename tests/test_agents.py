@@ -384,6 +384,34 @@ def test_cli_reports_bad_policy_cleanly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_train_report_step_says_first_whether_the_policy_won(tmp_path: Path) -> None:
+    """`train` with a `report` setting ends with a comparison per suite, headed (as the
+    quickstart's) by the learned policy's verdict against the best reference."""
+    from batchpilot.training.cli import main
+
+    suite = tmp_path / "one.yml"
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "description": "one tiny scenario",
+                "scenarios": [
+                    {"name": "tiny", "profiles": ["llama-7b-a100"], "source": "embedded:gsm8k",
+                     "arrival": "poisson:4", "num_requests": 30}
+                ],
+            }
+        )
+    )
+    run = dict(TINY["batchpilot/Batching-v0"])
+    run["report"] = {"suites": [str(suite)], "seeds": 2, "controllers": "static:64"}
+    config = write_config(tmp_path / "tiny.yml", {"batchpilot/Batching-v0": run})
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(out), "--no-progress"]) == 0
+    md = (out / "report" / "one" / "report.md").read_text()
+    assert md.startswith("**The learned policy ")
+    assert "- one/tiny on llama-7b-a100: " in md.split("\n\n")[0]
+    assert "# Controller comparison" in md
+
+
 def test_quickstart_trains_exports_and_reports(tmp_path: Path) -> None:
     """The main job end to end on a tiny config: the policy is a row of the report."""
     from batchpilot.training.cli import main

@@ -433,11 +433,13 @@ DEFAULT_REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
 
 def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bool) -> list[Path]:
     """Export the run's best policy to ``out/policy.onnx`` and compare it with the references
-    on each suite of ``cfg.report`` (``out/report/<suite>/report.md``); returns the reports."""
+    on each suite of ``cfg.report`` (``out/report/<suite>/report.md``, headed by whether the
+    learned policy won, as quickstart's report is); returns the reports."""
     import argparse
 
     from batchpilot.agents.export import export
     from batchpilot.training.commands import compare
+    from batchpilot.training.commands.quickstart import learned_verdict
     from batchpilot.training.suite import suite_names
 
     assert cfg.report is not None
@@ -461,7 +463,11 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
         compare.add_arguments(parser)
         if compare.main(parser.parse_args(argv)) != 0:
             raise RuntimeError(f"the evaluation report on {suite} failed")
-        reports.append(dest / "report.md")
+        results = json.loads((dest / "results.json").read_text())
+        report = dest / "report.md"
+        headline = learned_verdict(results, f"policy:{policy}")
+        report.write_text(headline + "\n\n" + report.read_text())
+        reports.append(report)
     return reports
 
 
