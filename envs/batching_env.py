@@ -139,8 +139,8 @@ class BatchingEnv(gym.Env):
     output tokens over its arrival span, at least 1 s):
 
         r = (good_finished + on_track_now - on_track_before
-             - w_recompute * recomputed_tokens
-             - w_latency * in_engine * interval_s * mean_output) / offered_output_tps
+             - w_lost * (bad_finished + off_track_now - off_track_before)
+             - w_recompute * recomputed_tokens) / offered_output_tps
 
     Serving every request within the SLO earns about one per second of the run, on a light
     model or a heavy one, on a short or a long trace; so each episode weighs by its length
@@ -156,18 +156,21 @@ class BatchingEnv(gym.Env):
       is debited; when it finishes, its credit becomes final if it met the SLO. Over an
       episode the credit therefore sums to exactly the goodput's token count (over
       `offered_output_tps`);
+    - ``off_track``: full output lengths of unfinished requests off track for the SLO,
+      queued ones whose TTFT deadline passed before admission included
+      (`Telemetry.inflight_off_track_output_tokens`); ``bad_finished``: output tokens of
+      requests that finished missing it (`interval_bad_output_tokens`). A request is
+      debited its whole output, `w_lost` (default 0: off) per token, the moment it falls
+      off track, and credited back if it returns on track, so over an episode this part sums
+      to `w_lost` x the output lost to the SLO, and the return to (1 + `w_lost`) x good -
+      `w_lost` x offered output: the same best policy, but a request left queued past its
+      deadline costs something when it happens, not never (the credit alone only ever
+      withholds what it would have earned);
     - ``recomputed_tokens``: tokens whose KV cache was dropped by preemption in the
       interval (`w_recompute` good tokens each, default 0.5): the price of preemption.
-    - ``in_engine``: requests waiting or running at the interval's end, held for its
-      `interval_s`; ``mean_output``: the workload's mean output length. Each second a request
-      spends in the engine costs `w_latency` (default 0: off) of a mean request's output, so
-      over an episode the debit is about `w_latency` x the mean end-to-end latency (s) x the
-      arrival span, against at most about the arrival span of credit. The credit alone does
-      not charge a backlog whose requests are already lost, though it lengthens the run and
-      so lowers goodput (good tokens over the run's duration); this term does.
 
-    ``info`` holds the telemetry and ``reward_<part>`` for ``credit``, ``recompute`` and
-    ``latency``.
+    ``info`` holds the telemetry and ``reward_<part>`` for ``credit``, ``lost`` and
+    ``recompute``.
 
     ## Episode End
     Terminated when every request of the episode's workload has finished; truncated by
@@ -182,7 +185,7 @@ class BatchingEnv(gym.Env):
       ``profiles`` include the episode's profile).
     - `slo`: goodput SLOs (ms); default `DEFAULT_SLO`, `"ttft:2000,tpot:50"`.
     - `control_interval_s` or `control_interval_iters`: one env step's length.
-    - `action_mode` (``grid`` or ``step``), `w_recompute`, `w_latency`.
+    - `action_mode` (``grid`` or ``step``), `w_lost`, `w_recompute`.
 
     ## Examples
     ```python
@@ -207,8 +210,8 @@ class BatchingEnv(gym.Env):
         control_interval_s: float | None = 0.5,
         control_interval_iters: int | None = None,
         action_mode: str = "grid",
+        w_lost: float = 0.0,
         w_recompute: float = 0.5,
-        w_latency: float = 0.0,
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -218,7 +221,7 @@ class BatchingEnv(gym.Env):
             raise ValueError("engine='vllm' needs model=DIR (a model directory vLLM can load)")
         if (control_interval_s is None) == (control_interval_iters is None):
             raise ValueError("set exactly one of control_interval_s and control_interval_iters")
-        for name, w in (("w_recompute", w_recompute), ("w_latency", w_latency)):
+        for name, w in (("w_lost", w_lost), ("w_recompute", w_recompute)):
             if not 0 <= w < np.inf:
                 raise ValueError(f"{name} must be >= 0, got {w}")
         self.engine_kind = engine
@@ -237,8 +240,8 @@ class BatchingEnv(gym.Env):
         self.control_interval_s = control_interval_s
         self.control_interval_iters = control_interval_iters
         self.grid = ActionGrid(action_mode)
+        self.w_lost = w_lost
         self.w_recompute = w_recompute
-        self.w_latency = w_latency
         self.model = model
         self.engine_kwargs = engine_kwargs or {}
         self.observer = Observer(self.slo)
@@ -266,13 +269,13 @@ class BatchingEnv(gym.Env):
 
     def _reward(self, t: Telemetry) -> tuple[float, dict[str, float]]:
         credit = t.interval_good_output_tokens + t.inflight_on_track_tokens - self._on_track
+        lost = t.interval_bad_output_tokens + t.inflight_off_track_output_tokens - self._off_track
         self._on_track = t.inflight_on_track_tokens
+        self._off_track = t.inflight_off_track_output_tokens
         parts = {
             "credit": credit / self._offered_tps,
+            "lost": -self.w_lost * lost / self._offered_tps,
             "recompute": -self.w_recompute * t.interval_recomputed_tokens / self._offered_tps,
-            "latency": -self._latency_cost
-            * (t.num_requests_running + t.num_requests_waiting)
-            * t.interval_s,
         }
         return float(sum(parts.values())), parts
 
@@ -289,11 +292,10 @@ class BatchingEnv(gym.Env):
         spec = specs[int(rng.choice(len(specs), p=weights / weights.sum()))]
         self.workload = spec.draw(rng, self._engine.max_model_len)
         self._offered_tps = offered_output_tps(self.workload)
-        mean_output = float(self.workload.lengths()[1].mean())
-        self._latency_cost = self.w_latency * mean_output / self._offered_tps  # per request-s
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)
         self._telemetry = self._engine.reset(self.workload, limits)
         self._on_track = self._telemetry.inflight_on_track_tokens
+        self._off_track = self._telemetry.inflight_off_track_output_tokens
         self.observer.reset()
         info = {
             "workload": self.workload.name,

@@ -35,7 +35,7 @@ import copy
 from array import array
 from collections import deque
 from collections.abc import Callable
-from itertools import pairwise, repeat
+from itertools import chain, pairwise, repeat
 from operator import attrgetter
 
 import numpy as np
@@ -681,18 +681,14 @@ class SimEngine:
     def _telemetry(self) -> Telemetry:
         now = self._clock
         usage = 1.0 - self._free / self._kv_blocks  # vLLM's formula, to the bit
-        decoding = on_track_tokens = 0
+        on_track_tokens = off_track_tokens = 0
         slo = self.slo
-        for r in self._running:
-            if r.generated:
-                decoding += r.computed >= r.prompt
-                if on_track(slo, now, r.arrival, r.first_token, r.last_token, r.generated):
-                    on_track_tokens += r.generated
-        for r in self._waiting:  # preempted requests are at the front
-            if not r.generated:
-                break
+        for r in chain(self._running, self._waiting):
             if on_track(slo, now, r.arrival, r.first_token, r.last_token, r.generated):
                 on_track_tokens += r.generated
+            else:
+                off_track_tokens += r.output
+        decoding = sum(r.generated > 0 and r.computed >= r.prompt for r in self._running)
         waiting = self._waiting
         return self._tele.report(
             now,
@@ -709,6 +705,7 @@ class SimEngine:
             oldest_waiting_age_s=now - waiting[0].arrival if waiting else 0.0,
             waiting_prefill_tokens=self._waiting_tokens,
             inflight_on_track_tokens=on_track_tokens,
+            inflight_off_track_output_tokens=off_track_tokens,
         )
 
     def result(self) -> RunResult:

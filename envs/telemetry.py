@@ -115,6 +115,12 @@ class Telemetry:
     learned controller's dense goodput credit."""
     interval_recomputed_tokens: int = 0
     """Tokens whose KV was dropped by preemption in the interval (to be computed again)."""
+    interval_bad_output_tokens: int = 0
+    """Output tokens of requests that finished in the interval missing an SLO."""
+    inflight_off_track_output_tokens: int = 0
+    """Full output lengths (``max_tokens``) of unfinished requests no longer on track for the
+    SLO (`on_track`), queued ones past their TTFT deadline included: a gauge whose change,
+    plus `interval_bad_output_tokens`, is the output lost to the SLO in the interval."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -143,6 +149,7 @@ class IntervalTotals:
     output_tokens: int = 0
     finished: int = 0
     good_tokens: int = 0
+    bad_tokens: int = 0
     decode_steps: int = 0
     decode_seqs: int = 0
     decode_time: float = 0.0
@@ -175,6 +182,7 @@ class IntervalTotals:
             "interval_good_output_tokens": self.good_tokens,
             "interval_kv_usage_mean": self.kv_time / span if span > 0 else kv_usage,
             "interval_recomputed_tokens": self.recomputed_tokens,
+            "interval_bad_output_tokens": self.bad_tokens,
         }
 
 
@@ -312,13 +320,15 @@ class TelemetryAccumulator:
         self.interval.finished += 1
         if good:
             self.interval.good_tokens += output_tokens
+        else:
+            self.interval.bad_tokens += output_tokens
 
     def report(self, now: float, iteration: int, **state: float) -> Telemetry:
         """`Telemetry` at engine time `now`; starts a new interval.
 
         `state` holds the fields only the engine's scheduler knows: KV usage and blocks,
         block size, running / waiting / decoding counts, the limits in force, the waiting
-        queue's oldest age and prefill tokens, the on-track in-flight tokens.
+        queue's oldest age and prefill tokens, the on-track and off-track in-flight tokens.
         """
         iv = self.interval
         tbt, batch, ttft = self.recent = iv.recent(self.recent)

@@ -71,7 +71,9 @@ class TrackingScheduler(Scheduler):
     # ------------------------------------------------------------------ vLLM hooks
     def add_request(self, request: Any) -> None:
         if request.request_id not in self.requests:
-            self.tracker.on_arrival(request.request_id, request.num_prompt_tokens)
+            self.tracker.on_arrival(
+                request.request_id, request.num_prompt_tokens, request.max_tokens
+            )
         super().add_request(request)
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:

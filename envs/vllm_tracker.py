@@ -27,6 +27,7 @@ STEP_LOG_LEN = 200_000
 class _Track:
     arrival_s: float
     prompt_tokens: int
+    max_tokens: int
     first_token_s: float = -1.0
     last_token_s: float = -1.0
     output_tokens: int = 0
@@ -82,10 +83,10 @@ class StepTracker:
         self.skipped += max(0.0, seconds)
 
     # ------------------------------------------------------------------ hooks
-    def on_arrival(self, request_id: str, prompt_tokens: int) -> None:
+    def on_arrival(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         now = self.now()
         self.last_added = request_id
-        self.tracks[request_id] = _Track(now, prompt_tokens)
+        self.tracks[request_id] = _Track(now, prompt_tokens, max_tokens)
         self.tele.arrived(now, prompt_tokens)
 
     def _kv_mark(self, now: float, kv_usage: float) -> None:
@@ -217,12 +218,12 @@ class StepTracker:
             if r.num_output_tokens > 0 and r.num_computed_tokens >= r.num_prompt_tokens
         )
         tracks, slo = self.tracks, self.slo
-        on_track_tokens = sum(
-            k.output_tokens
-            for k in tracks.values()
-            if k.output_tokens
-            and on_track(slo, now, k.arrival_s, k.first_token_s, k.last_token_s, k.output_tokens)
-        )
+        on_track_tokens = off_track_tokens = 0
+        for k in tracks.values():
+            if on_track(slo, now, k.arrival_s, k.first_token_s, k.last_token_s, k.output_tokens):
+                on_track_tokens += k.output_tokens
+            else:
+                off_track_tokens += k.max_tokens
         oldest = now
         pending_prefill = 0
         for r in scheduler.waiting:
@@ -245,4 +246,5 @@ class StepTracker:
             oldest_waiting_age_s=now - oldest,
             waiting_prefill_tokens=pending_prefill,
             inflight_on_track_tokens=on_track_tokens,
+            inflight_off_track_output_tokens=off_track_tokens,
         )

@@ -111,24 +111,38 @@ def test_reward_credit_sums_to_goodput_and_recompute_is_priced() -> None:
     assert recompute == pytest.approx(-0.5 * recomputed / unit)
 
 
-def test_latency_debit_charges_each_request_second_in_the_engine() -> None:
-    """A starved engine (one running request, a growing queue) pays in proportion to the
-    requests waiting or running; the default `w_latency` 0 charges nothing."""
-    env = make(workload={"source": "embedded:sharegpt", "arrival": "poisson:20", "num_requests": 200}, w_latency=0.05)
+def test_lost_debit_sums_to_the_output_lost_and_charges_a_starved_queue_early() -> None:
+    """With `w_lost`, each request missing the SLO is debited its whole output once over
+    the episode, and a queued request is charged as soon as its TTFT deadline (2 s) passes,
+    long before it finishes."""
+    env = make(
+        workload={"source": "embedded:sharegpt", "arrival": "poisson:20", "num_requests": 200},
+        w_lost=0.5,
+        max_episode_steps=100_000,
+    )
     _, start = env.reset(seed=2)
-    workload = env.unwrapped.workload
-    mean_output = workload.lengths()[1].mean()
-    debits = []
-    for _ in range(10):
-        _, _, _, _, info = env.step(np.array([0, len(BUDGET_GRID) - 1]))  # max_num_seqs 1
-        in_engine = info["num_requests_running"] + info["num_requests_waiting"]
-        expected = -0.05 * in_engine * info["interval_s"] * mean_output / start["offered_output_tps"]
-        assert info["reward_latency"] == pytest.approx(expected)
-        debits.append(info["reward_latency"])
-    assert debits[-1] < debits[0] < 0  # the queue grows, and so does its cost
+    unit = start["offered_output_tps"]
+    requests = env.unwrapped.workload.requests
+    arrival = np.array([r.arrival_s for r in requests])
+    output = np.array([r.output_tokens for r in requests])
+    lost, finished_bad = 0.0, 0
+    terminated = False
+    while not terminated:  # max_num_seqs 1: the queue grows past its TTFT deadline
+        _, _, terminated, _, info = env.step(np.array([0, len(BUDGET_GRID) - 1]))
+        lost += info["reward_lost"] * unit
+        finished_bad += info["interval_bad_output_tokens"]
+        if info["time_s"] <= 5:  # nothing lost has finished; all past the deadline is charged
+            late = output[arrival < info["time_s"] - 2].sum()  # less the one being served
+            assert finished_bad == 0 and -0.5 * late <= lost <= -0.5 * (late - output.max())
+    m = info["episode_metrics"]
+    bad = m["total_output_tokens"] - m["output_goodput"] * m["duration"]
+    assert finished_bad == pytest.approx(bad) and bad > 0.5 * output.sum()
+    assert lost == pytest.approx(-0.5 * bad)
     env = make(workload={"source": "embedded:sharegpt", "arrival": "poisson:20", "num_requests": 200})
     env.reset(seed=2)
-    assert env.step(np.array([0, 0]))[4]["reward_latency"] == 0.0
+    for _ in range(8):
+        _, _, _, _, info = env.step(np.array([0, len(BUDGET_GRID) - 1]))
+    assert info["inflight_off_track_output_tokens"] > 0 and info["reward_lost"] == 0.0
 
 
 def test_workload_and_profile_mixes_are_sampled_per_episode() -> None:
@@ -155,7 +169,7 @@ def test_workload_weights_set_how_often_each_is_drawn() -> None:
         ({"engine": "vllm"}, "needs model=DIR"),
         ({"action_mode": "jump"}, "action_mode must be"),
         ({"w_recompute": -1}, "w_recompute must be"),
-        ({"w_latency": float("nan")}, "w_latency must be >= 0, got nan"),
+        ({"w_lost": -1}, "w_lost must be >= 0, got -1"),
         ({"control_interval_s": None}, "exactly one of"),
         ({"profile": "gpt-9"}, "unknown profile"),
         ({"workload": {"source": "embedded:gsm8k", "rate": 3}}, r"unknown key\(s\) \['rate'\]"),

@@ -144,6 +144,7 @@ def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
     assert np.any(real_obs[:, OBSERVATION_FIELDS.index("ttft_over_target")] > 0)
     assert np.any(real_obs[:, OBSERVATION_FIELDS.index("preemptions_per_running")] > 0)
     assert len(set(real_obs[:, OBSERVATION_FIELDS.index("log2_token_budget")])) == 3
+    assert any(t.inflight_off_track_output_tokens for t in real_seen)  # the reward's debit
     for i, (r, s) in enumerate(zip(real_obs, sim_obs, strict=True)):
         differ = [f for f, a, b in zip(OBSERVATION_FIELDS, r, s, strict=True) if a != b]
         assert not differ, f"decision {i}: {differ} differ: vLLM {r}, simulator {s}"
