@@ -102,6 +102,28 @@ class WorkloadSpec:
         return w
 
 
+def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, float]:
+    """Profile name -> draw weight, from one name, a list (equal weights) or a mapping of
+    names to positive weights."""
+    if isinstance(profile, str):
+        return {profile: 1.0}
+    if isinstance(profile, dict):
+        for name, w in profile.items():
+            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
+                raise ValueError(f"profile {name!r}: weight must be a number > 0, got {w!r}")
+        weights = {str(name): float(w) for name, w in profile.items()}
+    else:
+        weights = dict.fromkeys(profile, 1.0)
+        if len(weights) < len(profile):
+            raise ValueError(
+                f"profile list {list(profile)} names a profile twice; give a mapping of "
+                "profiles to weights to draw one more often"
+            )
+    if not weights:
+        raise ValueError("profile list is empty")
+    return weights
+
+
 def offered_output_tps(workload: Workload) -> float:
     """The workload's output tokens over its arrival span (at least 1 s): the reward's unit."""
     reqs = workload.requests  # sorted by arrival
@@ -179,7 +201,9 @@ class BatchingEnv(gym.Env):
     ## Arguments
     - `engine`: `"sim"` (default) or `"vllm"` (needs `model`, a model directory); extra
       `engine_kwargs` go to `SimEngine` (e.g. `scheduler="v0"`) or `make_vllm_engine`.
-    - `profile`: engine profile name or JSON path, or a list to draw from per episode.
+    - `profile`: engine profile name or JSON path, a list to draw from uniformly per
+      episode, or a mapping of them to weights (``{llama-2-70b-a100x4: 2, llama-3-8b-a100: 1}``
+      draws the first twice as often).
     - `workload`: a source string (`embedded:NAME` or a trace path), a dict of
       `WorkloadSpec` fields, or a list of them to draw from per episode (among those whose
       ``profiles`` include the episode's profile).
@@ -204,7 +228,7 @@ class BatchingEnv(gym.Env):
     def __init__(
         self,
         engine: str = "sim",
-        profile: str | list[str] = DEFAULT_PROFILE,
+        profile: str | list[str] | dict[str, float] = DEFAULT_PROFILE,
         workload: str | dict | list[str | dict] = DEFAULT_SOURCE,
         slo: str = str(DEFAULT_SLO),
         control_interval_s: float | None = 0.5,
@@ -225,9 +249,9 @@ class BatchingEnv(gym.Env):
             if not 0 <= w < np.inf:
                 raise ValueError(f"{name} must be >= 0, got {w}")
         self.engine_kind = engine
-        self.profiles = [profile] if isinstance(profile, str) else list(profile)
-        if not self.profiles:
-            raise ValueError("profile list is empty")
+        weights = profile_weights(profile)
+        self.profiles = list(weights)
+        self._profile_p = np.array(list(weights.values())) / sum(weights.values())
         self._profile_objs = [get_profile(p) for p in self.profiles]
         specs = workload if isinstance(workload, list) else [workload]
         if not specs:
@@ -285,7 +309,7 @@ class BatchingEnv(gym.Env):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         rng = self.np_random
-        profile = self._profile_objs[int(rng.integers(len(self._profile_objs)))]
+        profile = self._profile_objs[int(rng.choice(len(self._profile_objs), p=self._profile_p))]
         self._engine = self._make_engine(profile)
         specs = self._workloads_for(profile.name)
         weights = np.array([s.weight for s in specs])

@@ -49,6 +49,8 @@ BASE = {
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:gsm8k", "num_requests": 0}}}, "eval.workload.num_requests: 0 is outside"),
         ({"env_kwargs": {"workload": [{"sorce": "embedded:gsm8k"}]}}, "env_kwargs: workload spec: unknown key"),
         ({"env_kwargs": {"profile": "no-such-gpu"}}, "env_kwargs: .*no-such-gpu"),
+        ({"env_kwargs": {"profile": {"llama-7b-a100": "high"}}}, r"env_kwargs.profile: .*'high'} is not of type str \| list\[str\] \| dict\[str, float\]"),
+        ({"env_kwargs": {"profile": {"llama-7b-a100": -1}}}, "env_kwargs: profile 'llama-7b-a100': weight must be a number > 0, got -1"),
         ({"eval": {"profile": "no-such-gpu", "workload": {"source": "embedded:gsm8k"}}}, "eval.profile: .*no-such-gpu"),
         ({"eval": {"profile": ["llama-7b-a100"], "workload": [{"source": "embedded:gsm8k"}, {"arrival": "replay"}]}}, r"eval.workload\[1\]: needs a source"),
         ({"eval": {"profile": ["llama-7b-a100"], "workload": [{"source": "embedded:gsm8k", "profiles": ["llama-2-70b-a100x4"]}]}}, r"eval.workload embedded:gsm8k: its profiles \['llama-2-70b-a100x4'\] name none of eval.profile"),

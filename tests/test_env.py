@@ -162,6 +162,13 @@ def test_workload_weights_set_how_often_each_is_drawn() -> None:
     assert 0.8 < share < 0.97  # 0.9 expected; equal weights would give 0.5
 
 
+def test_profile_weights_set_how_often_each_is_drawn() -> None:
+    env = make(profile={"llama-7b-a100": 1, "llama3-70b-8xa100": 9})
+    names = [env.reset(seed=s)[1]["profile"] for s in range(200)]
+    share = names.count("llama3-70b-8xa100") / len(names)
+    assert 0.8 < share < 0.97  # 0.9 expected; equal weights would give 0.5
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -172,6 +179,10 @@ def test_workload_weights_set_how_often_each_is_drawn() -> None:
         ({"w_lost": -1}, "w_lost must be >= 0, got -1"),
         ({"control_interval_s": None}, "exactly one of"),
         ({"profile": "gpt-9"}, "unknown profile"),
+        ({"profile": []}, "profile list is empty"),
+        ({"profile": ["llama-7b-a100", "llama-7b-a100"]}, "names a profile twice; give a mapping"),
+        ({"profile": {"llama-7b-a100": 0}}, "'llama-7b-a100': weight must be a number > 0, got 0"),
+        ({"profile": {"llama-7b-a100": float("nan")}}, "weight must be a number > 0, got nan"),
         ({"workload": {"source": "embedded:gsm8k", "rate": 3}}, r"unknown key\(s\) \['rate'\]"),
         ({"workload": {"source": "embedded:gsm8k", "weight": 0}}, "weight must be a number > 0, got 0"),
         ({"workload": {"source": "embedded:gsm8k", "weight": "2x"}}, "weight must be a number > 0, got '2x'"),

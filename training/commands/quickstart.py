@@ -53,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.export import export
     from batchpilot.agents.policy import load_policy
+    from batchpilot.envs.batching_env import profile_weights
     from batchpilot.training.commands import compare
     from batchpilot.training.train import load_config, train
 
@@ -73,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
         else compare.DEFAULT_WORKLOAD,
         "embedded:sharegpt@poisson:1.3",
     ]
-    profile = ev.get("profile") or cfg.env_kwargs.get("profile", [DEFAULT_PROFILE])[0]
+    profiles = profile_weights(ev.get("profile") or cfg.env_kwargs.get("profile", DEFAULT_PROFILE))
+    profile = next(iter(profiles))  # the evaluation's first profile, else the training's
     argv = [
         "--controllers",
         f"{CONTROLLERS},policy:{policy}",
