@@ -59,10 +59,7 @@ class WorkloadSpec:
                         raise ValueError(f"workload spec: {key} must be 0 < lo <= hi, got {lo, hi}")
                     data[key] = (float(lo), float(hi))
             if "weight" in data:
-                w = data["weight"]
-                if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
-                    raise ValueError(f"workload spec: weight must be a number > 0, got {w!r}")
-                data["weight"] = float(w)
+                data["weight"] = draw_weight(data["weight"], "workload spec")
             if "profiles" in data:
                 names = data["profiles"]
                 data["profiles"] = (names,) if isinstance(names, str) else tuple(names)
@@ -102,16 +99,20 @@ class WorkloadSpec:
         return w
 
 
+def draw_weight(w: object, what: str) -> float:
+    """`w` as a draw weight: a finite number > 0, else an error naming `what`."""
+    if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
+        raise ValueError(f"{what}: weight must be a number > 0, got {w!r}")
+    return float(w)
+
+
 def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, float]:
     """Profile name -> draw weight, from one name, a list (equal weights) or a mapping of
     names to positive weights."""
     if isinstance(profile, str):
         return {profile: 1.0}
     if isinstance(profile, dict):
-        for name, w in profile.items():
-            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
-                raise ValueError(f"profile {name!r}: weight must be a number > 0, got {w!r}")
-        weights = {str(name): float(w) for name, w in profile.items()}
+        weights = {str(n): draw_weight(w, f"profile {n!r}") for n, w in profile.items()}
     else:
         weights = dict.fromkeys(profile, 1.0)
         if len(weights) < len(profile):

@@ -74,8 +74,8 @@ def main(args: argparse.Namespace) -> int:
         else compare.DEFAULT_WORKLOAD,
         "embedded:sharegpt@poisson:1.3",
     ]
-    profiles = profile_weights(ev.get("profile") or cfg.env_kwargs.get("profile", DEFAULT_PROFILE))
-    profile = next(iter(profiles))  # the evaluation's first profile, else the training's
+    given = ev.get("profile") or cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
+    profile = next(iter(profile_weights(given)))  # the evaluation's first, else the training's
     argv = [
         "--controllers",
         f"{CONTROLLERS},policy:{policy}",
