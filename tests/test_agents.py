@@ -439,6 +439,34 @@ def test_quickstart_trains_exports_and_reports(tmp_path: Path) -> None:
     assert (out / "run" / "best" / "policy.safetensors").is_file()
 
 
+def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> None:
+    """Quickstart's default comparison: the evaluation workloads that run on the first
+    evaluation profile, on that profile; without an ``eval``, compare's default workload
+    on the training profile."""
+    import copy
+
+    from batchpilot.training.commands import compare
+    from batchpilot.training.commands.quickstart import comparison
+
+    data = copy.deepcopy(TINY)
+    run = data["batchpilot/Batching-v0"]
+    run["env_kwargs"]["profile"] = ["llama-2-7b-a100", "llama-2-70b-a100x4"]
+    run["eval"]["profile"] = ["llama-2-70b-a100x4", "llama-2-7b-a100"]
+    run["eval"]["workload"] = [
+        {"source": "embedded:gsm8k", "arrival": "poisson:9", "num_requests": 20},
+        {"source": "embedded:sharegpt", "num_requests": 20, "profiles": ["llama-2-7b-a100"]},
+        {"source": "embedded:azure-conv", "arrival": "gamma:1:3", "num_requests": 20},
+    ]
+    cfg = load_config(write_config(tmp_path / "two.yml", data))
+    assert comparison(cfg) == (
+        "llama-2-70b-a100x4",
+        ["embedded:gsm8k@poisson:9", "embedded:azure-conv@gamma:1:3"],
+    )
+    del run["eval"]
+    cfg = load_config(write_config(tmp_path / "none.yml", data))
+    assert comparison(cfg) == ("llama-2-7b-a100", [compare.DEFAULT_WORKLOAD])
+
+
 @pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml"])
 def test_shipped_configs_build_their_envs(name: str) -> None:
     from importlib.resources import files

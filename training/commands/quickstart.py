@@ -1,9 +1,11 @@
-"""The main job: train a small learned controller on the embedded default workload
-(imitation of the lookahead oracle, then PPO), export it, and compare it with vLLM's
-default limits, the tuned static pair, Algorithms 1+2, Algorithm 2 with the token budget
-and the clairvoyant oracle (DIR/report.md, DIR/report.html, DIR/results.json). The
-report's first lines say whether the learned policy beat the best reference on goodput
-and by how much (paired over seeds).
+"""The main job: train a small learned controller on the embedded default workloads
+(training/configs/quick.yml: Llama-2-70B on 4 A100s under a math/chat regime shift and
+under sustained overload; imitation of the lookahead oracle, then PPO), export it, and
+compare it on fresh seeds of the config's evaluation workloads with vLLM's default limits,
+the tuned static pair, Algorithms 1+2, Algorithm 2 with the token budget and the
+clairvoyant oracle (DIR/report.md, DIR/report.html, DIR/results.json). The report's first
+lines say whether the learned policy beat the best reference on goodput and by how much
+(paired over seeds).
 
 Runs on the simulated engine with no trace files and no GPU; most of the time goes to the
 lookahead oracle labelling states during imitation.
@@ -22,11 +24,14 @@ import argparse
 import json
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.commands.common import COUNT
+
+if TYPE_CHECKING:
+    from batchpilot.training.train import TrainConfig
 
 QUICK_CONFIG = "quick.yml"
 CONTROLLERS = "default,best-static,alg1+alg2,alg2:chunk=1,oracle"
@@ -43,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workload",
         action="append",
         help="comparison workload SOURCE@ARRIVAL, repeatable. Default: the config's "
-        "evaluation workload and embedded:sharegpt@poisson:1.3 (never seen in training)",
+        "evaluation workloads (on fresh seeds), else compare's default workload",
     )
-    parser.add_argument("--seeds", type=COUNT, default=3, help="comparison seeds. Default: 3")
+    parser.add_argument("--seeds", type=COUNT, default=5, help="comparison seeds. Default: 5")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -53,7 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.export import export
     from batchpilot.agents.policy import load_policy
-    from batchpilot.envs.batching_env import profile_weights
     from batchpilot.training.commands import compare
     from batchpilot.training.train import load_config, train
 
@@ -67,15 +71,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"[2/3] exporting -> {policy}")
     export(run_dir, policy)
     load_policy(policy)
-    ev = cfg.eval or {}
-    workloads = args.workload or [
-        f"{ev['workload']['source']}@{ev['workload'].get('arrival', 'replay')}"
-        if ev
-        else compare.DEFAULT_WORKLOAD,
-        "embedded:sharegpt@poisson:1.3",
-    ]
-    given = ev.get("profile") or cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
-    profile = next(iter(profile_weights(given)))  # the evaluation's first, else the training's
+    profile, workloads = comparison(cfg)
+    workloads = args.workload or workloads
     argv = [
         "--controllers",
         f"{CONTROLLERS},policy:{policy}",
@@ -104,6 +101,28 @@ def main(args: argparse.Namespace) -> int:
         report.write_text(headline + "\n\n" + report.read_text())
         print(headline)
     return code
+
+
+def comparison(cfg: TrainConfig) -> tuple[str, list[str]]:
+    """The profile and SOURCE@ARRIVAL workloads the policy is compared on: the config's
+    evaluation runs on its first evaluation profile, else compare's default workload on the
+    first training profile."""
+    from batchpilot.agents.callbacks import EvalScenario
+    from batchpilot.envs.batching_env import profile_weights
+    from batchpilot.training.commands import compare
+
+    if not cfg.eval:
+        given = cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
+        return next(iter(profile_weights(given))), [compare.DEFAULT_WORKLOAD]
+    ev = EvalScenario(
+        profile=cfg.eval["profile"],
+        workload=cfg.eval["workload"],
+        slo=str(DEFAULT_SLO),
+        interval=cfg.control_interval,
+    )
+    profile = ev.profiles[0]
+    runs = [w for p, w in ev.runs() if p == profile]
+    return profile, [f"{w['source']}@{w.get('arrival', 'replay')}" for w in runs]
 
 
 def learned_verdict(results: dict[str, Any], label: str) -> str:
