@@ -106,6 +106,20 @@ def test_best_static_extends_the_grid_down_to_small_limits() -> None:
         assert min(tried) < 4
 
 
+def test_best_static_tries_only_pairs_vllm_accepts_and_the_policys_smallest_budget() -> None:
+    """No candidate has a token budget under its max_num_seqs (vLLM refuses that static
+    config), and the default grid reaches down to the action grid's smallest budget."""
+    from batchpilot.envs.action_grid import BUDGET_GRID
+
+    assert min(StaticGrid().tokens) == BUDGET_GRID[0]
+    grid = StaticGrid(seqs=(4, 64, 512), tokens=(128, 2048), first_seqs=4)
+    sc = Scenario("mixed", "embedded:gsm8k", "poisson:8", 30)
+    res = evaluate([sc], ["best-static"], [0], workers=1, progress=False, static_grid=grid)
+    pairs = {(c["seqs"], c["tokens"]) for c in res["scenarios"][0]["best_static"]["candidates"]}
+    assert {(4, 128), (64, 128), (512, 2048)} <= pairs
+    assert all(t >= n for n, t in pairs), sorted(pairs)
+
+
 def test_rank_by_throughput_when_goodput_cannot_separate() -> None:
     scores = {(8, 512): (0.4, 900.0), (64, 2048): (0.0, 1200.0), (256, 2048): (1.0, 1000.0)}
     best, ranked_by, note = rank_candidates(scores, "output_goodput")

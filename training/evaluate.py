@@ -36,6 +36,7 @@ import numpy as np
 
 from batchpilot.agents.specs import make_controller
 from batchpilot.baselines.specs import BEST_STATIC
+from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
@@ -450,12 +451,17 @@ class StaticGrid:
     2. while the best so far has the smallest max_num_seqs tried, the next smaller value of
        `seqs`, down to 1 (small limits make slow runs, so they run only when they may win);
     3. the geometric midpoints between the best pair and its neighbours in each knob.
+
+    The token budgets span the learned policy's (every other value of the action grid's
+    `BUDGET_GRID`, the rest reached by pass 3), so the static pair is denied no budget a
+    controller may set. Only pairs vLLM accepts as a static config run: a budget of at least
+    max_num_seqs (`SchedulerConfig`: max_num_batched_tokens >= max_num_seqs).
     """
 
     seqs: tuple[int, ...] = (
         1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
     )  # fmt: skip
-    tokens: tuple[int, ...] = (512, 2048, 8192)
+    tokens: tuple[int, ...] = BUDGET_GRID[::2]
     first_seqs: int = 8
 
 
@@ -509,7 +515,7 @@ class _Search:
     results: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
 
     def calls(self, pairs: Iterable[tuple[int, int]]) -> tuple[list, list]:
-        pairs = [p for p in dict.fromkeys(pairs) if p not in self.results]
+        pairs = [(n, t) for n, t in dict.fromkeys(pairs) if t >= n and (n, t) not in self.results]
         calls = [
             (run_task, (Task(self.sc, _static_spec(n, t), s),))
             for n, t in pairs
