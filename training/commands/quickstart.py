@@ -1,6 +1,6 @@
 """The main job: train a small learned controller on the embedded default workloads
-(training/configs/quick.yml: Llama-2-70B on 4 A100s under a math/chat regime shift and
-under sustained overload; imitation of the lookahead oracle, then PPO), export it, and
+(training/configs/quick.yml: Llama-2-70B on 4 A100s under a math/chat regime shift, where
+no static pair suits both regimes; imitation of the lookahead oracle, then PPO), export it, and
 compare it on fresh seeds of the config's evaluation workloads with vLLM's default limits,
 the tuned static pair, Algorithms 1+2, Algorithm 2 with the token budget and the
 clairvoyant oracle (DIR/report.md, DIR/report.html, DIR/results.json). The report's first
