@@ -33,6 +33,12 @@ grid (plus the running count, and the `oracle` controller's most requests that n
 a preemption) with the current budget, then every budget with the best max_num_seqs (``rounds``
 times); the current pair wins ties (and must be beaten by more than ``margin``), which
 keeps the limits from flapping between equal futures (other ties go to the larger value).
+
+With ``future=sampled`` the arrivals after a re-plan are not the workload's but one draw,
+shared by every candidate of that re-plan: a Poisson stream at the recent (short-window)
+arrival rate, each request's lengths resampled from the last `RECENT_ARRIVALS` arrivals.
+Admitted requests keep their true lengths. A teacher that cannot see the next burst asks
+of a policy only what its observation can tell it.
 """
 
 from __future__ import annotations
@@ -46,9 +52,13 @@ from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.sim_engine import NULL_BLOCKS
 from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.workload import Request
 
 SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOKENS_GRID = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FUTURES = ("true", "sampled")
+RECENT_ARRIVALS = 64
+"""Arrivals whose lengths a sampled future resamples."""
 
 
 def parse_grid(text: str) -> tuple[int, ...]:
@@ -64,6 +74,16 @@ def parse_grid(text: str) -> tuple[int, ...]:
 
 parse_grid.__name__ = "grid"  # how spec errors name the type
 
+
+def parse_future(text: str) -> str:
+    """``true`` (the workload's own arrivals) or ``sampled`` (see the module doc)."""
+    if text not in FUTURES:
+        raise ValueError(f"future {text!r}: one of {', '.join(FUTURES)}")
+    return text
+
+
+parse_future.__name__ = "future"
+
 MPC_ARGS = {
     "horizon_s": float,
     "replan_s": float,
@@ -71,8 +91,9 @@ MPC_ARGS = {
     "tokens": parse_grid,
     "rounds": int,
     "margin": float,
+    "future": parse_future,
 }
-"""Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048``."""
+"""Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``."""
 
 
 class MPCController:
@@ -80,7 +101,8 @@ class MPCController:
 
     `seqs` and `tokens` are the candidate grids (clipped to the engine's caps, which are
     always candidates); `rounds` coordinate sweeps per re-plan; `margin` is the relative
-    score gain a new pair needs over the current one. Simulator only.
+    score gain a new pair needs over the current one; `future` the arrivals a rollout
+    sees (module doc). Simulator only.
     """
 
     simulator_only = True
@@ -93,6 +115,7 @@ class MPCController:
         tokens: tuple[int, ...] | str = TOKENS_GRID,
         rounds: int = 1,
         margin: float = 0.0,
+        future: str = "true",
     ) -> None:
         if horizon_s <= 0 or replan_s <= 0:
             raise ValueError(f"horizon_s and replan_s must be > 0, got {horizon_s}, {replan_s}")
@@ -104,6 +127,7 @@ class MPCController:
         self.tokens = parse_grid(tokens) if isinstance(tokens, str) else tuple(sorted(set(tokens)))
         self.rounds = rounds
         self.margin = margin
+        self.future = parse_future(future)
         self.name = "mpc"
         self._engine: Engine | None = None
         self._packing = OracleController()
@@ -113,7 +137,7 @@ class MPCController:
 
     def reset(self, engine: Engine) -> None:
         """Keep the engine, which must be the simulator (it forks it at each re-plan)."""
-        needed = ("fork", "unfinished_requests")
+        needed = ("fork", "unfinished_requests", "arrived_requests", "replace_future")
         missing = [m for m in needed if not callable(getattr(engine, m, None))]
         if missing:
             raise TypeError(
@@ -129,6 +153,8 @@ class MPCController:
         self._next_plan = float("-inf")
         self.plans = self.rollouts = 0
         self.plan_wall_s = 0.0
+        self._rng = np.random.default_rng(0)
+        self._future: list[Request] | None = None
 
     def decide(self, telemetry: Telemetry) -> Limits:
         if self._engine is None:
@@ -151,6 +177,7 @@ class MPCController:
         seq_grid = sorted(set(self._seq_grid) | state)
 
         lost = self._lost(telemetry)
+        self._future = self._sampled_future(telemetry) if self.future == "sampled" else None
 
         def score(pair: tuple[int, int]) -> float:
             if pair not in scores:
@@ -181,6 +208,8 @@ class MPCController:
         engine's state at `telemetry`; `lost`: ids of requests already off pace then."""
         now = telemetry.time_s
         engine = self._engine.fork(history=False)  # type: ignore[union-attr]
+        if self._future is not None:
+            engine.replace_future(self._future)
         self.rollouts += 1
         engine.set_limits(Limits(*pair))
         telemetry = engine.advance(until_s=now + self.horizon_s)
@@ -222,6 +251,19 @@ class MPCController:
         if backlog > 0:
             score -= backlog * telemetry.arrival_rate * telemetry.output_mean
         return float(score)
+
+    def _sampled_future(self, telemetry: Telemetry) -> list[Request]:
+        """One draw of the arrivals over the horizon (module doc)."""
+        recent = self._engine.arrived_requests(RECENT_ARRIVALS)  # type: ignore[union-attr]
+        n = int(self._rng.poisson(telemetry.arrival_rate_short * self.horizon_s))
+        if not recent or n == 0:
+            return []
+        times = np.sort(telemetry.time_s + self._rng.uniform(0.0, self.horizon_s, n))
+        picks = self._rng.integers(len(recent), size=n)
+        return [
+            Request(f"sampled-{i}", float(t), recent[j].prompt_tokens, recent[j].output_tokens)
+            for i, (t, j) in enumerate(zip(times, picks, strict=True))
+        ]
 
     def _lost(self, telemetry: Telemetry) -> set[str]:
         """Ids of the admitted unfinished requests already off pace at the re-plan."""

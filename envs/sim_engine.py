@@ -204,6 +204,21 @@ class SimEngine:
             for r in (*self._running, *self._waiting)
         ]
 
+    def arrived_requests(self, last: int) -> list[Request]:
+        """The `last` requests to have arrived so far, in arrival order (true lengths)."""
+        if self._workload is None:
+            raise RuntimeError("call reset(workload, limits) before arrived_requests()")
+        arrived = len(self._workload.requests) - len(self._pending)
+        return self._workload.requests[max(0, arrived - last) : arrived]
+
+    def replace_future(self, requests: list[Request]) -> None:
+        """Make `requests` (sorted by arrival, none before the clock) the arrivals still to
+        come, in place of the workload's: a fork that plans against an estimated future."""
+        times = [r.arrival_s for r in requests]
+        if times and (times[0] < self._clock or any(b < a for a, b in pairwise(times))):
+            raise ValueError("replace_future: arrivals must be sorted and not before the clock")
+        self._pending = deque(requests)
+
     def fork(self, *, history: bool = True) -> SimEngine:
         """An independent copy whose future is identical to this engine's.
 

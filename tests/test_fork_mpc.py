@@ -166,8 +166,45 @@ def test_mpc_refuses_to_serve() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["mpc:seqs=8/x", "mpc:horizon_s=0", "mpc:rounds=0", "mpc:depth=3"]
+    "spec", ["mpc:seqs=8/x", "mpc:horizon_s=0", "mpc:rounds=0", "mpc:depth=3", "mpc:future=psychic"]
 )
 def test_mpc_spec_errors_name_the_problem(spec: str) -> None:
     with pytest.raises(ControllerSpecError, match="mpc"):
         make_controller(spec)
+
+
+def test_replace_future_swaps_the_arrivals_still_to_come() -> None:
+    engine = tight_engine()
+    engine.reset(bursty(), Limits(64, None))
+    drive(engine, 6)
+    arrived = [r for r in bursty().requests if r.arrival_s <= engine.clock_s]
+    assert engine.arrived_requests(5) == arrived[-5:]
+    blind = engine.fork()
+    blind.replace_future([])
+    finish(blind, Limits(64, None))
+    finish(engine, Limits(64, None))
+    assert len(blind.result().records) == len(arrived) < len(engine.result().records) == 250
+    late = [Request("b", engine.clock_s + 2, 8, 8), Request("a", engine.clock_s + 1, 8, 8)]
+    with pytest.raises(ValueError, match="sorted and not before the clock"):
+        blind.replace_future(late)
+
+
+def test_mpc_with_a_sampled_future_does_not_see_the_workloads_future() -> None:
+    """Two workloads alike until a burst of long prompts that only the second has: at a
+    re-plan before the burst, the true-future oracle's horizon scores see it (the burst
+    misses its TTFT deadlines), the sampled ones do not."""
+    calm = bursty(120).requests
+    t = calm[-1].arrival_s
+    burst = [Request(f"x{i}", t + 0.5 + 1e-3 * i, 3000, 200) for i in range(200)]
+    scores = {}
+    for future in ("true", "sampled"):
+        for name, requests in (("calm", calm), ("burst", calm + burst)):
+            engine = tight_engine()
+            engine.reset(Workload(name, requests), Limits(32, 512))
+            telemetry = engine.advance(until_s=t)
+            mpc = make_controller(f"mpc:horizon_s=8:future={future}")
+            mpc.reset(engine)
+            mpc.decide(telemetry)
+            scores[future, name] = mpc.rollout(telemetry, (32, 512), set())
+    assert scores["sampled", "calm"] == scores["sampled", "burst"]
+    assert scores["true", "burst"] < scores["true", "calm"] - 100 * 200
