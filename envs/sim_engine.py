@@ -155,6 +155,7 @@ class SimEngine:
         )
         self._workload = workload
         self._pending = deque(workload.requests)  # immutable: forks share them
+        self._future_replaced = False
         self._waiting: deque[_Req] = deque()
         self._running: list[_Req] = []
         self._stats = RunMetrics()
@@ -206,8 +207,8 @@ class SimEngine:
 
     def arrived_requests(self, last: int) -> list[Request]:
         """The `last` requests to have arrived so far, in arrival order (true lengths)."""
-        if self._workload is None:
-            raise RuntimeError("call reset(workload, limits) before arrived_requests()")
+        if self._workload is None or self._future_replaced:
+            raise RuntimeError("arrived_requests() needs a reset engine whose future is its own")
         arrived = len(self._workload.requests) - len(self._pending)
         return self._workload.requests[max(0, arrived - last) : arrived]
 
@@ -218,6 +219,7 @@ class SimEngine:
         if times and (times[0] < self._clock or any(b < a for a, b in pairwise(times))):
             raise ValueError("replace_future: arrivals must be sorted and not before the clock")
         self._pending = deque(requests)
+        self._future_replaced = True
 
     def fork(self, *, history: bool = True) -> SimEngine:
         """An independent copy whose future is identical to this engine's.

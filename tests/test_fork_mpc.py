@@ -187,6 +187,8 @@ def test_replace_future_swaps_the_arrivals_still_to_come() -> None:
     late = [Request("b", engine.clock_s + 2, 8, 8), Request("a", engine.clock_s + 1, 8, 8)]
     with pytest.raises(ValueError, match="sorted and not before the clock"):
         blind.replace_future(late)
+    with pytest.raises(RuntimeError, match="whose future is its own"):
+        blind.arrived_requests(5)
 
 
 def test_mpc_with_a_sampled_future_does_not_see_the_workloads_future() -> None:
