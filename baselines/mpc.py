@@ -37,8 +37,8 @@ keeps the limits from flapping between equal futures (other ties go to the large
 With ``future=sampled`` the arrivals after a re-plan are not the workload's but one draw,
 shared by every candidate of that re-plan: a Poisson stream at the recent (short-window)
 arrival rate, each request's lengths resampled from the last `RECENT_ARRIVALS` arrivals.
-Admitted requests keep their true lengths. A teacher that cannot see the next burst asks
-of a policy only what its observation can tell it.
+Admitted requests keep their true lengths. The gap between the two is what knowing the
+future is worth, a gain no deployable controller can reach.
 """
 
 from __future__ import annotations
