@@ -16,7 +16,7 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
 from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
-from batchpilot.envs.workload import Request, Workload
+from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import DEFAULT_SOURCE, make_workload
 
 __all__ = ["OBSERVATION_FIELDS", "BatchingEnv", "WorkloadSpec"]
@@ -27,7 +27,9 @@ class WorkloadSpec:
     """How to draw an episode's workload: a source, an arrival process and randomisation.
 
     `rate_scale` (lo, hi) multiplies the arrival rate (Poisson, Gamma, replay) by a
-    factor drawn uniformly per episode; `length_scale` does the same for output lengths.
+    factor drawn uniformly per episode; `length_scale` does the same for output lengths
+    and `prompt_scale` for prompt lengths (cut to fit the context, the output after the
+    prompt).
     `profiles`, if given, restricts the spec to episodes on those engine profiles (rates
     that suit one GPU overload another). An episode draws its profile uniformly, then one of
     the specs that apply to it with probability proportional to `weight`.
@@ -38,6 +40,7 @@ class WorkloadSpec:
     num_requests: int = 400
     rate_scale: tuple[float, float] = (1.0, 1.0)
     length_scale: tuple[float, float] = (1.0, 1.0)
+    prompt_scale: tuple[float, float] = (1.0, 1.0)
     profiles: tuple[str, ...] = ()
     weight: float = 1.0
 
@@ -52,12 +55,9 @@ class WorkloadSpec:
             if unknown:
                 raise ValueError(f"workload spec: unknown key(s) {sorted(unknown)}")
             data = dict(value)
-            for key in ("rate_scale", "length_scale"):
+            for key in ("rate_scale", "length_scale", "prompt_scale"):
                 if key in data:
-                    lo, hi = data[key]
-                    if not 0 < lo <= hi:
-                        raise ValueError(f"workload spec: {key} must be 0 < lo <= hi, got {lo, hi}")
-                    data[key] = (float(lo), float(hi))
+                    data[key] = scale_range(data[key], f"workload spec: {key}")
             if "weight" in data:
                 data["weight"] = draw_weight(data["weight"], "workload spec")
             if "profiles" in data:
@@ -82,21 +82,21 @@ class WorkloadSpec:
             overlong="truncate",
         )
         g = rng.uniform(*self.length_scale)
-        if g != 1.0:
-            w = Workload(
-                w.name,
-                [
-                    Request(
-                        r.request_id,
-                        r.arrival_s,
-                        r.prompt_tokens,
-                        max(1, min(round(r.output_tokens * g), max_model_len - r.prompt_tokens)),
-                    )
-                    for r in w.requests
-                ],
-                source=w.source,
-            )
-        return w
+        # drawn only when asked for, so the specs without it keep their random streams
+        p = rng.uniform(*self.prompt_scale) if self.prompt_scale != (1.0, 1.0) else 1.0
+        return w.scaled(p, g, max_model_len)
+
+
+def scale_range(value: object, what: str) -> tuple[float, float]:
+    """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf, else an error
+    naming `what`."""
+    try:
+        lo, hi = (float(v) for v in value)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be [lo, hi], got {value!r}") from None
+    if not 0 < lo <= hi < np.inf:
+        raise ValueError(f"{what} must be 0 < lo <= hi < inf, got {value!r}")
+    return lo, hi
 
 
 def draw_weight(w: object, what: str) -> float:
@@ -210,6 +210,10 @@ class BatchingEnv(gym.Env):
       ``profiles`` include the episode's profile).
     - `slo`: goodput SLOs (ms); default `DEFAULT_SLO`, `"ttft:2000,tpot:50"`.
     - `control_interval_s` or `control_interval_iters`: one env step's length.
+    - `step_time_scale`, `kv_scale`: (lo, hi) ranges of factors drawn log-uniformly per
+      episode that multiply the profile's step times and its KV cache blocks
+      (`EngineProfile.scaled`): GPUs and memory budgets no profile describes, for a policy
+      that must serve on them. Default (1, 1): the profile as it is.
     - `action_mode` (``grid`` or ``step``), `w_lost`, `w_recompute`.
 
     ## Examples
@@ -237,6 +241,8 @@ class BatchingEnv(gym.Env):
         action_mode: str = "grid",
         w_lost: float = 0.0,
         w_recompute: float = 0.5,
+        step_time_scale: tuple[float, float] = (1.0, 1.0),
+        kv_scale: tuple[float, float] = (1.0, 1.0),
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -249,6 +255,10 @@ class BatchingEnv(gym.Env):
         for name, w in (("w_lost", w_lost), ("w_recompute", w_recompute)):
             if not 0 <= w < np.inf:
                 raise ValueError(f"{name} must be >= 0, got {w}")
+        self.step_time_scale = scale_range(step_time_scale, "step_time_scale")
+        self.kv_scale = scale_range(kv_scale, "kv_scale")
+        if engine == "vllm" and (self.step_time_scale, self.kv_scale) != ((1.0, 1.0),) * 2:
+            raise ValueError("step_time_scale and kv_scale vary the simulator's profile only")
         self.engine_kind = engine
         weights = profile_weights(profile)
         self.profiles = list(weights)
@@ -311,6 +321,12 @@ class BatchingEnv(gym.Env):
         super().reset(seed=seed)
         rng = self.np_random
         profile = self._profile_objs[int(rng.choice(len(self._profile_objs), p=self._profile_p))]
+        # drawn only when asked for, so envs without them keep their random streams
+        scales = [
+            float(np.exp(rng.uniform(np.log(lo), np.log(hi)))) if lo != hi else lo
+            for lo, hi in (self.step_time_scale, self.kv_scale)
+        ]
+        profile = profile.scaled(*scales)
         self._engine = self._make_engine(profile)
         specs = self._workloads_for(profile.name)
         weights = np.array([s.weight for s in specs])
@@ -325,6 +341,8 @@ class BatchingEnv(gym.Env):
         info = {
             "workload": self.workload.name,
             "profile": profile.name,
+            "step_time_scale": scales[0],
+            "kv_scale": scales[1],
             "offered_output_tps": self._offered_tps,
         }
         return self.observer(self._telemetry), info

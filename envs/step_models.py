@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from bisect import bisect_right
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
 
 
@@ -78,6 +78,11 @@ class StepModel(ABC):
         return self.time(1, p, p, p * p, 0, 0)
 
     @abstractmethod
+    def slowed(self, factor: float) -> StepModel:
+        """The same model with every time multiplied by `factor` (a slower or faster GPU of
+        the same shape)."""
+
+    @abstractmethod
     def to_dict(self) -> dict:
         """JSON-ready form, with ``kind``."""
 
@@ -117,6 +122,9 @@ class LinearStepModel(StepModel):
             + self.decode_seq_s * decode_seqs
             + self.kv_token_s * kv_tokens
         )
+
+    def slowed(self, factor: float) -> LinearStepModel:
+        return LinearStepModel(*(getattr(self, f.name) * factor for f in fields(self)))
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
@@ -182,6 +190,16 @@ class TableStepModel(StepModel):
     @property
     def decode_kv_s(self) -> float:
         return self.attn_decode_kv_s
+
+    def slowed(self, factor: float) -> TableStepModel:
+        times = {}
+        for f in fields(self):
+            if f.name.endswith("_s"):  # the times (the knots are counts)
+                value = getattr(self, f.name)
+                times[f.name] = (
+                    tuple(v * factor for v in value) if isinstance(value, tuple) else value * factor
+                )
+        return replace(self, **times)
 
     def to_dict(self) -> dict:
         out = {"kind": self.kind}

@@ -66,6 +66,23 @@ class Workload:
         o = np.fromiter((r.output_tokens for r in self.requests), dtype=np.int64)
         return p, o
 
+    def scaled(
+        self, prompt_scale: float = 1.0, output_scale: float = 1.0, max_model_len: int = 0
+    ) -> Workload:
+        """Every prompt and output length times its factor (rounded, at least 1 token).
+        With `max_model_len`, a prompt is cut to leave one token of the context and the
+        output to what the context leaves after the prompt; without, `fit_context` is the
+        caller's to apply."""
+        if prompt_scale == output_scale == 1.0:
+            return self
+        cap = max_model_len or 1 << 62
+        reqs = []
+        for r in self.requests:
+            prompt = min(max(1, round(r.prompt_tokens * prompt_scale)), cap - 1)
+            output = min(max(1, round(r.output_tokens * output_scale)), cap - prompt)
+            reqs.append(Request(r.request_id, r.arrival_s, prompt, output))
+        return Workload(self.name, reqs, self.dropped, self.truncated, source=self.source)
+
     def check_fits(self, max_model_len: int, kv_tokens: int | None = None) -> None:
         """Raise `WorkloadError` for the first request longer than the engine's context
         (or, given `kv_tokens`, than its whole KV cache)."""

@@ -169,9 +169,46 @@ def test_profile_weights_set_how_often_each_is_drawn() -> None:
     assert 0.8 < share < 0.97  # 0.9 expected; equal weights would give 0.5
 
 
+def test_profile_and_prompt_randomisation_is_drawn_per_episode() -> None:
+    from batchpilot.envs.batching_env import WorkloadSpec
+    from batchpilot.envs.profiles import get_profile
+
+    base = get_profile("llama-2-7b-a100")
+    env = make(profile=base.name, step_time_scale=[0.8, 1.25], kv_scale=[0.2, 0.5])
+    scales = set()
+    for seed in range(5):
+        _, info = env.reset(seed=seed)
+        engine = env.unwrapped.engine
+        assert 0.8 <= info["step_time_scale"] <= 1.25 and 0.2 <= info["kv_scale"] <= 0.5
+        assert engine.profile.num_gpu_blocks == round(base.num_gpu_blocks * info["kv_scale"])
+        decode = (0, 0, 0, 0, 16, 16000)
+        assert engine.profile.step.time(*decode) == pytest.approx(
+            info["step_time_scale"] * base.step.time(*decode)
+        )
+        scales.add(info["kv_scale"])
+    assert len(scales) == 5
+    _, info = make(profile=base.name).reset(seed=0)
+    assert info["step_time_scale"] == info["kv_scale"] == 1.0
+
+    mml = base.max_model_len
+    plain = WorkloadSpec.coerce(SMALL).draw(np.random.default_rng(3), mml)
+    longer = WorkloadSpec.coerce(SMALL | {"prompt_scale": [2.0, 3.0]}).draw(np.random.default_rng(3), mml)
+    pairs = [(a.prompt_tokens, b.prompt_tokens) for a, b in zip(plain.requests, longer.requests, strict=True)]
+    a, b = max(p for p in pairs if p[1] < mml - 1)  # one factor per episode, drawn in range
+    f = b / a
+    assert 2.0 - 1e-3 <= f <= 3.0 + 1e-3
+    assert all(abs(b - min(a * f, mml - 1)) <= 1 for a, b in pairs)
+    assert any(b == mml - 1 for _, b in pairs)  # cut to fit the context
+    assert all(r.prompt_tokens + r.output_tokens <= mml for r in longer.requests)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"kv_scale": [0.5, 0.2]}, r"kv_scale must be 0 < lo <= hi < inf, got \[0.5, 0.2\]"),
+        ({"step_time_scale": "fast"}, "step_time_scale must be \\[lo, hi\\], got 'fast'"),
+        ({"workload": SMALL | {"prompt_scale": [0, 2]}}, "workload spec: prompt_scale must be 0 < lo"),
+        ({"engine": "vllm", "model": "m", "kv_scale": [0.5, 1]}, "vary the simulator's profile only"),
         ({"engine": "tpu"}, "engine must be 'sim' or 'vllm'"),
         ({"engine": "vllm"}, "needs model=DIR"),
         ({"action_mode": "jump"}, "action_mode must be"),

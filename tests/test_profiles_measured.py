@@ -181,6 +181,19 @@ def test_kv_capacity_is_vllms_arithmetic() -> None:
     assert PROFILES["llama-3-8b-24gb"].kv_capacity_tokens < 5 * 8192  # and on 24 GB
 
 
+@pytest.mark.parametrize("name", ["llama-2-70b-a100x4", "cpu-tiny-llama"])
+def test_scaled_profiles_are_slower_or_smaller_by_their_factors(name: str) -> None:
+    p = PROFILES[name]
+    assert p.scaled() is p
+    slow = p.scaled(step_time=1.5, kv=0.25)
+    assert slow.name == p.name and slow.step.kind == p.step.kind
+    for counts in [(0, 0, 0, 0, 32, 40000), (2, 700, 900, 300000, 10, 9000)]:
+        assert slow.step.time(*counts) == pytest.approx(1.5 * p.step.time(*counts), rel=1e-12)
+    assert slow.num_gpu_blocks == round(p.num_gpu_blocks * 0.25)
+    tiny = p.scaled(kv=1e-9)  # never less than one request of the whole context
+    assert tiny.kv_capacity_tokens >= p.max_model_len and tiny.step == p.step
+
+
 def test_profile_files_round_trip(tmp_path: Path) -> None:
     for name in ("llama-2-70b-h100x4", "llama-3-8b-24gb", "llama-7b-a100"):
         path = tmp_path / f"{name}.json"

@@ -166,6 +166,16 @@ def test_overlong_policy_is_explicit() -> None:
     assert cut.truncated == 1
 
 
+def test_scaled_lengths_round_and_fit_a_context_when_given_one() -> None:
+    w = Workload("w", [Request("a", 0, 100, 50), Request("b", 1, 3, 1)])
+    assert w.scaled() is w
+    doubled = w.scaled(2.0, 0.5)
+    assert [(r.prompt_tokens, r.output_tokens) for r in doubled.requests] == [(200, 25), (6, 1)]
+    cut = w.scaled(2.0, 1.0, max_model_len=220)  # the prompt kept, the output cut to fit
+    assert [(r.prompt_tokens, r.output_tokens) for r in cut.requests] == [(200, 20), (6, 1)]
+    assert w.scaled(10.0, 1.0, max_model_len=220).requests[0].prompt_tokens == 219
+
+
 def test_bad_requests_are_rejected() -> None:
     with pytest.raises(WorkloadError, match="prompt_tokens=0"):
         Workload("w", [Request("a", 0, 0, 5)])

@@ -44,7 +44,7 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import run
 from batchpilot.envs.traces import load_trace
-from batchpilot.envs.workload import Request, Workload
+from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, make_workload
 from batchpilot.training.engines import make_engine
 
@@ -200,18 +200,7 @@ def scenario_workload(
         reqs = [replace(r, arrival_s=r.arrival_s - t0) for r in reqs]
         workload = Workload(f"{workload.name}[{start}:{start + len(reqs)}]", reqs, source=sc.source)
         draw["window_start"] = start
-    ps, os_ = draw.get("prompt_scale", 1.0), draw.get("output_scale", 1.0)
-    if ps != 1.0 or os_ != 1.0:
-        reqs = [
-            Request(
-                r.request_id,
-                r.arrival_s,
-                max(1, round(r.prompt_tokens * ps)),
-                max(1, round(r.output_tokens * os_)),
-            )
-            for r in workload.requests
-        ]
-        workload = Workload(workload.name, reqs, source=sc.source)
+    workload = workload.scaled(draw.get("prompt_scale", 1.0), draw.get("output_scale", 1.0))
     if max_model_len is not None:
         workload = workload.fit_context(max_model_len, sc.overlong)
     return workload, draw
