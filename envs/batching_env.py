@@ -26,8 +26,8 @@ __all__ = ["OBSERVATION_FIELDS", "BatchingEnv", "WorkloadSpec"]
 class WorkloadSpec:
     """How to draw an episode's workload: a source, an arrival process and randomisation.
 
-    `rate_scale` (lo, hi) multiplies the arrival rate (Poisson, Gamma, replay) by a
-    factor drawn uniformly per episode; `length_scale` does the same for output lengths
+    `rate_scale` (lo, hi) multiplies every rate of the arrival process by a factor drawn
+    uniformly per episode; `length_scale` does the same for output lengths
     and `prompt_scale` for prompt lengths (cut to fit the context, the output after the
     prompt).
     `profiles`, if given, restricts the spec to episodes on those engine profiles (rates
@@ -66,13 +66,11 @@ class WorkloadSpec:
             return cls(**data)
         raise TypeError(f"workload spec must be a str, dict or WorkloadSpec, got {type(value)}")
 
-    def draw(self, rng: np.random.Generator, max_model_len: int) -> Workload:
-        arrival = Arrival.parse(self.arrival)
-        f = rng.uniform(*self.rate_scale)
-        if arrival.kind in ("poisson", "gamma"):
-            arrival = Arrival(arrival.kind, rate=arrival.rate * f, cv=arrival.cv)
-        elif arrival.kind == "replay":
-            arrival = Arrival("replay", scale=arrival.scale * f)
+    def draw(
+        self, rng: np.random.Generator, max_model_len: int, rate_factor: float = 1.0
+    ) -> Workload:
+        """One episode's workload; every rate times the drawn `rate_scale` and `rate_factor`."""
+        arrival = Arrival.parse(self.arrival).scaled(rng.uniform(*self.rate_scale) * rate_factor)
         w = make_workload(
             self.source,
             arrival,
@@ -85,6 +83,25 @@ class WorkloadSpec:
         # drawn only when asked for, so the specs without it keep their random streams
         p = rng.uniform(*self.prompt_scale) if self.prompt_scale != (1.0, 1.0) else 1.0
         return w.scaled(p, g, max_model_len)
+
+
+ScaleRanges = tuple[float, float] | dict[str, tuple[float, float]]
+"""A (lo, hi) range of scale factors, or a mapping of profile names to such ranges."""
+
+
+def profile_ranges(
+    value: ScaleRanges, profiles: list[str], what: str
+) -> dict[str, tuple[float, float]]:
+    """Profile name -> (lo, hi) from one range for all `profiles` or a mapping naming some of
+    them; profiles left at (1, 1) are left out."""
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(profiles))
+        if unknown:
+            raise ValueError(f"{what}: {unknown[0]!r} is not one of the env's profiles {profiles}")
+        ranges = {name: scale_range(r, f"{what} {name!r}") for name, r in value.items()}
+    else:
+        ranges = dict.fromkeys(profiles, scale_range(value, what))
+    return {name: r for name, r in ranges.items() if r != (1.0, 1.0)}
 
 
 def scale_range(value: object, what: str) -> tuple[float, float]:
@@ -213,7 +230,10 @@ class BatchingEnv(gym.Env):
     - `step_time_scale`, `kv_scale`: (lo, hi) ranges of factors drawn log-uniformly per
       episode that multiply the profile's step times and its KV cache blocks
       (`EngineProfile.scaled`): GPUs and memory budgets no profile describes, for a policy
-      that must serve on them. Default (1, 1): the profile as it is.
+      that must serve on them. One range for every profile, or a mapping of profile names
+      to ranges (a profile it does not name is left as it is). Arrival rates are divided by
+      the step-time factor, so a workload spec's load relative to the engine holds on a
+      slower or faster one. Default (1, 1): the profile as it is.
     - `action_mode` (``grid`` or ``step``), `w_lost`, `w_recompute`.
 
     ## Examples
@@ -241,8 +261,8 @@ class BatchingEnv(gym.Env):
         action_mode: str = "grid",
         w_lost: float = 0.0,
         w_recompute: float = 0.5,
-        step_time_scale: tuple[float, float] = (1.0, 1.0),
-        kv_scale: tuple[float, float] = (1.0, 1.0),
+        step_time_scale: ScaleRanges = (1.0, 1.0),
+        kv_scale: ScaleRanges = (1.0, 1.0),
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -255,15 +275,16 @@ class BatchingEnv(gym.Env):
         for name, w in (("w_lost", w_lost), ("w_recompute", w_recompute)):
             if not 0 <= w < np.inf:
                 raise ValueError(f"{name} must be >= 0, got {w}")
-        self.step_time_scale = scale_range(step_time_scale, "step_time_scale")
-        self.kv_scale = scale_range(kv_scale, "kv_scale")
-        if engine == "vllm" and (self.step_time_scale, self.kv_scale) != ((1.0, 1.0),) * 2:
-            raise ValueError("step_time_scale and kv_scale vary the simulator's profile only")
         self.engine_kind = engine
         weights = profile_weights(profile)
         self.profiles = list(weights)
         self._profile_p = np.array(list(weights.values())) / sum(weights.values())
         self._profile_objs = [get_profile(p) for p in self.profiles]
+        names = [p.name for p in self._profile_objs]
+        self.step_time_scale = profile_ranges(step_time_scale, names, "step_time_scale")
+        self.kv_scale = profile_ranges(kv_scale, names, "kv_scale")
+        if engine == "vllm" and (self.step_time_scale or self.kv_scale):
+            raise ValueError("step_time_scale and kv_scale vary the simulator's profile only")
         specs = workload if isinstance(workload, list) else [workload]
         if not specs:
             raise ValueError("workload list is empty")
@@ -294,9 +315,7 @@ class BatchingEnv(gym.Env):
             if self._vllm_engine is None:  # one real engine per env: start-up is costly
                 from batchpilot.envs.vllm_engine import make_vllm_engine
 
-                self._vllm_engine = make_vllm_engine(
-                    self.model, slo=self.slo, **self.engine_kwargs
-                )
+                self._vllm_engine = make_vllm_engine(self.model, slo=self.slo, **self.engine_kwargs)
             return self._vllm_engine
         from batchpilot.envs.sim_engine import SimEngine
 
@@ -324,14 +343,16 @@ class BatchingEnv(gym.Env):
         # drawn only when asked for, so envs without them keep their random streams
         scales = [
             float(np.exp(rng.uniform(np.log(lo), np.log(hi)))) if lo != hi else lo
-            for lo, hi in (self.step_time_scale, self.kv_scale)
+            for lo, hi in (
+                r.get(profile.name, (1.0, 1.0)) for r in (self.step_time_scale, self.kv_scale)
+            )
         ]
         profile = profile.scaled(*scales)
         self._engine = self._make_engine(profile)
         specs = self._workloads_for(profile.name)
         weights = np.array([s.weight for s in specs])
         spec = specs[int(rng.choice(len(specs), p=weights / weights.sum()))]
-        self.workload = spec.draw(rng, self._engine.max_model_len)
+        self.workload = spec.draw(rng, self._engine.max_model_len, rate_factor=1 / scales[0])
         self._offered_tps = offered_output_tps(self.workload)
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)
         self._telemetry = self._engine.reset(self.workload, limits)

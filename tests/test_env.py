@@ -169,6 +169,23 @@ def test_profile_weights_set_how_often_each_is_drawn() -> None:
     assert 0.8 < share < 0.97  # 0.9 expected; equal weights would give 0.5
 
 
+def test_rate_scale_applies_to_every_arrival_process_and_follows_the_step_time() -> None:
+    def span(**kwargs) -> float:
+        env = make(profile="llama-2-7b-a100", **kwargs)
+        env.reset(seed=0)
+        return env.unwrapped.workload.requests[-1].arrival_s
+
+    spec = SMALL | {"arrival": "poisson:4"}
+    base = span(workload=spec)
+    assert span(workload=spec | {"rate_scale": [2, 2]}) == pytest.approx(base / 2)
+    assert span(workload=spec, step_time_scale=[2, 2]) == pytest.approx(base * 2)  # same load
+    for arrival in ("steps:4@0,8@5", "ramp:2:6"):  # rates that change at fixed times
+        spec = SMALL | {"arrival": arrival}
+        base = span(workload=spec)
+        assert span(workload=spec | {"rate_scale": [2, 2]}) < 0.8 * base
+        assert span(workload=spec, step_time_scale=[2, 2]) > 1.25 * base
+
+
 def test_profile_and_prompt_randomisation_is_drawn_per_episode() -> None:
     from batchpilot.envs.batching_env import WorkloadSpec
     from batchpilot.envs.profiles import get_profile
@@ -189,6 +206,10 @@ def test_profile_and_prompt_randomisation_is_drawn_per_episode() -> None:
     assert len(scales) == 5
     _, info = make(profile=base.name).reset(seed=0)
     assert info["step_time_scale"] == info["kv_scale"] == 1.0
+    env = make(profile=[base.name, "llama-7b-a100"], kv_scale={base.name: [0.2, 0.5]})
+    infos = [env.reset(seed=s)[1] for s in range(12)]
+    assert {i["profile"] for i in infos} == {base.name, "llama-7b-a100"}
+    assert all((0.2 <= i["kv_scale"] <= 0.5) == (i["profile"] == base.name) for i in infos)
 
     mml = base.max_model_len
     plain = WorkloadSpec.coerce(SMALL).draw(np.random.default_rng(3), mml)
@@ -207,6 +228,8 @@ def test_profile_and_prompt_randomisation_is_drawn_per_episode() -> None:
     [
         ({"kv_scale": [0.5, 0.2]}, r"kv_scale must be 0 < lo <= hi < inf, got \[0.5, 0.2\]"),
         ({"step_time_scale": "fast"}, "step_time_scale must be \\[lo, hi\\], got 'fast'"),
+        ({"kv_scale": {"llama-2-7b-a40": [0.5, 1]}}, "kv_scale: 'llama-2-7b-a40' is not one of the env's profiles"),
+        ({"kv_scale": {"llama-7b-a100": [2, 1]}}, "kv_scale 'llama-7b-a100' must be 0 < lo <= hi"),
         ({"workload": SMALL | {"prompt_scale": [0, 2]}}, "workload spec: prompt_scale must be 0 < lo"),
         ({"engine": "vllm", "model": "m", "kv_scale": [0.5, 1]}, "vary the simulator's profile only"),
         ({"engine": "tpu"}, "engine must be 'sim' or 'vllm'"),
