@@ -190,6 +190,22 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
     assert line.startswith("**S**: mpc and alg1 tie on goodput (significant but under 1%)")
 
 
+def test_learned_verdict_counts_wins_and_gives_the_geometric_mean() -> None:
+    from batchpilot.training.commands.quickstart import learned_verdict
+
+    a = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])  # mpc/alg1 = 215/200
+    b = {**_fake_scenario([110.0, 215.0, 320.0], [100.0, 200.0, 300.0]), "name": "T"}
+    text = learned_verdict({"controllers": ["alg1", "mpc"], "scenarios": [a, b]}, "mpc")
+    head, geo, *lines = text.split("\n")
+    assert head.startswith("**The learned policy won on 1 and lost on 1 of 2 scenarios**")
+    assert "mean goodput is 1.000x the best reference's" in geo  # sqrt(215/200 x 200/215)
+    assert geo.endswith("above it on 1 of 2):")
+    assert lines[0].startswith("- S: won, goodput +7.5%") and lines[1].startswith("- T: lost")
+    c = {**_fake_scenario([100.0, 200.0, 300.0], [0.0, 0.0, 0.0]), "name": "U"}
+    text = learned_verdict({"controllers": ["alg1", "mpc"], "scenarios": [a, c]}, "mpc")
+    assert "mean goodput is 0.000x" in text  # a run with no goodput is not averaged away
+
+
 def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
     a = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])
     b = {**_fake_scenario([110.0, 215.0, 320.0], [100.0, 200.0, 300.0]), "name": "T"}
@@ -202,7 +218,7 @@ def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
 def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
     names = suite_names()
     assert {"bursty", "shifting", "mixed", "long-prompts", "kv-tight", "paper", "steady", "knee"} <= set(names)
-    for path in ("heldout.yml", "trainset.yml"):  # the shipped policy's evaluation suites
+    for path in ("heldout.yml", "trainset.yml", "families.yml"):  # the shipped policy's suites
         assert load_suite(Path(str(files("batchpilot.training") / "configs" / path))).scenarios
     kv = load_suite("kv-tight")
     assert {sc.profile for sc in kv.scenarios} == {"llama-3-8b-24gb", "llama-2-7b-a40"}

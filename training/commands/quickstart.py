@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,11 +132,14 @@ def learned_verdict(results: dict[str, Any], label: str) -> str:
     from batchpilot.training.paired import MIN_EFFECT, describe
     from batchpilot.training.report import best_reference, paired_vs
 
-    lines, wins, losses = [], 0, 0
+    lines, wins, losses, ratios = [], 0, 0, []
     for sc in results["scenarios"]:
         ref = best_reference(sc, results["controllers"], "output_goodput")
         if ref is None:
             continue
+        means = [sc["results"][c]["mean"]["output_goodput"] for c in (label, ref)]
+        if means[1] > 0:
+            ratios.append(means[0] / means[1])
         p = paired_vs(sc, label, ref, "output_goodput")
         outcome = "tie (no significant difference)"
         if p.significant and not p.decisive:
@@ -155,4 +159,11 @@ def learned_verdict(results: dict[str, Any], label: str) -> str:
     else:
         head = f"**The learned policy tied** on all {n} scenarios"
     head += " against the best reference (paired 95% intervals over seeds):"
+    if len(ratios) > 1:
+        geo = 0.0 if min(ratios) <= 0 else math.exp(sum(map(math.log, ratios)) / len(ratios))
+        above = sum(r > 1 for r in ratios)
+        head += (
+            f"\nacross the {len(ratios)} scenarios its mean goodput is {geo:.3f}x the best "
+            f"reference's (geometric mean of the ratios; above it on {above} of {len(ratios)}):"
+        )
     return "\n".join([head, *lines])
