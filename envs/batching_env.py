@@ -31,8 +31,8 @@ class WorkloadSpec:
     and `prompt_scale` for prompt lengths (cut to fit the context, the output after the
     prompt).
     `profiles`, if given, restricts the spec to episodes on those engine profiles (rates
-    that suit one GPU overload another). An episode draws its profile uniformly, then one of
-    the specs that apply to it with probability proportional to `weight`.
+    that suit one GPU overload another). An episode draws its profile (by the env's profile
+    weights), then one of the specs that apply to it with probability proportional to `weight`.
     """
 
     source: str = DEFAULT_SOURCE
@@ -340,13 +340,11 @@ class BatchingEnv(gym.Env):
         super().reset(seed=seed)
         rng = self.np_random
         profile = self._profile_objs[int(rng.choice(len(self._profile_objs), p=self._profile_p))]
-        # drawn only when asked for, so envs without them keep their random streams
-        scales = [
-            float(np.exp(rng.uniform(np.log(lo), np.log(hi)))) if lo != hi else lo
-            for lo, hi in (
-                r.get(profile.name, (1.0, 1.0)) for r in (self.step_time_scale, self.kv_scale)
-            )
-        ]
+        scales = []
+        for ranges in (self.step_time_scale, self.kv_scale):
+            lo, hi = ranges.get(profile.name, (1.0, 1.0))
+            # drawn only when asked for, so envs without them keep their random streams
+            scales.append(lo if lo == hi else float(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
         profile = profile.scaled(*scales)
         self._engine = self._make_engine(profile)
         specs = self._workloads_for(profile.name)
