@@ -16,7 +16,7 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
 from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
-from batchpilot.envs.workload import Workload
+from batchpilot.envs.workload import Workload, scale_range
 from batchpilot.envs.workloads import DEFAULT_SOURCE, make_workload
 
 __all__ = ["OBSERVATION_FIELDS", "BatchingEnv", "WorkloadSpec"]
@@ -102,18 +102,6 @@ def profile_ranges(
     else:
         ranges = dict.fromkeys(profiles, scale_range(value, what))
     return {name: r for name, r in ranges.items() if r != (1.0, 1.0)}
-
-
-def scale_range(value: object, what: str) -> tuple[float, float]:
-    """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf, else an error
-    naming `what`."""
-    try:
-        lo, hi = (float(v) for v in value)  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be [lo, hi], got {value!r}") from None
-    if not 0 < lo <= hi < np.inf:
-        raise ValueError(f"{what} must be 0 < lo <= hi < inf, got {value!r}")
-    return lo, hi
 
 
 def draw_weight(w: object, what: str) -> float:
@@ -315,7 +303,9 @@ class BatchingEnv(gym.Env):
             if self._vllm_engine is None:  # one real engine per env: start-up is costly
                 from batchpilot.envs.vllm_engine import make_vllm_engine
 
-                self._vllm_engine = make_vllm_engine(self.model, slo=self.slo, **self.engine_kwargs)
+                self._vllm_engine = make_vllm_engine(
+                    self.model, slo=self.slo, **self.engine_kwargs
+                )
             return self._vllm_engine
         from batchpilot.envs.sim_engine import SimEngine
 

@@ -129,3 +129,15 @@ class Workload:
             truncated=self.truncated + truncated,
             source=self.source,
         )
+
+
+def scale_range(value: object, what: str) -> tuple[float, float]:
+    """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf, else an error
+    naming `what`."""
+    try:
+        lo, hi = (float(v) for v in value)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be [lo, hi], got {value!r}") from None
+    if not 0 < lo <= hi < np.inf:
+        raise ValueError(f"{what} must be 0 < lo <= hi < inf, got {value!r}")
+    return lo, hi

@@ -44,7 +44,7 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import run
 from batchpilot.envs.traces import load_trace
-from batchpilot.envs.workload import Workload
+from batchpilot.envs.workload import Workload, scale_range
 from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, make_workload
 from batchpilot.training.engines import make_engine
 
@@ -139,10 +139,7 @@ class Scenario:
             value = getattr(self, key)
             if value is None:
                 continue
-            if len(value) != 2 or not 0 < value[0] <= value[1] or not math.isfinite(value[1]):
-                raise ValueError(
-                    f"scenario {self.name!r}: {key} must be [LOW, HIGH] with 0 < LOW <= HIGH"
-                )
+            scale_range(value, f"scenario {self.name!r}: {key}")
         if self.cv is not None and arrival.kind != "gamma":
             raise ValueError(f"scenario {self.name!r}: cv is drawn for gamma arrivals only")
 
