@@ -81,24 +81,32 @@ def test_table_model_follows_the_measured_linear_layers() -> None:
     assert abs(line / t[256] - 1) > 0.1
 
 
-def test_h100_profile_matches_a_real_h100_forward_pass() -> None:
-    """The derived Llama-2-7B/H100 step model (its GPU part) against the whole model's forward
-    timed on a real H100 (`tests/benchmarks/gpu_step_times.py measure`, committed in
+@pytest.mark.parametrize(
+    "measured, model, tp",
+    [("llama-2-7b-h100.json", "llama-2-7b", 1), ("codellama-34b-h100.json", "codellama-34b", 1)],
+)
+def test_h100_profiles_match_a_real_h100_forward_pass(measured: str, model: str, tp: int) -> None:
+    """The derived H100 step models (their GPU part) against the whole model's forward timed
+    on a real H100 (`tests/benchmarks/gpu_step_times.py measure`, committed in
     tests/data/gpu): decode batches 1-256 at two contexts, prompts of 128-4,096 tokens and
-    mixed steps, each within -20%/+30%, the median within 10%. The attention the model
-    scales from the A100 is its least measured part: it reads decode KV about 20% slower
-    than the H100 did (torch's FlashAttention on contiguous KV, not vLLM's paged kernels)."""
+    mixed steps, each within -20%/+30%, the median within 10%. Llama-2-7B has as many KV
+    heads as query heads, CodeLlama-34B 8 for 64, so both attention scalings are held. The
+    attention the model scales from the A100 is its least measured part: for Llama-2-7B it
+    reads decode KV about 20% slower than the H100 did (torch's FlashAttention on contiguous
+    KV, not vLLM's paged kernels)."""
     from benchmarks.gpu_step_times import cases, compare
 
-    data = json.loads((Path(__file__).parent / "data/gpu/llama-2-7b-h100.json").read_text())
-    assert data["model"] == "Llama-2-7B" and "H100" in data["device"]
-    rows = compare(data, "llama-2-7b-h100")
+    data = json.loads((Path(__file__).parent / "data/gpu" / measured).read_text())
+    arch = ARCHITECTURES[model]
+    assert data["model"] == arch.title and "H100" in data["device"]
+    rows = compare(data, measured_profile(load_tables(), model, "h100", tp).step)
     ms = {(r["prefill_tokens"], r["decode_seqs"], r["decode_context"]): r["ms"] for r in rows}
     assert set(ms) == set(cases())
     ratios = [r["ratio"] for r in rows]
     assert all(0.8 <= x <= 1.3 for x in ratios), ratios
     assert 0.9 <= float(np.median(ratios)) <= 1.1
-    assert 2 < ms[0, 256, 512] / ms[0, 1, 512] < 10  # the decode knee: 256 decodes cost ~5x one
+    # the decode knee is real on the GPU: 256 decodes cost at most a few single decodes
+    assert 1.2 < ms[0, 256, 512] / ms[0, 1, 512] < 10
 
 
 def test_interpolation_hits_knots_and_extends_linearly() -> None:

@@ -15,6 +15,8 @@ GPU measurement does not contain), and their ratio.
 
     python tests/benchmarks/gpu_step_times.py measure --model llama-2-7b --out h100.json
     python tests/benchmarks/gpu_step_times.py compare h100.json --profile llama-2-7b-h100
+    batchpilot profiles build --model codellama-34b --gpu h100 --tp 1 --out cl34.json
+    python tests/benchmarks/gpu_step_times.py compare cl34-h100.json --profile cl34.json
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import statistics
 from pathlib import Path
 
 from batchpilot.envs.profiles import ARCHITECTURES, Architecture, get_profile
+from batchpilot.envs.step_models import StepModel
 
 DECODE_BATCHES = (1, 4, 16, 32, 64, 128, 256)
 DECODE_CONTEXTS = (512, 2048)
@@ -139,9 +142,8 @@ def measure(arch: Architecture, repeats: int) -> dict:
     }
 
 
-def compare(data: dict, profile_name: str) -> list[dict]:
-    """Per case: measured ms, the profile's GPU part (ms) and model / measured."""
-    step = get_profile(profile_name).step
+def compare(data: dict, step: StepModel) -> list[dict]:
+    """Per case: measured ms, the step model's GPU part (ms) and model / measured."""
     cpu = getattr(step, "step_overhead_s", 0.0), getattr(step, "seq_overhead_s", 0.0)
     rows = []
     for case in data["cases"]:
@@ -168,7 +170,7 @@ def main() -> None:
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         return
     data = json.loads(args.measured.read_text())
-    rows = compare(data, args.profile)
+    rows = compare(data, get_profile(args.profile).step)
     print(f"{data['model']} on {data['device']} (torch {data['torch']}) vs {args.profile}")
     print(f"{'P':>5} {'B':>4} {'L':>5} {'measured ms':>12} {'model ms':>9} {'model/meas':>10}")
     for r in rows:
