@@ -267,6 +267,86 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
+HF_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "layers": ("num_hidden_layers", "n_layer"),
+    "hidden": ("hidden_size", "n_embd"),
+    "heads": ("num_attention_heads", "n_head"),
+    "intermediate": ("intermediate_size", "n_inner"),
+    "vocab": ("vocab_size",),
+    "max_model_len": ("max_position_embeddings", "seq_length", "n_positions"),
+}
+"""Architecture field -> the Hugging Face config.json keys that may hold it, first found wins
+(``num_key_value_heads`` defaults to the attention heads)."""
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Architecture:
+    """A model's shape from its Hugging Face ``config.json`` (the file or its directory), read
+    as a Llama-family decoder (gated MLP; embedding and LM head untied). `vidur_name` is its
+    directory under Vidur's ``compute/<gpu>/`` (default: the config's ``_name_or_path``)."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except OSError as exc:
+        raise ValueError(f"{file}: cannot read the model config ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{file}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: a model config must be a JSON object")
+
+    def count(field: str, keys: tuple[str, ...]) -> int:
+        for key in keys:
+            if key in data:
+                value = data[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"{file}: {key} must be a positive integer, got {value!r}")
+                return value
+        raise ValueError(f"{file}: no {' or '.join(keys)} (the model's {field})")
+
+    shape = {field: count(field, keys) for field, keys in HF_CONFIG_KEYS.items()}
+    kv_heads = shape["heads"]
+    if data.get("num_key_value_heads") is not None:
+        kv_heads = count("KV heads", ("num_key_value_heads",))
+    if shape["hidden"] % shape["heads"] or shape["heads"] % kv_heads:
+        raise ValueError(
+            f"{file}: hidden_size {shape['hidden']}, {shape['heads']} attention heads and "
+            f"{kv_heads} KV heads do not divide evenly"
+        )
+    dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"{file}: torch_dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    own = data.get("_name_or_path")
+    name = vidur_name or own
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            f"{file}: no _name_or_path: name the model's Vidur directory (ORG/NAME under "
+            "compute/<gpu>/)"
+        )
+    return Architecture(
+        title=(own if isinstance(own, str) and own else name).rstrip("/").rsplit("/", 1)[-1],
+        vidur_name=name,
+        kv_heads=kv_heads,
+        dtype_bytes=DTYPE_BYTES[dtype],
+        **shape,
+    )
+
+
+def architecture(model: str, vidur_name: str | None = None) -> Architecture:
+    """A known model by name (`ARCHITECTURES`) or a Hugging Face config.json path."""
+    if model in ARCHITECTURES:
+        if vidur_name is not None:
+            raise ValueError(f"{model!r} is a known model: its Vidur directory is fixed")
+        return ARCHITECTURES[model]
+    path = Path(model)
+    if path.exists() or path.suffix == ".json":
+        return architecture_from_hf_config(path, vidur_name)
+    raise ValueError(
+        f"unknown model {model!r}; known: {', '.join(ARCHITECTURES)}, or a Hugging Face "
+        "config.json"
+    )
+
+
 @dataclass(frozen=True)
 class GPU:
     """A GPU: usable memory (about what CUDA reports), datasheet peaks, Vidur directories."""
@@ -326,7 +406,7 @@ def activation_peak_bytes(
 
 def measured_profile(
     tables: dict,
-    model: str,
+    model: str | Architecture,
     gpu: str,
     tp: int,
     *,
@@ -341,21 +421,20 @@ def measured_profile(
     seq_overhead_s: float = SEQ_OVERHEAD_S,
     runtime_reserve_gib: float = RUNTIME_RESERVE_GIB,
 ) -> EngineProfile:
-    """A profile for `model` on `tp` x `gpu` from derived Vidur tables
-    (`batchpilot.envs.profile_tables`), with vLLM's KV-capacity arithmetic.
+    """A profile for `model` (a known name or an `Architecture`) on `tp` x `gpu` from derived
+    Vidur tables (`batchpilot.envs.profile_tables`), with vLLM's KV-capacity arithmetic.
 
     `gpu_memory_gib` overrides the GPU's memory (its step times stay the GPU's);
     `gpu_label` then says what the deployment stands for.
     """
-    if model not in ARCHITECTURES:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(ARCHITECTURES)}")
+    arch = model if isinstance(model, Architecture) else architecture(model)
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
     if tp < 1 or tp & (tp - 1):
         raise ValueError(f"tensor parallel size must be 1, 2, 4 or 8, got {tp}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    arch, thw = ARCHITECTURES[model], GPUS[gpu]
+    thw = GPUS[gpu]
     memory_gib = thw.memory_gib if gpu_memory_gib is None else gpu_memory_gib
     key = f"{thw.vidur_compute}/{arch.vidur_name}"
     linear = tables.get("linear", {}).get(key, {}).get(str(tp))

@@ -27,7 +27,7 @@ import json
 import statistics
 from pathlib import Path
 
-from batchpilot.envs.profiles import ARCHITECTURES, Architecture, get_profile
+from batchpilot.envs.profiles import ARCHITECTURES, Architecture, architecture, get_profile
 from batchpilot.envs.step_models import StepModel
 
 DECODE_BATCHES = (1, 4, 16, 32, 64, 128, 256)
@@ -158,7 +158,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="time the cases on this machine's CUDA GPU")
-    m.add_argument("--model", default="llama-2-7b", choices=sorted(ARCHITECTURES))
+    m.add_argument(
+        "--model",
+        default="llama-2-7b",
+        help=f"{' | '.join(ARCHITECTURES)}, or a Hugging Face config.json. Default: %(default)s",
+    )
     m.add_argument("--repeats", type=int, default=50)
     m.add_argument("--out", type=Path, required=True)
     c = sub.add_parser("compare", help="a measurement beside a profile's step model")
@@ -166,7 +170,7 @@ def main() -> None:
     c.add_argument("--profile", required=True)
     args = parser.parse_args()
     if args.command == "measure":
-        data = measure(ARCHITECTURES[args.model], args.repeats)
+        data = measure(architecture(args.model), args.repeats)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         return
     data = json.loads(args.measured.read_text())

@@ -14,6 +14,9 @@ examples:
   batchpilot profiles build --model llama-2-70b --gpu a100 --tp 4 --out profiles/70b-tp4.json
   batchpilot profiles build --model llama-3-8b --gpu a100 --tp 1 --gpu-memory-gib 22 \\
       --gpu-memory-utilization 0.85 --out profiles/8b-24gb.json
+  batchpilot profiles build --model ~/models/internlm-20b/config.json \\
+      --vidur-model internlm/internlm-20b --gpu h100 --vidur ~/vidur/data/profiling \\
+      --out profiles/internlm-20b-h100.json
   batchpilot simulate --profile profiles/70b-tp4.json --controller alg1
 """
 
@@ -45,7 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument(
         "--model",
         required=True,
-        help="llama-2-7b | llama-2-70b | llama-3-8b | llama-3-70b | codellama-34b",
+        help="llama-2-7b | llama-2-70b | llama-3-8b | llama-3-70b | codellama-34b, or a "
+        "Hugging Face config.json (file or directory) of another Llama-family model",
+    )
+    build.add_argument(
+        "--vidur-model",
+        metavar="ORG/NAME",
+        help="with a config.json: the model's directory under the Vidur profiles' "
+        "compute/<gpu>/ (default: the config's _name_or_path)",
     )
     build.add_argument("--gpu", required=True, help="a100 | h100 | a40: whose timings apply")
     build.add_argument("--tp", type=COUNT, default=1, help="tensor parallel size. Default: 1")
@@ -127,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from batchpilot.envs.profile_tables import derive
-    from batchpilot.envs.profiles import measured_profile
+    from batchpilot.envs.profiles import architecture, measured_profile
 
     if not args.vidur.is_dir():
         raise ValueError(f"{args.vidur}: no such Vidur profiling directory (--vidur)")
@@ -137,9 +147,10 @@ def _build(args: argparse.Namespace) -> int:
         "seq_overhead_s": None if args.seq_overhead_us is None else args.seq_overhead_us / 1e6,
         "runtime_reserve_gib": args.runtime_reserve_gib,
     }
+    model = architecture(args.model, args.vidur_model)
     profile = measured_profile(
         derive(args.vidur),
-        args.model,
+        model,
         args.gpu,
         args.tp,
         name=args.name or args.out.stem,
