@@ -268,15 +268,15 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 
 HF_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
-    "layers": ("num_hidden_layers", "n_layer"),
-    "hidden": ("hidden_size", "n_embd"),
-    "heads": ("num_attention_heads", "n_head"),
-    "intermediate": ("intermediate_size", "n_inner"),
+    "layers": ("num_hidden_layers",),
+    "hidden": ("hidden_size",),
+    "heads": ("num_attention_heads",),
+    "intermediate": ("intermediate_size",),
     "vocab": ("vocab_size",),
-    "max_model_len": ("max_position_embeddings", "seq_length", "n_positions"),
+    "max_model_len": ("max_position_embeddings", "seq_length"),
 }
-"""Architecture field -> the Hugging Face config.json keys that may hold it, first found wins
-(``num_key_value_heads`` defaults to the attention heads)."""
+"""Architecture field -> the Hugging Face config.json keys that may hold it, the first one set
+wins (``num_key_value_heads`` unset or null: as many as the attention heads)."""
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -297,8 +297,8 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
 
     def count(field: str, keys: tuple[str, ...]) -> int:
         for key in keys:
-            if key in data:
-                value = data[key]
+            value = data.get(key)
+            if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ValueError(f"{file}: {key} must be a positive integer, got {value!r}")
                 return value
@@ -314,14 +314,14 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
             f"{kv_heads} KV heads do not divide evenly"
         )
     dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ValueError(f"{file}: torch_dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     own = data.get("_name_or_path")
     name = vidur_name or own
     if not isinstance(name, str) or not name:
         raise ValueError(
             f"{file}: no _name_or_path: name the model's Vidur directory (ORG/NAME under "
-            "compute/<gpu>/)"
+            "compute/<gpu>/; `profiles build --vidur-model`)"
         )
     return Architecture(
         title=(own if isinstance(own, str) and own else name).rstrip("/").rsplit("/", 1)[-1],

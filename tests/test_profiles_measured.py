@@ -346,11 +346,13 @@ def _write(path: Path, data: object) -> Path:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda c: c.pop("num_hidden_layers"), "no num_hidden_layers or n_layer"),
+        (lambda c: c.pop("num_hidden_layers"), "no num_hidden_layers"),
         (lambda c: c.update(hidden_size="4096"), "hidden_size must be a positive integer"),
         (lambda c: c.update(vocab_size=0), "vocab_size must be a positive integer"),
+        (lambda c: c.update(max_position_embeddings=None), "no max_position_embeddings or seq_length"),
         (lambda c: c.update(num_key_value_heads=5), "do not divide evenly"),
         (lambda c: c.update(torch_dtype="int4"), "torch_dtype 'int4'"),
+        (lambda c: c.update(torch_dtype=["bf16"]), "torch_dtype"),
         (lambda c: c.pop("_name_or_path"), "name the model's Vidur directory"),
     ],
 )

@@ -1,8 +1,8 @@
 """A measured profile's step model against a real GPU: one Llama-shaped model's forward pass
 timed on a CUDA GPU, beside the profile's step time less its CPU overheads.
 
-``measure`` (needs torch and a CUDA GPU) builds the model from `ARCHITECTURES` with random
-bf16 weights (all layers, embedding, LM head over one row per request) and times one engine
+``measure`` (needs torch and a CUDA GPU) builds the model (a known name or a Hugging Face
+config.json, `architecture`) with random bf16 weights (all layers, embedding, LM head over one row per request) and times one engine
 step per case: pure decode (B requests at context L), one fresh prompt of P tokens in one
 chunk, and a chunk beside decodes. Attention is torch's scaled-dot-product attention
 (FlashAttention on Hopper) over contiguous KV, not vLLM's paged kernels. Each case is
@@ -15,6 +15,7 @@ GPU measurement does not contain), and their ratio.
 
     python tests/benchmarks/gpu_step_times.py measure --model llama-2-7b --out h100.json
     python tests/benchmarks/gpu_step_times.py compare h100.json --profile llama-2-7b-h100
+    python tests/benchmarks/gpu_step_times.py measure --model codellama-34b --out cl34-h100.json
     batchpilot profiles build --model codellama-34b --gpu h100 --tp 1 --out cl34.json
     python tests/benchmarks/gpu_step_times.py compare cl34-h100.json --profile cl34.json
 """
