@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
@@ -61,6 +61,76 @@ class OnnxablePolicy(th.nn.Module):
         return th.stack([lg.argmax(dim=1) for lg in logits], dim=1).to(th.float32)
 
 
+class OnnxableEnsemble(th.nn.Module):
+    """Several grid policies as one MLP: the members' layers side by side (block-diagonal
+    weights over one copy of the observation per member, each normalised by its own run),
+    their action heads summed, and the argmax of each knob's summed logits. That is the
+    choice with the highest mean log-probability over the members: a member's log-softmax
+    differs from its logits by one constant per knob. One chain of dense steps, so the
+    deployed numpy network runs it as it runs a single policy."""
+
+    def __init__(self, members: list[OnnxablePolicy]):
+        super().__init__()
+        first = members[0].policy
+        self.nvec = [int(n) for n in first.action_space.nvec]
+        n_obs = first.observation_space.shape[0]
+        k = len(members)
+        self.register_buffer("expand", th.cat([th.eye(n_obs)] * k, dim=1))
+        self.register_buffer("mean", th.cat([m.mean for m in members]))
+        self.register_buffer("std", th.cat([m.std for m in members]))
+        self.clip = members[0].clip
+        nets = [list(m.policy.mlp_extractor.policy_net) for m in members]
+        layers: list[th.nn.Module] = []
+        for depth, module in enumerate(nets[0]):
+            if isinstance(module, th.nn.Linear):
+                linear = th.nn.Linear(k * module.in_features, k * module.out_features)
+                linear.weight.data = th.block_diag(*(net[depth].weight.data for net in nets))
+                linear.bias.data = th.cat([net[depth].bias.data for net in nets])
+                layers.append(linear)
+            else:
+                layers.append(module)
+        heads = [m.policy.action_net for m in members]
+        head = th.nn.Linear(k * heads[0].in_features, heads[0].out_features)
+        head.weight.data = th.cat([h.weight.data for h in heads], dim=1)
+        head.bias.data = th.stack([h.bias.data for h in heads]).sum(0)
+        self.net = th.nn.Sequential(*layers, head)
+
+    def forward(self, observation: th.Tensor) -> th.Tensor:
+        x = th.clamp((observation @ self.expand - self.mean) / self.std, -self.clip, self.clip)
+        logits = th.split(self.net(x), self.nvec, dim=1)
+        return th.stack([lg.argmax(dim=1) for lg in logits], dim=1).to(th.float32)
+
+
+def _same_shape(members: list[OnnxablePolicy], runs: list[Path]) -> None:
+    """Refuse an ensemble of members that cannot stand side by side, naming the run."""
+
+    def shape(m: OnnxablePolicy) -> tuple:
+        net = m.policy.mlp_extractor.policy_net
+        kinds = tuple(
+            (type(x).__name__, getattr(x, "in_features", 0), getattr(x, "out_features", 0))
+            for x in net
+        )
+        nvec = getattr(m.policy.action_space, "nvec", None)
+        grid = None if nvec is None else tuple(int(n) for n in nvec)
+        return kinds, grid, type(m.policy.features_extractor).__name__, m.clip
+
+    want = shape(members[0])
+    if want[1] is None:
+        raise PolicyFileError(f"{runs[0]}: only grid policies (action_mode grid) form an ensemble")
+    for m, run in zip(members[1:], runs[1:], strict=True):
+        if shape(m) != want:
+            raise PolicyFileError(
+                f"{run}: its network, action grid or observation clip differs from {runs[0]}'s; "
+                "an ensemble needs members of one shape"
+            )
+    valid = (th.nn.Linear, th.nn.Tanh, th.nn.ReLU)
+    net = members[0].policy.mlp_extractor.policy_net
+    if want[2] != "FlattenExtractor" or not all(isinstance(x, valid) for x in net):
+        raise PolicyFileError(
+            f"{runs[0]}: only MlpPolicy networks (Linear, Tanh, ReLU) form an ensemble"
+        )
+
+
 def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
     """The run's ``run.json`` and the checkpoint directory (``best`` or ``final``)."""
     meta_path = run_dir / "run.json"
@@ -83,11 +153,16 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
     return meta, ckpt
 
 
-def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]:
-    """Write ``out`` (ONNX) and ``out.json`` (sidecar); returns the sidecar."""
-    import onnx
-    import stable_baselines3 as sb3
+class Member(NamedTuple):
+    """One exported run: its ``run.json``, its policy as a module, its sidecar entries."""
 
+    meta: dict[str, Any]
+    module: OnnxablePolicy
+    entries: dict[str, Any]
+
+
+def _member(run_dir: Path, checkpoint: str) -> Member:
+    """Load one run for export."""
     meta, ckpt = load_run(run_dir, checkpoint)
     layout = observation_layout()["fields"]
     try:
@@ -101,7 +176,49 @@ def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]
         timesteps = read_state(ckpt)["num_timesteps"]
     except CheckpointError as exc:
         raise PolicyFileError(str(exc)) from None
-    module = OnnxablePolicy(policy, mean, var, eps, clip).eval()
+    env = meta["env_kwargs"]
+    entries = {
+        "normalisation": {
+            "in_graph": True,
+            "mean": np.asarray(mean).tolist(),
+            "var": np.asarray(var).tolist(),
+            "epsilon": eps,
+            "clip": clip if np.isfinite(clip) else None,
+        },
+        "trained_on": {"profile": env.get("profile"), "workload": env.get("workload")},
+        "timesteps": timesteps,
+        "checkpoint": str(ckpt),
+    }
+    return Member(meta, OnnxablePolicy(policy, mean, var, eps, clip).eval(), entries)
+
+
+def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[str, Any]:
+    """Write ``out`` (ONNX) and ``out.json`` (sidecar) for one run, or for several as an
+    ensemble (`OnnxableEnsemble`; the sidecar lists them under ``members``); returns the
+    sidecar."""
+    import onnx
+    import stable_baselines3 as sb3
+
+    if not run_dirs:
+        raise PolicyFileError("no run to export")
+    members = [_member(run, checkpoint) for run in run_dirs]
+    meta = members[0].meta
+    for other, run in zip(members[1:], run_dirs[1:], strict=True):
+        for key in ("action_mode", "control_interval"):
+            if other.meta[key] != meta[key]:
+                raise PolicyFileError(
+                    f"{run}: {key} {other.meta[key]!r} differs from {run_dirs[0]}'s "
+                    f"{meta[key]!r}; an ensemble's members must agree"
+                )
+        if other.meta["env_kwargs"].get("slo") != meta["env_kwargs"].get("slo"):
+            raise PolicyFileError(f"{run}: trained for another SLO than {run_dirs[0]}")
+    modules = [m.module for m in members]
+    if len(members) == 1:
+        module: th.nn.Module = modules[0]
+    else:
+        _same_shape(modules, run_dirs)
+        module = OnnxableEnsemble(modules).eval()
+    n_obs = len(observation_layout()["fields"])
     out.parent.mkdir(parents=True, exist_ok=True)
     th.onnx.export(
         module,
@@ -115,24 +232,16 @@ def export(run_dir: Path, out: Path, checkpoint: str = "best") -> dict[str, Any]
     )
     onnx.checker.check_model(str(out))
     env = meta["env_kwargs"]
+    entries = members[0].entries if len(members) == 1 else {"members": [m.entries for m in members]}
     sidecar = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "normalisation": {
-            "in_graph": True,
-            "mean": np.asarray(mean).tolist(),
-            "var": np.asarray(var).tolist(),
-            "epsilon": eps,
-            "clip": clip if np.isfinite(clip) else None,
-        },
         "observation": observation_layout(),
         "action": action_layout(meta["action_mode"]),
         "slo": env.get("slo", str(DEFAULT_SLO)),
         "control_interval": meta["control_interval"],
-        "trained_on": {"profile": env.get("profile"), "workload": env.get("workload")},
         "algo": meta["algo"],
-        "timesteps": timesteps,
-        "checkpoint": str(ckpt),
+        **entries,
         "versions": {
             "batchpilot": meta["versions"]["batchpilot"],
             "stable_baselines3": sb3.__version__,

@@ -123,7 +123,9 @@ def test_fixed_grid_choice_is_exactly_static_batching() -> None:
 def test_both_knobs_change_the_run() -> None:
     small, big = SEQ_GRID.index(8), SEQ_GRID.index(256)
     top = len(BUDGET_GRID) - 1
-    assert run_metrics(fixed(small, top))["p50_tpot_ms"] < run_metrics(fixed(big, top))["p50_tpot_ms"]
+    assert (
+        run_metrics(fixed(small, top))["p50_tpot_ms"] < run_metrics(fixed(big, top))["p50_tpot_ms"]
+    )
     chunky = run_metrics(fixed(big, top))
     thin = run_metrics(fixed(big, BUDGET_GRID.index(256)))
     assert thin["engine_iterations"] > chunky["engine_iterations"]
@@ -241,7 +243,7 @@ def exported(trained_run: Path) -> Path:
     from batchpilot.agents.export import export
 
     out = trained_run.parent / "policy.onnx"
-    export(trained_run, out, "final")
+    export([trained_run], out, "final")
     return out
 
 
@@ -285,6 +287,86 @@ def test_policy_spec_runs_as_a_controller(exported: Path) -> None:
     controller = make_controller(f"policy:{exported}")
     m = run_metrics(controller, num_requests=60)
     assert m["completed"] == 60
+
+
+def another_member(run: Path, dst: Path, **run_json) -> Path:
+    """A copy of `run` whose final weights are shifted by seeded noise (a second member), with
+    `run_json` changes to its run description."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(run, dst)
+    weights = dst / "final" / "policy.safetensors"
+    rng = np.random.default_rng(1)
+    tensors = {}
+    for key, value in load_file(weights).items():
+        noise = rng.standard_normal(value.shape).astype(value.dtype)
+        tensors[key] = np.asarray(value + 0.3 * noise) if value.dtype.kind == "f" else value
+    save_file(tensors, weights)
+    meta = json.loads((dst / "run.json").read_text())
+    (dst / "run.json").write_text(json.dumps(meta | run_json))
+    return dst
+
+
+def test_an_ensemble_exports_as_one_policy(trained_run: Path, exported: Path, tmp_path) -> None:
+    """Several runs export as one graph choosing, per knob, the argmax of the members' summed
+    logits; onnxruntime and the deployed numpy network agree with SB3's networks. One member
+    twice acts as that member alone."""
+    import torch as th
+
+    from batchpilot.agents.checkpoint import load_policy_module
+    from batchpilot.agents.export import export
+
+    ort = pytest.importorskip("onnxruntime")
+    other = another_member(trained_run, tmp_path / "other")
+    out = tmp_path / "ensemble.onnx"
+    export([trained_run, other], out, "final")
+    policies = [load_policy_module(r / "final") for r in (trained_run, other)]
+    n_obs = policies[0].observation_space.shape[0]
+    obs = np.random.default_rng(0).uniform(0, 2, size=(256, n_obs)).astype(np.float32)
+    with th.no_grad():
+        x = th.as_tensor(obs)
+        logits = sum(
+            p.action_net(p.mlp_extractor.forward_actor(p.extract_features(x))) for p in policies
+        )
+    nvec = [int(n) for n in policies[0].action_space.nvec]
+    expected = np.stack([lg.argmax(1).numpy() for lg in th.split(logits, nvec, 1)], 1)
+    alone = [p.predict(obs, deterministic=True)[0] for p in policies]
+    assert (alone[0] != alone[1]).any() and (expected != alone[0]).any()  # members disagree
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"observation": obs})[0], expected)
+    act = load_policy(out).act
+    np.testing.assert_array_equal(np.stack([act(o) for o in obs]), expected)
+    meta = json.loads(sidecar_path(out).read_text())
+    assert [m["checkpoint"] for m in meta["members"]] == [
+        str(trained_run / "final"),
+        str(other / "final"),
+    ]
+    twice = tmp_path / "twice.onnx"
+    export([trained_run, trained_run], twice, "final")
+    single = load_policy(exported).act
+    act = load_policy(twice).act
+    np.testing.assert_array_equal(
+        np.stack([act(o) for o in obs]), np.stack([single(o) for o in obs])
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"control_interval": "1s"}, "control_interval '1s' differs"),
+        ({"env_kwargs": {"slo": "ttft:100,tpot:10"}}, "trained for another SLO"),
+    ],
+)
+def test_an_ensemble_of_unlike_runs_is_refused(
+    trained_run: Path, tmp_path, change, message
+) -> None:
+    from batchpilot.agents.export import export
+
+    other = another_member(trained_run, tmp_path / "other", **change)
+    with pytest.raises(PolicyFileError, match=message):
+        export([trained_run, other], tmp_path / "x.onnx", "final")
 
 
 def copy_policy(src: Path, dst_dir: Path) -> Path:
@@ -395,8 +477,13 @@ def test_train_report_step_says_first_whether_the_policy_won(tmp_path: Path) -> 
             {
                 "description": "one tiny scenario",
                 "scenarios": [
-                    {"name": "tiny", "profiles": ["llama-7b-a100"], "source": "embedded:gsm8k",
-                     "arrival": "poisson:4", "num_requests": 30}
+                    {
+                        "name": "tiny",
+                        "profiles": ["llama-7b-a100"],
+                        "source": "embedded:gsm8k",
+                        "arrival": "poisson:4",
+                        "num_requests": 30,
+                    }
                 ],
             }
         )
@@ -467,7 +554,7 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     assert comparison(cfg) == ("llama-2-7b-a100", [compare.DEFAULT_WORKLOAD])
 
 
-@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml"])
+@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml"])
 def test_shipped_configs_build_their_envs(name: str) -> None:
     from importlib.resources import files
 

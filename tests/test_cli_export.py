@@ -62,9 +62,17 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = root / "c.yml"
     config.write_text(yaml.safe_dump(CONFIG))
     assert (
-        main(["train", "--config", str(config), "--out", str(root / "run"), "--no-progress"]) == 0
+        main(["train", "--config", str(config), "--out", str(root / "run"), "--seed", "7",
+              "--no-progress"]) == 0
     )
     return root / "run"
+
+
+def test_the_seed_option_is_the_runs_seed(run_dir: Path, capsys) -> None:
+    assert json.loads((run_dir / "run.json").read_text())["seed"] == 7
+    with pytest.raises(SystemExit):
+        main(["train", "--config", "c.yml", "--out", "x", "--seed", "-1"])
+    assert "-1 is out of range" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

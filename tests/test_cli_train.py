@@ -94,7 +94,9 @@ def test_config_not_utf8_is_named(tmp_path: Path) -> None:
         load_config(path)
 
 
-@pytest.mark.parametrize("name", ["quick.yml", "mix.yml", "llama-7b.yml", "llama3-70b.yml", "cpu-tiny.yml"])
+@pytest.mark.parametrize(
+    "name", ["quick.yml", "mix.yml", "mix-dr.yml", "llama-7b.yml", "llama3-70b.yml", "cpu-tiny.yml"]
+)
 def test_shipped_configs_pass(name: str) -> None:
     cfg = load_config(Path(str(files("batchpilot.training") / "configs" / name)))
     assert cfg.n_timesteps >= 1 and json.dumps(cfg.env_kwargs)

@@ -33,14 +33,28 @@ def onnxruntime_run(data: bytes, obs: np.ndarray) -> np.ndarray:
 
 
 def logits64(model: onnx.ModelProto, obs: np.ndarray) -> np.ndarray:
-    """The committed graph's logits in float64 (its MLP: Gemm, Tanh, Gemm, Tanh, Gemm)."""
+    """The committed graph's logits in float64: its chain of MatMul/Gemm, Sub/Div, Clip and
+    Tanh, up to the split into knobs."""
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
-    gemms = [n.input[1:] for n in model.graph.node if n.op_type == "Gemm"]
-    x = (obs - w["mean"]) / w["std"]
-    for i, (weight, bias) in enumerate(gemms):
-        x = x @ w[weight].T + w[bias]
-        x = np.tanh(x) if i < len(gemms) - 1 else x
-    return x
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            w[node.output[0]] = numpy_helper.to_array(node.attribute[0].t).astype(np.float64)
+    x = obs
+    for node in model.graph.node:
+        op, args = node.op_type, node.input
+        if op == "Split":
+            return x
+        if op == "MatMul":
+            x = x @ w[args[1]]
+        elif op == "Gemm":  # as torch exports a Linear: transB
+            x = x @ w[args[1]].T + w[args[2]]
+        elif op in ("Sub", "Div"):
+            x = x - w[args[1]] if op == "Sub" else x / w[args[1]]
+        elif op == "Clip":
+            x = np.clip(x, w.get(args[1], -np.inf), w.get(args[2], np.inf))
+        elif op == "Tanh":
+            x = np.tanh(x)
+    raise AssertionError("no Split in the committed graph")
 
 
 def test_committed_policy_acts_as_onnxruntime() -> None:

@@ -390,6 +390,7 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
         "imitation": cfg.imitation.to_dict() if cfg.imitation else None,
         "env_kwargs": cfg.env_kwargs,
         "control_interval": cfg.control_interval,
+        "seed": cfg.seed,
         "versions": {"batchpilot": version("batchpilot")},
     }
     (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -444,7 +445,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
 
     assert cfg.report is not None
     policy = out / "policy.onnx"
-    export(out, policy, "best" if (out / "best").is_dir() else "final")
+    export([out], policy, "best" if (out / "best").is_dir() else "final")
     refs = cfg.report.get("controllers", DEFAULT_REFERENCES)
     reports = []
     for suite in cfg.report.get("suites", []):

@@ -2,9 +2,15 @@
 normalisation, action mapping, SLO and profile assumptions, versions, sha256). Load it
 anywhere a controller spec is taken as ``policy:PATH`` (numpy and the onnx package at serve time).
 
+Several runs (grid policies of one network shape, trained for the same SLO and control
+interval, e.g. one config under several seeds) export as one ensemble: per knob, the choice
+with the highest mean log-probability over the members, in one graph that deploys as a single
+policy does (the network's cost per decision grows with the number of members).
+
 examples:
   batchpilot export runs/quick --out runs/quick/policy.onnx
   batchpilot export runs/7b --checkpoint final --out policies/7b.onnx
+  batchpilot export runs/seed1 runs/seed2 runs/seed3 --out policies/ensemble.onnx
   batchpilot simulate --controller policy:runs/quick/policy.onnx
 """
 
@@ -15,7 +21,13 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="a `batchpilot train` run directory")
+    parser.add_argument(
+        "run_dirs",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a `batchpilot train` run directory; several make one ensemble policy",
+    )
     parser.add_argument("--out", type=Path, required=True, help="ONNX file to write")
     parser.add_argument(
         "--checkpoint",
@@ -29,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.export import export
     from batchpilot.agents.policy import load_policy, sidecar_path
 
-    sidecar = export(args.run_dir, args.out, args.checkpoint)
+    sidecar = export(args.run_dirs, args.out, args.checkpoint)
     load_policy(args.out)  # the file just written must load as a controller
     print(f"wrote {args.out} and {sidecar_path(args.out)} (sha256 {sidecar['sha256'][:12]}…)")
     return 0

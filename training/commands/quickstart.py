@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"[1/3] training {cfg.n_timesteps} steps ({config}) -> {run_dir}")
     train(cfg, config, run_dir, resume=False, progress=not args.no_progress)
     print(f"[2/3] exporting -> {policy}")
-    export(run_dir, policy)
+    export([run_dir], policy)
     load_policy(policy)
     profile, workloads = comparison(cfg)
     workloads = args.workload or workloads
