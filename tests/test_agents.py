@@ -123,9 +123,7 @@ def test_fixed_grid_choice_is_exactly_static_batching() -> None:
 def test_both_knobs_change_the_run() -> None:
     small, big = SEQ_GRID.index(8), SEQ_GRID.index(256)
     top = len(BUDGET_GRID) - 1
-    assert (
-        run_metrics(fixed(small, top))["p50_tpot_ms"] < run_metrics(fixed(big, top))["p50_tpot_ms"]
-    )
+    assert run_metrics(fixed(small, top))["p50_tpot_ms"] < run_metrics(fixed(big, top))["p50_tpot_ms"]
     chunky = run_metrics(fixed(big, top))
     thin = run_metrics(fixed(big, BUDGET_GRID.index(256)))
     assert thin["engine_iterations"] > chunky["engine_iterations"]
@@ -477,13 +475,8 @@ def test_train_report_step_says_first_whether_the_policy_won(tmp_path: Path) -> 
             {
                 "description": "one tiny scenario",
                 "scenarios": [
-                    {
-                        "name": "tiny",
-                        "profiles": ["llama-7b-a100"],
-                        "source": "embedded:gsm8k",
-                        "arrival": "poisson:4",
-                        "num_requests": 30,
-                    }
+                    {"name": "tiny", "profiles": ["llama-7b-a100"], "source": "embedded:gsm8k",
+                     "arrival": "poisson:4", "num_requests": 30}
                 ],
             }
         )
