@@ -103,32 +103,31 @@ class OnnxableEnsemble(th.nn.Module):
 
 def _same_shape(members: list[OnnxablePolicy], runs: list[Path]) -> None:
     """Refuse an ensemble of members that cannot stand side by side, naming the run."""
+    first = members[0].policy
+    if getattr(first.action_space, "nvec", None) is None:
+        raise PolicyFileError(f"{runs[0]}: only grid policies (action_mode grid) form an ensemble")
+    valid = (th.nn.Linear, th.nn.Tanh, th.nn.ReLU)
+    if type(first.features_extractor).__name__ != "FlattenExtractor" or not all(
+        isinstance(x, valid) for x in first.mlp_extractor.policy_net
+    ):
+        raise PolicyFileError(
+            f"{runs[0]}: only MlpPolicy networks (Linear, Tanh, ReLU) form an ensemble"
+        )
 
     def shape(m: OnnxablePolicy) -> tuple:
-        net = m.policy.mlp_extractor.policy_net
-        kinds = tuple(
+        layers = tuple(
             (type(x).__name__, getattr(x, "in_features", 0), getattr(x, "out_features", 0))
-            for x in net
+            for x in m.policy.mlp_extractor.policy_net
         )
-        nvec = getattr(m.policy.action_space, "nvec", None)
-        grid = None if nvec is None else tuple(int(n) for n in nvec)
-        return kinds, grid, type(m.policy.features_extractor).__name__, m.clip
+        grid = tuple(int(n) for n in getattr(m.policy.action_space, "nvec", ()))
+        return layers, grid, type(m.policy.features_extractor).__name__, m.clip
 
-    want = shape(members[0])
-    if want[1] is None:
-        raise PolicyFileError(f"{runs[0]}: only grid policies (action_mode grid) form an ensemble")
     for m, run in zip(members[1:], runs[1:], strict=True):
-        if shape(m) != want:
+        if shape(m) != shape(members[0]):
             raise PolicyFileError(
                 f"{run}: its network, action grid or observation clip differs from {runs[0]}'s; "
                 "an ensemble needs members of one shape"
             )
-    valid = (th.nn.Linear, th.nn.Tanh, th.nn.ReLU)
-    net = members[0].policy.mlp_extractor.policy_net
-    if want[2] != "FlattenExtractor" or not all(isinstance(x, valid) for x in net):
-        raise PolicyFileError(
-            f"{runs[0]}: only MlpPolicy networks (Linear, Tanh, ReLU) form an ensemble"
-        )
 
 
 def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
