@@ -63,40 +63,56 @@ class OnnxablePolicy(th.nn.Module):
 
 class OnnxableEnsemble(th.nn.Module):
     """Several grid policies as one MLP: the members' layers side by side (block-diagonal
-    weights over one copy of the observation per member, each normalised by its own run),
-    their action heads summed, and the argmax of each knob's summed logits. That is the
-    choice with the highest mean log-probability over the members: a member's log-softmax
-    differs from its logits by one constant per knob. One chain of dense steps, so the
-    deployed numpy network runs it as it runs a single policy."""
+    weights), their action heads summed, and the argmax of each knob's summed logits. That
+    is the choice with the highest mean log-probability over the members: a member's
+    log-softmax differs from its logits by one constant per knob. The observation is
+    normalised once per distinct normalisation among the members (once, when they share
+    one), and each member's first layer reads its own copy. One chain of dense steps, so
+    the deployed numpy network runs it as it runs a single policy."""
 
     def __init__(self, members: list[OnnxablePolicy]):
         super().__init__()
         first = members[0].policy
         self.nvec = [int(n) for n in first.action_space.nvec]
         n_obs = first.observation_space.shape[0]
-        k = len(members)
-        self.register_buffer("expand", th.cat([th.eye(n_obs)] * k, dim=1))
-        self.register_buffer("mean", th.cat([m.mean for m in members]))
-        self.register_buffer("std", th.cat([m.std for m in members]))
+        copies: dict[bytes, int] = {}  # each distinct normalisation: its copy's index
+        copy_of = [  # each member's copy of the normalised observation
+            copies.setdefault(m.mean.numpy().tobytes() + m.std.numpy().tobytes(), len(copies))
+            for m in members
+        ]
+        norms = [members[copy_of.index(c)] for c in range(len(copies))]
+        self.copies = len(norms)
+        self.register_buffer("expand", th.cat([th.eye(n_obs)] * self.copies, dim=1))
+        self.register_buffer("mean", th.cat([n.mean for n in norms]))
+        self.register_buffer("std", th.cat([n.std for n in norms]))
         self.clip = members[0].clip
         nets = [list(m.policy.mlp_extractor.policy_net) for m in members]
         layers: list[th.nn.Module] = []
         for depth, module in enumerate(nets[0]):
-            if isinstance(module, th.nn.Linear):
-                linear = th.nn.Linear(k * module.in_features, k * module.out_features)
-                linear.weight.data = th.block_diag(*(net[depth].weight.data for net in nets))
-                linear.bias.data = th.cat([net[depth].bias.data for net in nets])
-                layers.append(linear)
-            else:
+            if not isinstance(module, th.nn.Linear):
                 layers.append(module)
+                continue
+            weights = [net[depth].weight.data for net in nets]
+            if depth == 0:  # member i reads copy copy_of[i] of the observation
+                weight = th.zeros(len(members) * module.out_features, self.copies * n_obs)
+                for i, (w, c) in enumerate(zip(weights, copy_of, strict=True)):
+                    rows = slice(i * module.out_features, (i + 1) * module.out_features)
+                    weight[rows, c * n_obs : (c + 1) * n_obs] = w
+            else:
+                weight = th.block_diag(*weights)
+            linear = th.nn.Linear(weight.shape[1], weight.shape[0])
+            linear.weight.data = weight
+            linear.bias.data = th.cat([net[depth].bias.data for net in nets])
+            layers.append(linear)
         heads = [m.policy.action_net for m in members]
-        head = th.nn.Linear(k * heads[0].in_features, heads[0].out_features)
+        head = th.nn.Linear(len(members) * heads[0].in_features, heads[0].out_features)
         head.weight.data = th.cat([h.weight.data for h in heads], dim=1)
         head.bias.data = th.stack([h.bias.data for h in heads]).sum(0)
         self.net = th.nn.Sequential(*layers, head)
 
     def forward(self, observation: th.Tensor) -> th.Tensor:
-        x = th.clamp((observation @ self.expand - self.mean) / self.std, -self.clip, self.clip)
+        x = observation if self.copies == 1 else observation @ self.expand
+        x = th.clamp((x - self.mean) / self.std, -self.clip, self.clip)
         logits = th.split(self.net(x), self.nvec, dim=1)
         return th.stack([lg.argmax(dim=1) for lg in logits], dim=1).to(th.float32)
 

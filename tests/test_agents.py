@@ -350,6 +350,53 @@ def test_an_ensemble_exports_as_one_policy(trained_run: Path, exported: Path, tm
     )
 
 
+def test_ensemble_members_keep_their_own_observation_normalisation(
+    trained_run: Path, tmp_path
+) -> None:
+    """Members that normalise observations differently each read their own normalised copy:
+    the graph equals the argmax of the members' summed logits, each on its own statistics
+    and clip."""
+    import shutil
+
+    import torch as th
+
+    from batchpilot.agents.checkpoint import load_policy_module, normalisation
+    from batchpilot.agents.export import export
+
+    ort = pytest.importorskip("onnxruntime")
+    n_obs = load_policy_module(trained_run / "final").observation_space.shape[0]
+    rng = np.random.default_rng(2)
+    first = Path(shutil.copytree(trained_run, tmp_path / "first"))
+    other = another_member(trained_run, tmp_path / "other")
+    for member in (first, other):
+        stats = json.loads((member / "final" / "vecnormalize.json").read_text())
+        stats |= {
+            "norm_obs": True,
+            "clip_obs": 1.5,
+            "obs_mean": rng.uniform(0, 1, n_obs).tolist(),
+            "obs_var": rng.uniform(0.2, 2, n_obs).tolist(),
+        }
+        (member / "final" / "vecnormalize.json").write_text(json.dumps(stats))
+    members = [first, other, first]
+    out = tmp_path / "ensemble.onnx"
+    export(members, out, "final")
+    obs = rng.uniform(0, 3, size=(256, n_obs)).astype(np.float32)
+    logits = 0
+    for member in members:
+        policy = load_policy_module(member / "final")
+        mean, var, eps, clip = normalisation(member / "final", n_obs)
+        x = np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
+        with th.no_grad():
+            latent = policy.mlp_extractor.forward_actor(policy.extract_features(th.as_tensor(x)))
+            logits = logits + policy.action_net(latent)
+    nvec = [int(n) for n in policy.action_space.nvec]
+    expected = np.stack([lg.argmax(1).numpy() for lg in th.split(logits, nvec, 1)], 1)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"observation": obs})[0], expected)
+    act = load_policy(out).act
+    np.testing.assert_array_equal(np.stack([act(o) for o in obs]), expected)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

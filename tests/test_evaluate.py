@@ -218,7 +218,7 @@ def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
 def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
     names = suite_names()
     assert {"bursty", "shifting", "mixed", "long-prompts", "kv-tight", "paper", "steady", "knee"} <= set(names)
-    for path in ("heldout.yml", "trainset.yml", "families.yml"):  # the shipped policy's suites
+    for path in ("heldout.yml", "trainset.yml", "families.yml", "unseen.yml"):  # the learned report
         assert load_suite(Path(str(files("batchpilot.training") / "configs" / path))).scenarios
     kv = load_suite("kv-tight")
     assert {sc.profile for sc in kv.scenarios} == {"llama-3-8b-24gb", "llama-2-7b-a40"}
