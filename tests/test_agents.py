@@ -307,12 +307,29 @@ def another_member(run: Path, dst: Path, **run_json) -> Path:
     return dst
 
 
+def summed_logit_choice(runs: list[Path], obs: np.ndarray) -> np.ndarray:
+    """SB3's reference for an ensemble: per knob, the argmax of the members' summed logits,
+    each member on its own observation normalisation and clip."""
+    import torch as th
+
+    from batchpilot.agents.checkpoint import load_policy_module, normalisation
+
+    logits = 0
+    for member in runs:
+        policy = load_policy_module(member / "final")
+        mean, var, eps, clip = normalisation(member / "final", obs.shape[1])
+        x = np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
+        with th.no_grad():
+            latent = policy.mlp_extractor.forward_actor(policy.extract_features(th.as_tensor(x)))
+            logits = logits + policy.action_net(latent)
+    nvec = [int(n) for n in policy.action_space.nvec]
+    return np.stack([lg.argmax(1).numpy() for lg in th.split(logits, nvec, 1)], 1)
+
+
 def test_an_ensemble_exports_as_one_policy(trained_run: Path, exported: Path, tmp_path) -> None:
     """Several runs export as one graph choosing, per knob, the argmax of the members' summed
     logits; onnxruntime and the deployed numpy network agree with SB3's networks. One member
     twice acts as that member alone."""
-    import torch as th
-
     from batchpilot.agents.checkpoint import load_policy_module
     from batchpilot.agents.export import export
 
@@ -323,13 +340,7 @@ def test_an_ensemble_exports_as_one_policy(trained_run: Path, exported: Path, tm
     policies = [load_policy_module(r / "final") for r in (trained_run, other)]
     n_obs = policies[0].observation_space.shape[0]
     obs = np.random.default_rng(0).uniform(0, 2, size=(256, n_obs)).astype(np.float32)
-    with th.no_grad():
-        x = th.as_tensor(obs)
-        logits = sum(
-            p.action_net(p.mlp_extractor.forward_actor(p.extract_features(x))) for p in policies
-        )
-    nvec = [int(n) for n in policies[0].action_space.nvec]
-    expected = np.stack([lg.argmax(1).numpy() for lg in th.split(logits, nvec, 1)], 1)
+    expected = summed_logit_choice([trained_run, other], obs)
     alone = [p.predict(obs, deterministic=True)[0] for p in policies]
     assert (alone[0] != alone[1]).any() and (expected != alone[0]).any()  # members disagree
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -358,9 +369,7 @@ def test_ensemble_members_keep_their_own_observation_normalisation(
     and clip."""
     import shutil
 
-    import torch as th
-
-    from batchpilot.agents.checkpoint import load_policy_module, normalisation
+    from batchpilot.agents.checkpoint import load_policy_module
     from batchpilot.agents.export import export
 
     ort = pytest.importorskip("onnxruntime")
@@ -381,16 +390,7 @@ def test_ensemble_members_keep_their_own_observation_normalisation(
     out = tmp_path / "ensemble.onnx"
     export(members, out, "final")
     obs = rng.uniform(0, 3, size=(256, n_obs)).astype(np.float32)
-    logits = 0
-    for member in members:
-        policy = load_policy_module(member / "final")
-        mean, var, eps, clip = normalisation(member / "final", n_obs)
-        x = np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
-        with th.no_grad():
-            latent = policy.mlp_extractor.forward_actor(policy.extract_features(th.as_tensor(x)))
-            logits = logits + policy.action_net(latent)
-    nvec = [int(n) for n in policy.action_space.nvec]
-    expected = np.stack([lg.argmax(1).numpy() for lg in th.split(logits, nvec, 1)], 1)
+    expected = summed_logit_choice(members, obs)
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(session.run(None, {"observation": obs})[0], expected)
     act = load_policy(out).act
