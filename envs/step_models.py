@@ -28,6 +28,7 @@ bit-identical step times.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from bisect import bisect_right
 from dataclasses import dataclass, field, fields, replace
@@ -257,11 +258,18 @@ def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
         elif isinstance(value, list):
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
                 raise ValueError(f"{origin}: step.{name} must be a list of numbers")
+            bad = [v for v in value if not math.isfinite(v)]
+            if bad:
+                raise ValueError(f"{origin}: step.{name} holds {bad[0]!r}, not a finite number")
             values[name] = tuple(float(v) for v in value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ValueError(f"{origin}: step.{name} is {value!r}, not a finite number")
             values[name] = float(value)
         else:
             raise ValueError(f"{origin}: step.{name} must be a number, got {value!r}")
     model = cls(**values)
     model.validate(origin)
+    if not model.decode_time(1, 1) > 0:
+        raise ValueError(f"{origin}: step times are all 0: a decode step must take some time")
     return model

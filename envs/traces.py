@@ -80,6 +80,8 @@ _COMPRESSED = {
 }
 MAX_SPAN_S = 1e8
 """Longest first-to-last arrival span accepted (about 3 years): more is a bad timestamp."""
+MAX_TOKENS = 2**31 - 1
+"""Most tokens a request's prompt or output may claim: more is a bad value."""
 MAX_FIELD = csv.field_size_limit()
 """Longest CSV field read (the csv module's limit, 131,072 characters)."""
 
@@ -124,6 +126,8 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
         raise TraceError(f"{where}: {what} is {value!r}, not a whole number")
     if number < 1:
         raise TraceError(f"{where}: {what} is {int(number)}; a request needs at least 1 token")
+    if number > MAX_TOKENS:
+        raise TraceError(f"{where}: {what} is {value!r}, over {MAX_TOKENS:,} tokens: a bad value?")
     return int(number)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -239,6 +240,15 @@ def test_profile_files_round_trip(tmp_path: Path) -> None:
     assert isinstance(get_profile(str(old)).step, StepTimeModel)
 
 
+def zero_times(step: dict) -> dict:
+    """The step model's times (not its knots), all set to 0."""
+    return {
+        k: [0.0] * len(v) if isinstance(v, list) else 0.0
+        for k, v in step.items()
+        if k.endswith("_s") and not k.endswith("knots")
+    }
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -247,6 +257,9 @@ def test_profile_files_round_trip(tmp_path: Path) -> None:
         (lambda d: d["step"].update(token_s=[0.1]), "step.token_knots and step.token_s"),
         (lambda d: d["step"].update(attn_pair_s=-1.0), "step.attn_pair_s must be >= 0"),
         (lambda d: d["step"].update(attn_pair_s="fast"), "step.attn_pair_s must be a number"),
+        (lambda d: d["step"]["token_s"].__setitem__(2, math.nan), "step.token_s holds nan, not a finite"),
+        (lambda d: d["step"].update(attn_pair_s=math.inf), "step.attn_pair_s is inf, not a finite"),
+        (lambda d: d["step"].update(zero_times(d["step"])), "step times are all 0"),
         (lambda d: d["step"].pop("seq_s"), "step.seq_s missing"),
         (lambda d: d["step"].update(warp=1), "step.warp is not a field"),
         (lambda d: d.update(num_gpu_blocks=0), "num_gpu_blocks must be an integer >= 1"),
