@@ -271,5 +271,7 @@ def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
     model = cls(**values)
     model.validate(origin)
     if not model.decode_time(1, 1) > 0:
-        raise ValueError(f"{origin}: step times are all 0: a decode step must take some time")
+        raise ValueError(
+            f"{origin}: the step model times a one-request decode step at 0 s; a step takes time"
+        )
     return model

@@ -245,7 +245,7 @@ def zero_times(step: dict) -> dict:
     return {
         k: [0.0] * len(v) if isinstance(v, list) else 0.0
         for k, v in step.items()
-        if k.endswith("_s") and not k.endswith("knots")
+        if k.endswith("_s")
     }
 
 
@@ -259,7 +259,7 @@ def zero_times(step: dict) -> dict:
         (lambda d: d["step"].update(attn_pair_s="fast"), "step.attn_pair_s must be a number"),
         (lambda d: d["step"]["token_s"].__setitem__(2, math.nan), "step.token_s holds nan, not a finite"),
         (lambda d: d["step"].update(attn_pair_s=math.inf), "step.attn_pair_s is inf, not a finite"),
-        (lambda d: d["step"].update(zero_times(d["step"])), "step times are all 0"),
+        (lambda d: d["step"].update(zero_times(d["step"])), "times a one-request decode step at 0 s"),
         (lambda d: d["step"].pop("seq_s"), "step.seq_s missing"),
         (lambda d: d["step"].update(warp=1), "step.warp is not a field"),
         (lambda d: d.update(num_gpu_blocks=0), "num_gpu_blocks must be an integer >= 1"),
