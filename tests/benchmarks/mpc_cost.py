@@ -22,6 +22,7 @@ from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.workloads import make_workload
+from batchpilot.training.commands.compare import parse_workload
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     profile = get_profile(args.profile)
-    source, _, arrival = args.workload.rpartition("@")
+    source, arrival = parse_workload(args.workload)
     workload = make_workload(
         source,
         arrival,

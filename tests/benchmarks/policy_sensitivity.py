@@ -25,6 +25,7 @@ from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.workloads import make_workload
+from batchpilot.training.commands.compare import parse_workload
 
 PROBES: tuple[tuple[tuple[str, ...], float], ...] = (
     (("tbt_mean_over_tpot", "tbt_p90_over_tpot"), 0.5),
@@ -60,7 +61,7 @@ def main() -> None:
 
     controller.act = recording_act
     profile = get_profile(args.profile)
-    source, _, arrival = args.workload.rpartition("@")
+    source, arrival = parse_workload(args.workload)
     workload = make_workload(
         source,
         arrival,
