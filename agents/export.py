@@ -82,7 +82,8 @@ class OnnxableEnsemble(th.nn.Module):
         ]
         norms = [members[copy_of.index(c)] for c in range(len(copies))]
         self.copies = len(norms)
-        self.register_buffer("expand", th.cat([th.eye(n_obs)] * self.copies, dim=1))
+        if self.copies > 1:  # one copy is the observation itself
+            self.register_buffer("expand", th.cat([th.eye(n_obs)] * self.copies, dim=1))
         self.register_buffer("mean", th.cat([n.mean for n in norms]))
         self.register_buffer("std", th.cat([n.std for n in norms]))
         self.clip = members[0].clip
