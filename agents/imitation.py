@@ -5,12 +5,9 @@ lets the teacher drive the environment and records (observation, teacher's actio
 each later round lets the current policy drive (with probability ``1 - beta`` per
 decision, ``beta`` halving each round) while the teacher still labels every state the
 policy visits, and the policy is refitted on everything gathered so far (Ross et al.,
-DAgger). With ``weighting: stakes`` each knob's label counts by how much the teacher's
-choice mattered (`knob_stakes`), so the mode of near-ties does not outweigh the states
-where one choice wins clearly. The policy is SB3's own policy object
-(`ActorCriticPolicy`), so PPO continues from exactly what was cloned. The ``imitation``
-library would fit, but pins gymnasium 0.29 and stable-baselines3 2.2; this loop is the few
-lines it needs.
+DAgger). The policy is SB3's own policy object (`ActorCriticPolicy`), so PPO continues
+from exactly what was cloned. The ``imitation`` library would fit, but pins
+gymnasium 0.29 and stable-baselines3 2.2; this loop is the few lines it needs.
 """
 
 from __future__ import annotations
@@ -23,16 +20,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-
-from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID, nearest
-
-WEIGHTINGS = ("uniform", "stakes")
-STAKES_FLOOR = 0.1
-"""With ``stakes`` weighting, the weight a tied label keeps, where a label of typical
-(median) stakes weighs 1 + this, before renormalising (`label_weights`)."""
-STAKES_CAP = 10.0
-"""The most a label's stakes may count against the typical one (one decisive state does
-not drown the rest)."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +39,6 @@ class ImitationSpec:
     learning_rate: float = 1e-3
     value_epochs: int = 10
     """Epochs fitting the value head to the collected discounted returns."""
-    weighting: str = "uniform"
-    """``uniform`` (every label alike) or ``stakes`` (module doc; needs a teacher that
-    reports its sweeps: ``mpc``)."""
 
     def __post_init__(self) -> None:
         for key in ("rounds", "episodes", "epochs", "batch_size"):
@@ -64,18 +48,6 @@ class ImitationSpec:
             raise ValueError(f"imitation: beta must be in [0, 1], got {self.beta}")
         if self.learning_rate <= 0 or self.value_epochs < 0:
             raise ValueError("imitation: need learning_rate > 0 and value_epochs >= 0")
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(
-                f"imitation: weighting must be one of {WEIGHTINGS}, got {self.weighting!r}"
-            )
-        if self.weighting == "stakes":
-            from batchpilot.baselines.specs import make_controller
-
-            if not hasattr(make_controller(self.teacher), "sweeps"):
-                raise ValueError(
-                    f"imitation: weighting 'stakes' needs a teacher that reports how much each "
-                    f"choice mattered (mpc); {self.teacher!r} does not"
-                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,41 +55,12 @@ class ImitationSpec:
 
 @dataclass
 class Episode:
-    """What one collected episode leaves: states, teacher labels, how much each label's
-    choice mattered (`knob_stakes` per knob; 1 where not measured), rewards, metrics."""
+    """What one collected episode leaves: states, teacher labels, rewards, its metrics."""
 
     obs: np.ndarray
     labels: np.ndarray
-    stakes: np.ndarray
     rewards: np.ndarray
     metrics: dict[str, float]
-
-
-def knob_stakes(sweep: dict[int, float], grid: tuple[int, ...]) -> float:
-    """How much one knob's choice mattered in a teacher's sweep (value -> horizon score):
-    the lead of the best grid point over the next best, relative to the best score (+1,
-    so an idle horizon scores 0). Values nearest the same grid point are one choice."""
-    best: dict[int, float] = {}
-    for value, score in sweep.items():
-        i = nearest(grid, value)
-        best[i] = max(best.get(i, -np.inf), score)
-    if len(best) < 2:
-        return 0.0
-    first, second = sorted(best.values(), reverse=True)[:2]
-    return (first - second) / (abs(first) + 1.0)
-
-
-def label_weights(stakes: np.ndarray) -> np.ndarray:
-    """Per-knob weights from stakes (rows: labels): each knob's stakes over the median of
-    its non-zero ones (robust to a few huge leads), capped at `STAKES_CAP`, plus
-    `STAKES_FLOOR`, rescaled to average 1. A knob whose stakes are all 0 weighs 1."""
-    w = np.ones_like(stakes, dtype=np.float64)
-    for k in range(stakes.shape[1]):
-        column = stakes[:, k]
-        if (column > 0).any():
-            scale = np.median(column[column > 0])
-            w[:, k] = np.minimum(column / scale, STAKES_CAP) + STAKES_FLOOR
-    return w / w.mean(axis=0, keepdims=True)
 
 
 def collect_episode(
@@ -126,12 +69,10 @@ def collect_episode(
     seed: int,
     policy: Any | None,
     beta: float,
-    stakes: bool = False,
 ) -> Episode:
     """Run one episode; the teacher labels every state; who acts: see the module doc.
 
-    `policy` is an SB3 policy (None: the teacher always acts); with `stakes`, the teacher's
-    `sweeps` give each label's stakes.
+    `policy` is an SB3 policy (None: the teacher always acts).
     """
     import torch as th
 
@@ -144,18 +85,13 @@ def collect_episode(
     teacher = make_controller(teacher_spec)
     teacher.reset(base.engine)
     rng = np.random.default_rng(seed)
-    states, labels, rewards, weights = [], [], [], []
+    states, labels, rewards = [], [], []
     done = False
     info: dict[str, Any] = {}
     while not done:
         label = base.grid.action_for(teacher.decide(base.telemetry))
         states.append(obs)
         labels.append(label)
-        if stakes:
-            seqs, budgets = teacher.sweeps
-            weights.append((knob_stakes(seqs, SEQ_GRID), knob_stakes(budgets, BUDGET_GRID)))
-        else:
-            weights.append((1.0, 1.0))
         action = label
         if policy is not None and rng.random() >= beta:
             action = policy.predict(obs, deterministic=True)[0]
@@ -167,7 +103,6 @@ def collect_episode(
     return Episode(
         np.asarray(states, np.float32),
         np.asarray(labels, np.int64),
-        np.asarray(weights, np.float64),
         np.asarray(rewards, np.float64),
         metrics,
     )
@@ -186,30 +121,26 @@ def fit(
     policy: Any,
     obs: np.ndarray,
     labels: np.ndarray,
-    weights: np.ndarray,
     returns: np.ndarray,
     spec: ImitationSpec,
     rng: np.random.Generator,
 ) -> dict[str, float]:
-    """Behaviour cloning (negative log-likelihood of the teacher's actions, each knob's
-    term weighted by `weights`' column), then the value head on the returns (so PPO
-    starts with a critic). Returns the final losses."""
+    """Behaviour cloning (negative log-likelihood of the teacher's actions), then the
+    value head on the returns (so PPO starts with a critic). Returns the final losses."""
     import torch as th
 
     params = list(policy.parameters())
     opt = th.optim.Adam(params, lr=spec.learning_rate)
     x = th.as_tensor(obs)
     y = th.as_tensor(labels)
-    w = th.as_tensor(weights, dtype=th.float32)
     v = th.as_tensor(returns, dtype=th.float32)
     n = len(x)
     policy.set_training_mode(True)
     nll = th.zeros(())
     for _ in range(spec.epochs):
         for idx in np.array_split(rng.permutation(n), max(1, n // spec.batch_size)):
-            dist = policy.get_distribution(x[idx]).distribution  # one Categorical a knob
-            knobs = th.stack([d.log_prob(a) for d, a in zip(dist, y[idx].T, strict=True)], 1)
-            nll = -(w[idx] * knobs).sum(1).mean()
+            dist = policy.get_distribution(x[idx])
+            nll = -dist.log_prob(y[idx]).mean()
             opt.zero_grad()
             nll.backward()
             opt.step()
@@ -247,15 +178,13 @@ def dagger(
     rng = np.random.default_rng(seed)
     obs_all: list[np.ndarray] = []
     labels_all: list[np.ndarray] = []
-    stakes_all: list[np.ndarray] = []
     returns_all: list[np.ndarray] = []
     history = []
     for r in range(spec.rounds):
         beta = 1.0 if r == 0 else spec.beta**r
         policy = None if r == 0 else model.policy
         seeds = [seed + 10_000 * r + i for i in range(spec.episodes)]
-        stakes = spec.weighting == "stakes"
-        args = [(make_env, spec.teacher, s, policy, beta, stakes) for s in seeds]
+        args = [(make_env, spec.teacher, s, policy, beta) for s in seeds]
         if workers > 1:
             ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
             with ProcessPoolExecutor(min(workers, len(args)), mp_context=ctx) as pool:
@@ -265,14 +194,11 @@ def dagger(
         for ep in episodes:
             obs_all.append(ep.obs)
             labels_all.append(ep.labels)
-            stakes_all.append(ep.stakes)
             returns_all.append(discounted_returns(ep.rewards, gamma))
-        all_stakes = np.concatenate(stakes_all)
         stats = fit(
             model.policy,
             np.concatenate(obs_all),
             np.concatenate(labels_all),
-            label_weights(all_stakes) if stakes else np.ones_like(all_stakes),
             np.concatenate(returns_all),
             spec,
             rng,
@@ -283,9 +209,6 @@ def dagger(
             "driver_goodput": float(np.mean([e.metrics["output_goodput"] for e in episodes])),
             "driver_preemptions": float(np.mean([e.metrics["num_preemptions"] for e in episodes])),
         }
-        if stakes:  # the share of labels whose choice was a near-tie (lead under 1%)
-            ties = (all_stakes < 0.01).mean(axis=0)
-            stats |= {"seq_tie_share": float(ties[0]), "budget_tie_share": float(ties[1])}
         if log is not None:
             log(stats, r)
         history.append(stats)
