@@ -62,7 +62,14 @@ class WorkloadSpec:
                 data["weight"] = draw_weight(data["weight"], "workload spec")
             if "profiles" in data:
                 names = data["profiles"]
-                data["profiles"] = (names,) if isinstance(names, str) else tuple(names)
+                names = [names] if isinstance(names, str) else names
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise ValueError(
+                        "workload spec: profiles must be a profile name or a list of names, "
+                        f"got a {type(names).__name__}"
+                        + (" holding other things" if isinstance(names, list) else "")
+                    )
+                data["profiles"] = tuple(names)
             return cls(**data)
         raise TypeError(f"workload spec must be a str, dict or WorkloadSpec, got {type(value)}")
 
@@ -277,6 +284,13 @@ class BatchingEnv(gym.Env):
         if not specs:
             raise ValueError("workload list is empty")
         self.workloads = [WorkloadSpec.coerce(s) for s in specs]
+        for i, spec in enumerate(self.workloads):
+            unknown = sorted(set(spec.profiles) - set(names))
+            if unknown:
+                raise ValueError(
+                    f"workload {i} ({spec.source}): profiles names {unknown[0]!r}, which is not "
+                    f"one of the env's profiles {names}"
+                )
         for p in self._profile_objs:
             if not self._workloads_for(p.name):
                 raise ValueError(f"no workload spec applies to profile {p.name!r} (profiles:)")
@@ -294,6 +308,21 @@ class BatchingEnv(gym.Env):
         self.observation_space = spaces.Box(-clip, clip, (len(OBSERVATION_FIELDS),), np.float32)
         self._engine: Engine | None = None
         self._vllm_engine: Engine | None = None
+
+    def check_workloads(self) -> None:
+        """Draw each workload spec once on each profile it applies to, so one that cannot be
+        drawn (a replay of a source without timestamps, an unreadable trace) fails now,
+        naming the spec, not at some episode's reset. Reads each trace file it names."""
+        rng = np.random.default_rng(0)
+        for i, spec in enumerate(self.workloads):
+            for p in self._profile_objs:
+                if spec in self._workloads_for(p.name):
+                    try:
+                        spec.draw(rng, p.max_model_len)
+                    except (ValueError, OSError) as exc:
+                        raise ValueError(
+                            f"workload {i} ({spec.source} @ {spec.arrival}) on {p.name}: {exc}"
+                        ) from None
 
     def _workloads_for(self, profile: str) -> list[WorkloadSpec]:
         return [w for w in self.workloads if not w.profiles or profile in w.profiles]

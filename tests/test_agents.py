@@ -90,6 +90,14 @@ def fixed(i: int, j: int) -> PolicyController:
     return PolicyController(lambda obs: np.array([i, j]), "grid", SLO.parse(SLO_SPEC), INTERVAL)
 
 
+GSM8K_ON = "{source: embedded:gsm8k, arrival: 'poisson:1', profiles"
+ALIAS_BOMB = "\n".join(
+    ["batchpilot/Batching-v0:", "  algo: ppo", "  policy_kwargs:", "    x0: &x0 [a, a, a, a, a, a]"]
+    + [f"    x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 6)}]" for i in range(1, 9)]
+)
+"""A config whose anchors stand for 6**9 (about ten million) values: refused unexpanded."""
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -102,6 +110,19 @@ def fixed(i: int, j: int) -> PolicyController:
         ("batchpilot/Batching-v0: {imitation: {beta: 2}}", "imitation.beta"),
         ("batchpilot/Batching-v0: {env_kwargs: {w_recompute: lots}}", "env_kwargs.w_recompute"),
         ("batchpilot/Batching-v0: [unclosed", "not valid YAML"),
+        (
+            f"batchpilot/Batching-v0: {{env_kwargs: {{workload: [{GSM8K_ON}: [x]}}]}}}}",
+            "workload 0 .embedded:gsm8k.: profiles names 'x', which is not one of the env's",
+        ),
+        (
+            f"batchpilot/Batching-v0: {{env_kwargs: {{workload: [{GSM8K_ON}: [[x]]}}]}}}}",
+            "profiles must be a profile name or a list of names, got a list holding other",
+        ),
+        (
+            "batchpilot/Batching-v0: {env_kwargs: {workload: [{source: embedded:gsm8k}]}}",
+            "workload 0 .embedded:gsm8k @ replay. on llama-7b-a100: embedded:gsm8k has no",
+        ),
+        (ALIAS_BOMB, "holds more than 100,000 values once its aliases are expanded"),
     ],
 )
 def test_bad_config_is_named(tmp_path: Path, body: str, message: str) -> None:

@@ -28,10 +28,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.evaluate import RANGES, Scenario
+from batchpilot.training.yaml_files import load_yaml
 
 TOP_KEYS = (
     "description", "controllers", "seeds", "tuning_seeds", "profiles", "defaults", "scenarios",
@@ -76,9 +75,9 @@ def load_suite(name_or_path: str | Path) -> Suite:
     if not path.is_file():
         raise SuiteError(f"{path}: no such suite file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SuiteError(f"{path}: not valid YAML ({exc})") from None
+        data = load_yaml(path)
+    except ValueError as exc:
+        raise SuiteError(str(exc)) from None
     return parse_suite(data, path)
 
 

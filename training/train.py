@@ -34,8 +34,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from batchpilot.agents.imitation import ImitationSpec
 from batchpilot.agents.schema import (
     Check,
@@ -47,6 +45,7 @@ from batchpilot.agents.schema import (
 )
 from batchpilot.envs import ENV_ID
 from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.training.yaml_files import load_yaml
 
 ALGOS = ("ppo",)
 
@@ -217,37 +216,9 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     return problems
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last)."""
-
-
-def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-        except TypeError:  # unhashable: construct_mapping names it
-            break
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
 def load_config(path: Path) -> TrainConfig:
     """Parse and check a whole config file up front; errors name the file and every bad key."""
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+    data = load_yaml(path)
     if not isinstance(data, dict) or len(data) != 1:
         raise ValueError(f"{path}: expected one top-level key, the env id ({ENV_ID})")
     ((env_id, body),) = data.items()
@@ -277,7 +248,9 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
 
     try:
         if cfg.env_kwargs.get("engine", "sim") == "sim":  # a real engine starts at reset only
-            _env_class()(**cfg.env_kwargs).close()
+            env = _env_class()(**cfg.env_kwargs)
+            env.check_workloads()
+            env.close()
     except (ValueError, TypeError, OSError) as exc:
         raise ValueError(f"{path}: env_kwargs: {exc}") from None
     if cfg.eval:
