@@ -24,6 +24,7 @@ from batchpilot.envs.metrics import SLO
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import make_workload
 
 EPISODE_METRICS = ("output_goodput", "output_throughput", "slo_attainment", "num_preemptions")
@@ -97,6 +98,26 @@ class EvalScenario:
             (p, w) for w in self.workloads for p in profiles if p in w.get("profiles", profiles)
         ]
 
+    def check(self) -> None:
+        """Draw each run's workload once (its first seed), so one that cannot be drawn fails
+        before training, naming it, not when the first evaluation starts."""
+        for name, spec in self.runs():
+            try:
+                self._workload(spec, self.seeds[0], get_profile(name).max_model_len)
+            except (ValueError, OSError) as exc:
+                raise ValueError(f"workload {spec!r} on {name}: {exc}") from None
+
+    @staticmethod
+    def _workload(spec: dict[str, Any], seed: int, max_model_len: int) -> Workload:
+        return make_workload(
+            spec["source"],
+            spec.get("arrival", "replay"),
+            num_requests=spec.get("num_requests"),
+            seed=seed,
+            max_model_len=max_model_len,
+            overlong="truncate",
+        )
+
     def score(self, make: Any) -> dict[str, Any]:
         """Goodput and throughput of ``make()`` controllers, each a geometric mean over the
         runs of the mean over seeds (so a slow profile weighs as much as a fast one), the
@@ -106,14 +127,7 @@ class EvalScenario:
             profile = get_profile(name)
             rows = []
             for seed in self.seeds:
-                w = make_workload(
-                    spec["source"],
-                    spec.get("arrival", "replay"),
-                    num_requests=spec.get("num_requests"),
-                    seed=seed,
-                    max_model_len=profile.max_model_len,
-                    overlong="truncate",
-                )
+                w = self._workload(spec, seed, profile.max_model_len)
                 controller: Controller = make()
                 engine = SimEngine(profile, slo=SLO.parse(self.slo))
                 m = run(w, engine, controller, ControlInterval.parse(self.interval)).metrics()

@@ -55,6 +55,8 @@ BASE = {
         ({"eval": {"profile": ["llama-7b-a100"], "workload": [{"source": "embedded:gsm8k"}, {"arrival": "replay"}]}}, r"eval.workload\[1\]: needs a source"),
         ({"eval": {"profile": ["llama-7b-a100"], "workload": [{"source": "embedded:gsm8k", "profiles": ["llama-2-70b-a100x4"]}]}}, r"eval.workload embedded:gsm8k: its profiles \['llama-2-70b-a100x4'\] name none of eval.profile"),
         ({"eval": {"profile": [], "workload": {"source": "embedded:gsm8k"}}}, "eval.profile: needs a profile name"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:gsm8k"}}}, r"eval.workload \{'source': 'embedded:gsm8k'\} on llama-7b-a100: embedded:gsm8k has no timestamps"),
+        ({"env_kwargs": {"workload": [{"source": "embedded:sharegpt", "profiles": "llama-3-8b-a100"}]}}, r"workload 0 \(embedded:sharegpt\): profiles names 'llama-3-8b-a100', which is not one of the env's profiles \['llama-7b-a100'\]"),
         ({"n_envs": "two"}, "n_envs: 'two' is not of type int"),
         ({"n_envs": 100_000}, r"n_envs: 100000 is outside \[1, 64\]"),
         ({"normalize": "maybe"}, "normalize: 'maybe' is not true or false"),

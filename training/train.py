@@ -277,6 +277,10 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
                     f"{path}: eval.workload {w['source']}: its profiles {w['profiles']} "
                     f"name none of eval.profile {ev.profiles}"
                 )
+        try:
+            ev.check()
+        except ValueError as exc:
+            raise ValueError(f"{path}: eval.{exc}") from None
 
 
 def make_env(cfg: TrainConfig) -> Any:
