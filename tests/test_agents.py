@@ -602,7 +602,12 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     run["eval"]["profile"] = ["llama-2-70b-a100x4", "llama-2-7b-a100"]
     run["eval"]["workload"] = [
         {"source": "embedded:gsm8k", "arrival": "poisson:9", "num_requests": 20},
-        {"source": "embedded:sharegpt", "num_requests": 20, "profiles": ["llama-2-7b-a100"]},
+        {
+            "source": "embedded:sharegpt",
+            "arrival": "poisson:2",
+            "num_requests": 20,
+            "profiles": ["llama-2-7b-a100"],
+        },
         {"source": "embedded:azure-conv", "arrival": "gamma:1:3", "num_requests": 20},
     ]
     cfg = load_config(write_config(tmp_path / "two.yml", data))
