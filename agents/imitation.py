@@ -5,9 +5,12 @@ lets the teacher drive the environment and records (observation, teacher's actio
 each later round lets the current policy drive (with probability ``1 - beta`` per
 decision, ``beta`` halving each round) while the teacher still labels every state the
 policy visits, and the policy is refitted on everything gathered so far (Ross et al.,
-DAgger). The policy is SB3's own policy object (`ActorCriticPolicy`), so PPO continues
-from exactly what was cloned. The ``imitation`` library would fit, but pins
-gymnasium 0.29 and stable-baselines3 2.2; this loop is the few lines it needs.
+DAgger). With ``stakes_knobs`` the labels of those knobs count by how much the teacher's
+choice mattered (`knob_stakes`), so the mode of near-ties does not outweigh the states
+where one choice wins clearly. The policy is SB3's own policy object
+(`ActorCriticPolicy`), so PPO continues from exactly what was cloned. The ``imitation``
+library would fit, but pins gymnasium 0.29 and stable-baselines3 2.2; this loop is the few
+lines it needs.
 """
 
 from __future__ import annotations
@@ -15,11 +18,22 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID, nearest
+
+KNOBS = ("max_num_seqs", "budget")
+"""The action's knobs, in order, as ``stakes_knobs`` names them."""
+STAKES_FLOOR = 0.1
+"""The weight a tied label keeps, where a label of typical (median) stakes weighs 1 + this,
+before renormalising (`label_weights`)."""
+STAKES_CAP = 10.0
+"""The most a label's stakes may count against the typical one (one decisive state does
+not drown the rest)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,10 @@ class ImitationSpec:
     learning_rate: float = 1e-3
     value_epochs: int = 10
     """Epochs fitting the value head to the collected discounted returns."""
+    stakes_knobs: list[str] = field(default_factory=list)
+    """Knobs (`KNOBS`) whose labels weigh by their stakes (module doc; needs a teacher that
+    reports its sweeps: ``mpc``); empty: every label alike. Weighting ``max_num_seqs`` too
+    did worse: most of its labels are near-ties, and without them it collapses."""
 
     def __post_init__(self) -> None:
         for key in ("rounds", "episodes", "epochs", "batch_size"):
@@ -48,6 +66,17 @@ class ImitationSpec:
             raise ValueError(f"imitation: beta must be in [0, 1], got {self.beta}")
         if self.learning_rate <= 0 or self.value_epochs < 0:
             raise ValueError("imitation: need learning_rate > 0 and value_epochs >= 0")
+        unknown = [k for k in self.stakes_knobs if k not in KNOBS]
+        if unknown:
+            raise ValueError(f"imitation: stakes_knobs: {unknown[0]!r} is not one of {KNOBS}")
+        if self.stakes_knobs:
+            from batchpilot.baselines.specs import make_controller
+
+            if not hasattr(make_controller(self.teacher), "sweeps"):
+                raise ValueError(
+                    f"imitation: stakes_knobs needs a teacher that reports how much each "
+                    f"choice mattered (mpc); {self.teacher!r} does not"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,12 +84,42 @@ class ImitationSpec:
 
 @dataclass
 class Episode:
-    """What one collected episode leaves: states, teacher labels, rewards, its metrics."""
+    """What one collected episode leaves: states, teacher labels, how much each label's
+    choice mattered (`knob_stakes` per knob; 1 where not measured), rewards, metrics."""
 
     obs: np.ndarray
     labels: np.ndarray
+    stakes: np.ndarray
     rewards: np.ndarray
     metrics: dict[str, float]
+
+
+def knob_stakes(sweep: dict[int, float], grid: tuple[int, ...]) -> float:
+    """How much one knob's choice mattered in a teacher's sweep (value -> horizon score):
+    the lead of the best grid point over the next best, relative to the best score (+1,
+    so an idle horizon scores 0). Values nearest the same grid point are one choice."""
+    best: dict[int, float] = {}
+    for value, score in sweep.items():
+        i = nearest(grid, value)
+        best[i] = max(best.get(i, -np.inf), score)
+    if len(best) < 2:
+        return 0.0
+    first, second = sorted(best.values(), reverse=True)[:2]
+    return (first - second) / (abs(first) + 1.0)
+
+
+def label_weights(stakes: np.ndarray, knobs: list[str]) -> np.ndarray:
+    """Per-knob weights from stakes (rows: labels, columns: `KNOBS`): for each of `knobs`,
+    its stakes over the median of its non-zero ones (robust to a few huge leads), capped at
+    `STAKES_CAP`, plus `STAKES_FLOOR`, rescaled to average 1. Other knobs, and a knob whose
+    stakes are all 0, weigh 1."""
+    w = np.ones_like(stakes, dtype=np.float64)
+    for k in (KNOBS.index(name) for name in knobs):
+        column = stakes[:, k]
+        if (column > 0).any():
+            scale = np.median(column[column > 0])
+            w[:, k] = np.minimum(column / scale, STAKES_CAP) + STAKES_FLOOR
+    return w / w.mean(axis=0, keepdims=True)
 
 
 def collect_episode(
@@ -69,10 +128,12 @@ def collect_episode(
     seed: int,
     policy: Any | None,
     beta: float,
+    stakes: bool = False,
 ) -> Episode:
     """Run one episode; the teacher labels every state; who acts: see the module doc.
 
-    `policy` is an SB3 policy (None: the teacher always acts).
+    `policy` is an SB3 policy (None: the teacher always acts); with `stakes`, the teacher's
+    `sweeps` give each label's stakes (1 each otherwise).
     """
     import torch as th
 
@@ -85,13 +146,18 @@ def collect_episode(
     teacher = make_controller(teacher_spec)
     teacher.reset(base.engine)
     rng = np.random.default_rng(seed)
-    states, labels, rewards = [], [], []
+    states, labels, rewards, label_stakes = [], [], [], []
     done = False
     info: dict[str, Any] = {}
     while not done:
         label = base.grid.action_for(teacher.decide(base.telemetry))
         states.append(obs)
         labels.append(label)
+        if stakes:
+            seqs, budgets = teacher.sweeps
+            label_stakes.append((knob_stakes(seqs, SEQ_GRID), knob_stakes(budgets, BUDGET_GRID)))
+        else:
+            label_stakes.append((1.0, 1.0))
         action = label
         if policy is not None and rng.random() >= beta:
             action = policy.predict(obs, deterministic=True)[0]
@@ -103,6 +169,7 @@ def collect_episode(
     return Episode(
         np.asarray(states, np.float32),
         np.asarray(labels, np.int64),
+        np.asarray(label_stakes, np.float64),
         np.asarray(rewards, np.float64),
         metrics,
     )
@@ -121,26 +188,30 @@ def fit(
     policy: Any,
     obs: np.ndarray,
     labels: np.ndarray,
+    weights: np.ndarray,
     returns: np.ndarray,
     spec: ImitationSpec,
     rng: np.random.Generator,
 ) -> dict[str, float]:
-    """Behaviour cloning (negative log-likelihood of the teacher's actions), then the
-    value head on the returns (so PPO starts with a critic). Returns the final losses."""
+    """Behaviour cloning (negative log-likelihood of the teacher's actions, each knob's
+    term weighted by `weights`' column), then the value head on the returns (so PPO
+    starts with a critic). Returns the final losses."""
     import torch as th
 
     params = list(policy.parameters())
     opt = th.optim.Adam(params, lr=spec.learning_rate)
     x = th.as_tensor(obs)
     y = th.as_tensor(labels)
+    w = th.as_tensor(weights, dtype=th.float32)
     v = th.as_tensor(returns, dtype=th.float32)
     n = len(x)
     policy.set_training_mode(True)
     nll = th.zeros(())
     for _ in range(spec.epochs):
         for idx in np.array_split(rng.permutation(n), max(1, n // spec.batch_size)):
-            dist = policy.get_distribution(x[idx])
-            nll = -dist.log_prob(y[idx]).mean()
+            dist = policy.get_distribution(x[idx]).distribution  # one Categorical a knob
+            knobs = th.stack([d.log_prob(a) for d, a in zip(dist, y[idx].T, strict=True)], 1)
+            nll = -(w[idx] * knobs).sum(1).mean()
             opt.zero_grad()
             nll.backward()
             opt.step()
@@ -178,13 +249,15 @@ def dagger(
     rng = np.random.default_rng(seed)
     obs_all: list[np.ndarray] = []
     labels_all: list[np.ndarray] = []
+    stakes_all: list[np.ndarray] = []
     returns_all: list[np.ndarray] = []
     history = []
     for r in range(spec.rounds):
         beta = 1.0 if r == 0 else spec.beta**r
         policy = None if r == 0 else model.policy
         seeds = [seed + 10_000 * r + i for i in range(spec.episodes)]
-        args = [(make_env, spec.teacher, s, policy, beta) for s in seeds]
+        stakes = bool(spec.stakes_knobs)
+        args = [(make_env, spec.teacher, s, policy, beta, stakes) for s in seeds]
         if workers > 1:
             ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
             with ProcessPoolExecutor(min(workers, len(args)), mp_context=ctx) as pool:
@@ -194,11 +267,14 @@ def dagger(
         for ep in episodes:
             obs_all.append(ep.obs)
             labels_all.append(ep.labels)
+            stakes_all.append(ep.stakes)
             returns_all.append(discounted_returns(ep.rewards, gamma))
+        all_stakes = np.concatenate(stakes_all)
         stats = fit(
             model.policy,
             np.concatenate(obs_all),
             np.concatenate(labels_all),
+            label_weights(all_stakes, spec.stakes_knobs),
             np.concatenate(returns_all),
             spec,
             rng,
@@ -209,6 +285,9 @@ def dagger(
             "driver_goodput": float(np.mean([e.metrics["output_goodput"] for e in episodes])),
             "driver_preemptions": float(np.mean([e.metrics["num_preemptions"] for e in episodes])),
         }
+        if stakes:  # the share of labels whose choice was a near-tie (lead under 1%)
+            ties = (all_stakes < 0.01).mean(axis=0)
+            stats |= {f"{k}_tie_share": float(t) for k, t in zip(KNOBS, ties, strict=True)}
         if log is not None:
             log(stats, r)
         history.append(stats)

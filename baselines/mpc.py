@@ -33,6 +33,8 @@ grid (plus the running count, and the `oracle` controller's most requests that n
 a preemption) with the current budget, then every budget with the best max_num_seqs (``rounds``
 times); the current pair wins ties (and must be beaten by more than ``margin``), which
 keeps the limits from flapping between equal futures (other ties go to the larger value).
+The last round's two sweeps stay readable (`MPCController.sweeps`): how much each knob's
+choice mattered, which imitation can weigh its labels by.
 
 With ``future=sampled`` the arrivals after a re-plan are not the workload's but one draw,
 shared by every candidate of that re-plan: a Poisson stream at the recent (short-window)
@@ -102,7 +104,9 @@ class MPCController:
     `seqs` and `tokens` are the candidate grids (clipped to the engine's caps, which are
     always candidates); `rounds` coordinate sweeps per re-plan; `margin` is the relative
     score gain a new pair needs over the current one; `future` the arrivals a rollout
-    sees (module doc). Simulator only.
+    sees (module doc). Simulator only. After each re-plan, `sweeps` holds its last
+    round's horizon scores: (max_num_seqs -> score at the budget then in hand, budget ->
+    score at the chosen max_num_seqs).
     """
 
     simulator_only = True
@@ -134,6 +138,7 @@ class MPCController:
         self.plans = 0
         self.rollouts = 0
         self.plan_wall_s = 0.0
+        self.sweeps: tuple[dict[int, float], dict[int, float]] = ({}, {})
 
     def reset(self, engine: Engine) -> None:
         """Keep the engine, which must be the simulator (it forks it at each re-plan)."""
@@ -155,6 +160,7 @@ class MPCController:
         self.plan_wall_s = 0.0
         self._rng = np.random.default_rng(0)
         self._future: list[Request] | None = None
+        self.sweeps = ({}, {})
 
     def decide(self, telemetry: Telemetry) -> Limits:
         if self._engine is None:
@@ -197,10 +203,13 @@ class MPCController:
             before = best
             for s in reversed(seq_grid):  # ties go to the larger limit
                 consider((s, best[1]))
+            seq_sweep = {s: scores[(s, best[1])] for s in seq_grid}
             for t in reversed(self._token_grid):
                 consider((best[0], t))
+            token_sweep = {t: scores[(best[0], t)] for t in self._token_grid}
             if best == before:
                 break
+        self.sweeps = (seq_sweep, token_sweep)
         return best
 
     def rollout(self, telemetry: Telemetry, pair: tuple[int, int], lost: set[str]) -> float:

@@ -22,6 +22,7 @@ from batchpilot.agents.specs import make_controller
 from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import SLO
+from batchpilot.envs.observation import OBSERVATION_FIELDS
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
@@ -169,6 +170,84 @@ def test_dagger_clones_the_teacher() -> None:
     predicted = model.policy.predict(fresh.obs, deterministic=True)[0]
     np.testing.assert_array_equal(predicted, fresh.labels)
     assert fresh.labels[0].tolist() == [SEQ_GRID.index(48), BUDGET_GRID.index(1024)]
+
+
+def test_knob_stakes_is_the_lead_over_the_next_grid_choice() -> None:
+    from batchpilot.agents.imitation import knob_stakes
+
+    assert knob_stakes({128: 100.0, 256: 99.0, 512: 50.0}, BUDGET_GRID) == pytest.approx(1 / 101)
+    # 37 and 32 are one grid choice (32): its best score leads 16's by 10
+    assert knob_stakes({37: 10.0, 32: 9.0, 16: 0.0}, SEQ_GRID) == pytest.approx(10 / 11)
+    assert knob_stakes({37: 10.0, 32: 9.0}, SEQ_GRID) == 0.0
+    assert knob_stakes({}, SEQ_GRID) == 0.0
+
+
+def test_label_weights_average_one_and_keep_ties_at_the_floor() -> None:
+    from batchpilot.agents.imitation import STAKES_CAP, STAKES_FLOOR, label_weights
+
+    stakes = np.array([[0.0, 0.0], [0.0, 1.0], [1.0, 1e6], [3.0, 1.0], [2.0, 2.0]])
+    w = label_weights(stakes, ["max_num_seqs", "budget"])
+    np.testing.assert_allclose(w.mean(axis=0), 1.0)
+    # knob 0: median non-zero stakes 2, so a tie weighs the floor against 1.5 + floor
+    assert w[0, 0] / w[3, 0] == pytest.approx(STAKES_FLOOR / (1.5 + STAKES_FLOOR))
+    # knob 1: median 1.5; the huge lead is capped
+    assert w[2, 1] / w[0, 1] == pytest.approx((STAKES_CAP + STAKES_FLOOR) / STAKES_FLOOR)
+    np.testing.assert_allclose(label_weights(np.zeros((3, 2)), ["budget"]), 1.0)
+    np.testing.assert_array_equal(label_weights(stakes, ["budget"])[:, 0], 1.0)
+
+
+def test_stakes_weighting_lets_a_decisive_minority_label_win() -> None:
+    """One state, labelled budget A by 70% near-ties and budget B by 30% decisive
+    choices: cloned plainly the policy picks A, weighted by stakes it picks B."""
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    from batchpilot.agents.imitation import ImitationSpec, fit, label_weights
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
+    spec = ImitationSpec(epochs=30, value_epochs=0)
+    obs = np.zeros((100, len(OBSERVATION_FIELDS)), np.float32)
+    labels = np.array([[3, 1]] * 70 + [[3, 4]] * 30)
+    stakes = np.array([[0.5, 0.0]] * 70 + [[0.5, 0.2]] * 30)
+    picks = {}
+    for name, knobs in (("uniform", []), ("stakes", ["budget"])):
+        weights = label_weights(stakes, knobs)
+        model = PPO("MlpPolicy", gym.make("batchpilot/Batching-v0", **kwargs), seed=0, device="cpu")
+        fit(model.policy, obs, labels, weights, np.zeros(100), spec, np.random.default_rng(0))
+        picks[name] = model.policy.predict(obs[:1], deterministic=True)[0][0].tolist()
+    assert picks == {"uniform": [3, 1], "stakes": [3, 4]}
+
+
+@pytest.mark.parametrize(
+    ("teacher", "knobs", "problem"),
+    [("static:48:1024", ["budget"], "reports how much"), ("mpc", ["chunk"], "'chunk' is not one")],
+)
+def test_imitation_stakes_errors_name_the_problem(
+    teacher: str, knobs: list[str], problem: str
+) -> None:
+    from batchpilot.agents.imitation import ImitationSpec
+
+    with pytest.raises(ValueError, match=problem):
+        ImitationSpec(teacher=teacher, stakes_knobs=knobs)
+    assert ImitationSpec(teacher="mpc:horizon_s=4", stakes_knobs=["budget"]).stakes_knobs
+
+
+def test_mpc_teacher_labels_carry_their_stakes() -> None:
+    import functools
+
+    import gymnasium as gym
+
+    from batchpilot.agents.imitation import collect_episode
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
+    make_env = functools.partial(gym.make, "batchpilot/Batching-v0", **kwargs)
+    teacher = "mpc:horizon_s=2:seqs=4/64:tokens=256/2048"
+    episode = collect_episode(make_env, teacher, 5, None, beta=1.0, stakes=True)
+    assert episode.stakes.shape == episode.labels.shape
+    assert (episode.stakes >= 0).all() and (episode.stakes > 0).any(axis=0).all()
+    plain = collect_episode(make_env, teacher, 5, None, beta=1.0)
+    np.testing.assert_array_equal(plain.labels, episode.labels)
+    assert (plain.stakes == 1).all()
 
 
 @pytest.fixture(scope="module")
@@ -620,7 +699,7 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     assert comparison(cfg) == ("llama-2-7b-a100", [compare.DEFAULT_WORKLOAD])
 
 
-@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml"])
+@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml"])
 def test_shipped_configs_build_their_envs(name: str) -> None:
     from importlib.resources import files
 

@@ -97,7 +97,7 @@ def test_config_not_utf8_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["quick.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "llama-7b.yml", "llama3-70b.yml", "cpu-tiny.yml"]
+    "name", ["quick.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "llama-7b.yml", "llama3-70b.yml", "cpu-tiny.yml"]
 )
 def test_shipped_configs_pass(name: str) -> None:
     cfg = load_config(Path(str(files("batchpilot.training") / "configs" / name)))

@@ -149,6 +149,9 @@ def test_mpc_picks_the_candidate_whose_future_is_better() -> None:
     out = run(workload, engine, mpc)
     assert out.timeline.array()["max_num_seqs"][0] == best
     assert out.metrics()["output_goodput"] == pytest.approx(goodput[best])
+    seq_sweep, token_sweep = mpc.sweeps  # its one re-plan
+    assert {2, 8} <= set(seq_sweep) and seq_sweep[best] == max(seq_sweep.values()) > seq_sweep[8]
+    assert list(token_sweep) == [100]
 
 
 def test_mpc_refuses_an_engine_it_cannot_fork() -> None:
