@@ -634,9 +634,62 @@ def test_train_report_step_says_first_whether_the_policy_won(tmp_path: Path) -> 
     out = tmp_path / "run"
     assert main(["train", "--config", str(config), "--out", str(out), "--no-progress"]) == 0
     md = (out / "report" / "one" / "report.md").read_text()
-    assert md.startswith("**The learned policy ")
-    assert "- one/tiny on llama-7b-a100: " in md.split("\n\n")[0]
-    assert "# Controller comparison" in md
+    title, verdict, *_ = md.split("\n\n")
+    assert title == "# Controller comparison"
+    assert verdict.startswith("**The learned policy ")
+    assert "- one/tiny on llama-7b-a100: " in verdict
+    assert "<b>The learned policy " in (out / "report" / "one" / "report.html").read_text()
+    combined = (out / "report" / "report.md").read_text()
+    assert_suites_report(combined, out / "report", ["one"], policy=out / "policy.onnx")
+
+    # the same policy again, by `batchpilot evaluate`, on that suite and a shipped one
+    argv = ["evaluate", "--policy", str(out / "policy.onnx"), "--references", "static:64",
+            "--seeds", "2", "--out", str(tmp_path / "eval"), "--no-progress"]  # fmt: skip
+    assert main([*argv, "--suite", str(suite), "--suite", "steady"]) == 0
+    text = (tmp_path / "eval" / "report.md").read_text()
+    assert_suites_report(text, tmp_path / "eval", ["one", "steady"], policy=out / "policy.onnx")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"--policy": "none.onnx"}, "none.onnx does not exist"),
+        ({"--references": " , "}, "--references ' , ': name at least one controller"),
+        ({"--references": "bogus"}, "unknown controller 'bogus'"),
+        ({"--suite": "nosuch"}, "unknown suite 'nosuch'"),
+        ({"--suite": "steady", "--suite ": "steady"}, "two suites share a name (steady, steady)"),
+    ],
+)
+def test_evaluate_refuses_bad_input_before_any_run(tmp_path: Path, capsys, change, message) -> None:
+    from importlib.resources import files
+
+    from batchpilot.training.cli import main
+
+    policy = files("batchpilot.training") / "reports" / "learned" / "policy.onnx"
+    given = {"--policy": str(policy), "--suite": "steady", "--out": str(tmp_path / "x")}
+    given |= change
+    argv = ["evaluate", "--no-progress", *(x for k, v in given.items() for x in (k.strip(), v))]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.rglob("results.json"))
+
+
+def assert_suites_report(text: str, out: Path, suites: list[str], policy: Path) -> None:
+    """A combined report opens with the verdict over its suites, a row per suite, then each
+    suite's own report with its plots linked in its directory."""
+    results = [json.loads((out / s / "results.json").read_text()) for s in suites]
+    n = sum(len(r["scenarios"]) for r in results)
+    lines = text.split("\n")
+    assert lines[0] == "# The learned controller against the references"
+    assert lines[2].startswith("**The learned policy ") and f" {n} scenarios" in lines[2]
+    assert f"over {len(suites)} suite" in lines[2]
+    for s, r in zip(suites, results, strict=True):
+        assert any(x.startswith(f"| [{s}](#{s}) | {len(r['scenarios'])} |") for x in lines)
+        assert f"## {s}" in lines
+        assert f"policy:{policy}" in r["controllers"]
+    images = [x[x.index("](") + 2 : -1] for x in lines if x.startswith("![")]
+    assert images and all((out / i).is_file() and "/" in i for i in images)
+    assert not any(x.startswith("# ") for x in lines[1:])  # one title: the suites' went down
 
 
 def test_quickstart_trains_exports_and_reports(tmp_path: Path) -> None:

@@ -191,7 +191,7 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
 
 
 def test_learned_verdict_counts_wins_and_gives_the_geometric_mean() -> None:
-    from batchpilot.training.commands.quickstart import learned_verdict
+    from batchpilot.training.policy_report import learned_verdict
 
     a = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])  # mpc/alg1 = 215/200
     b = {**_fake_scenario([110.0, 215.0, 320.0], [100.0, 200.0, 300.0]), "name": "T"}

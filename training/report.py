@@ -355,6 +355,21 @@ def scenario_notes(sc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _headline_html(lines: Sequence[str]) -> str:
+    """HTML for lines of ``**bold**`` text and ``- `` list items."""
+    out, items = [], []
+    for line in [*lines, ""]:
+        if line.startswith("- "):
+            items.append(f"<li>{_inline_html(line[2:])}</li>")
+            continue
+        if items:
+            out.append("<ul>" + "".join(items) + "</ul>")
+            items = []
+        if line.strip():
+            out.append(f"<p>{_inline_html(line)}</p>")
+    return "".join(out)
+
+
 def _inline_html(text: str) -> str:
     """HTML for a line with ``**bold**`` spans."""
     parts = html.escape(text).split("**")
@@ -376,11 +391,14 @@ def write_report(
     *,
     title: str,
     command: str,
+    headline: Sequence[str] = (),
     preamble: Sequence[str] = (),
 ) -> Path:
     """Write report.md and report.html (plots embedded) under `out_dir`; returns report.md.
 
-    `preamble`: markdown lines (paragraphs and pipe tables) placed before the scenarios.
+    `headline`: markdown lines (``**bold**`` spans, ``- `` list items) placed first, under
+    the title; `preamble`: markdown lines (paragraphs and pipe tables) placed before the
+    scenarios.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = results["controllers"]
@@ -398,8 +416,9 @@ def write_report(
             f"best-static is chosen on tuning seeds {', '.join(map(str, results['tuning_seeds']))} "
             "and reported on the evaluation seeds (no hindsight)."
         )
-    md = [f"# {title}", "", *(f"- {v}" for v in verdicts), ""]
-    body = [f"<h1>{html.escape(title)}</h1>"]
+    md = [f"# {title}", "", *([*headline, ""] if headline else []), *(f"- {v}" for v in verdicts)]
+    md.append("")
+    body = [f"<h1>{html.escape(title)}</h1>", _headline_html(headline)]
     if verdicts:
         body.append("<ul>" + "".join(f"<li>{_inline_html(v)}</li>" for v in verdicts) + "</ul>")
     if len(results["scenarios"]) > 1:

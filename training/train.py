@@ -21,7 +21,7 @@ the imitation result included, in ``best/``: best by the geometric mean, over th
 
 A run directory holds ``config.yml``, ``run.json``, ``tb/`` (tensorboard), ``checkpoints/``,
 ``best/`` (best evaluation) and ``final/``; with a ``report`` setting, also
-``policy.onnx`` (the best checkpoint, exported) and ``report/<suite>/`` (`write_report`).
+``policy.onnx`` (the best checkpoint, exported) and ``report/`` (`write_report`).
 """
 
 from __future__ import annotations
@@ -406,47 +406,37 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
     return out / "best" if (out / "best" / "checkpoint.json").exists() else out / "final"
 
 
-DEFAULT_REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
-
-
-def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bool) -> list[Path]:
+def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bool) -> Path:
     """Export the run's best policy to ``out/policy.onnx`` and compare it with the references
-    on each suite of ``cfg.report`` (``out/report/<suite>/report.md``, headed by whether the
-    learned policy won, as quickstart's report is); returns the reports."""
-    import argparse
-
+    on each suite of ``cfg.report`` (``out/report/<suite>/``, each headed by whether the
+    learned policy won, as quickstart's report is, and ``out/report/report.md`` over them
+    all: `batchpilot evaluate`'s report); returns the latter."""
     from batchpilot.agents.export import export
-    from batchpilot.training.commands import compare
-    from batchpilot.training.commands.quickstart import learned_verdict
+    from batchpilot.training.commands.evaluate import REFERENCES, TITLE, load, run_suite
+    from batchpilot.training.policy_report import SuiteSection, write_suites_report
     from batchpilot.training.suite import suite_names
 
     assert cfg.report is not None
     policy = out / "policy.onnx"
     export([out], policy, "best" if (out / "best").is_dir() else "final")
-    refs = cfg.report.get("controllers", DEFAULT_REFERENCES)
-    reports = []
+    sections = []
     for suite in cfg.report.get("suites", []):
         path = suite if suite in suite_names() else str((config_path.parent / suite).resolve())
         dest = out / "report" / Path(suite).stem
-        argv = [
-            "--suite", path,
-            "--controllers", f"{refs},policy:{policy}",
-            "--interval", cfg.control_interval,
-            "--seeds", str(cfg.report.get("seeds", 3)),
-            "--no-capacity",
-            "--out", str(dest),
-            *([] if progress else ["--no-progress"]),
-        ]  # fmt: skip
-        parser = argparse.ArgumentParser(prog="batchpilot compare")
-        compare.add_arguments(parser)
-        if compare.main(parser.parse_args(argv)) != 0:
-            raise RuntimeError(f"the evaluation report on {suite} failed")
-        results = json.loads((dest / "results.json").read_text())
-        report = dest / "report.md"
-        headline = learned_verdict(results, f"policy:{policy}")
-        report.write_text(headline + "\n\n" + report.read_text())
-        reports.append(report)
-    return reports
+        results = run_suite(
+            policy,
+            path,
+            dest,
+            references=cfg.report.get("controllers", REFERENCES),
+            interval=cfg.control_interval,
+            seeds=cfg.report.get("seeds", 3),
+            progress=progress,
+        )
+        sections.append(SuiteSection(dest.name, load(path), results, dest))
+    command = f"batchpilot train --config {config_path} --out {out}"
+    return write_suites_report(
+        sections, f"policy:{policy}", out / "report", title=TITLE, command=command
+    )
 
 
 def _imitate(cfg: TrainConfig, model: Any, tb: Path) -> None:

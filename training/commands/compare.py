@@ -27,8 +27,10 @@ import argparse
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.training.commands.common import (
@@ -151,16 +153,21 @@ def list_suites() -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from batchpilot.envs.controller import ControlInterval
-    from batchpilot.envs.metrics import SLO
-    from batchpilot.training.commands.common import write_json
-    from batchpilot.training.engines import parse_engine_args
-    from batchpilot.training.evaluate import TUNING_SEED_BASE, CapacityTarget, Scenario, evaluate
-    from batchpilot.training.report import verdict, write_report
-    from batchpilot.training.suite import load_suite, suite_names
-
     if args.suite == "list":
         return list_suites()
+    write(args.out, run(args))
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate the controllers `args` name on their scenarios (`evaluate`'s results, with
+    the command line that asked for them)."""
+    from batchpilot.envs.controller import ControlInterval
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.training.engines import parse_engine_args
+    from batchpilot.training.evaluate import TUNING_SEED_BASE, CapacityTarget, Scenario, evaluate
+    from batchpilot.training.suite import load_suite, suite_names
+
     if args.slo:
         SLO.parse(args.slo)  # bad values fail here, before any run
     if args.interval:
@@ -229,12 +236,23 @@ def main(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=not args.no_progress,
     )
-    command = "batchpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    results["command"] = command
-    write_json(args.out / "results.json", results)
-    report = write_report(results, args.out, title="Controller comparison", command=command)
+    results["command"] = "batchpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return results
+
+
+def write(out: Path, results: dict[str, Any], headline: Sequence[str] = ()) -> Path:
+    """Write `run`'s results to OUT/results.json and the report (its first lines:
+    `headline`, markdown), print each scenario's verdict; returns report.md."""
+    from batchpilot.training.commands.common import write_json
+    from batchpilot.training.report import verdict, write_report
+
+    write_json(out / "results.json", results)
+    report = write_report(
+        results, out, title="Controller comparison", command=results["command"],
+        headline=headline,
+    )  # fmt: skip
     for sc in results["scenarios"]:
-        print(verdict(sc, controllers).replace("**", ""))
-    print(f"wrote {report}, {args.out / 'report.html'}, {args.out / 'results.json'}")
+        print(verdict(sc, results["controllers"]).replace("**", ""))
+    print(f"wrote {report}, {out / 'report.html'}, {out / 'results.json'}")
     print(f"harness wall time {results['wall_s']:.1f} s on {results['workers']} worker(s)")
-    return 0
+    return report

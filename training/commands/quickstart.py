@@ -21,11 +21,9 @@ examples:
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
@@ -59,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.export import export
     from batchpilot.agents.policy import load_policy
-    from batchpilot.training.commands import compare
+    from batchpilot.training.policy_report import compare_policy, learned_verdict
     from batchpilot.training.train import load_config, train
 
     config = args.config or Path(str(files("batchpilot.training") / "configs" / QUICK_CONFIG))
@@ -92,16 +90,9 @@ def main(args: argparse.Namespace) -> int:
         *(["--no-progress"] if args.no_progress else []),
     ]
     print(f"[3/3] batchpilot compare {' '.join(argv)}")
-    parser = argparse.ArgumentParser(prog="batchpilot compare")
-    compare.add_arguments(parser)
-    code = compare.main(parser.parse_args(argv))
-    if code == 0:
-        results = json.loads((args.out / "results.json").read_text())
-        headline = learned_verdict(results, f"policy:{policy}")
-        report = args.out / "report.md"
-        report.write_text(headline + "\n\n" + report.read_text())
-        print(headline)
-    return code
+    results = compare_policy(argv, f"policy:{policy}")
+    print(learned_verdict(results, f"policy:{policy}"))
+    return 0
 
 
 def comparison(cfg: TrainConfig) -> tuple[str, list[str]]:
@@ -124,46 +115,3 @@ def comparison(cfg: TrainConfig) -> tuple[str, list[str]]:
     profile = ev.profiles[0]
     runs = [w for p, w in ev.runs() if p == profile]
     return profile, [f"{w['source']}@{w.get('arrival', 'replay')}" for w in runs]
-
-
-def learned_verdict(results: dict[str, Any], label: str) -> str:
-    """The report's first lines: did the learned policy beat the best reference (tuned
-    static, vLLM's default, the rules) on goodput, per scenario, paired over seeds."""
-    from batchpilot.training.paired import MIN_EFFECT, describe
-    from batchpilot.training.report import best_reference, paired_vs
-
-    lines, wins, losses, ratios = [], 0, 0, []
-    for sc in results["scenarios"]:
-        ref = best_reference(sc, results["controllers"], "output_goodput")
-        if ref is None:
-            continue
-        means = [sc["results"][c]["mean"]["output_goodput"] for c in (label, ref)]
-        if means[1] > 0:
-            ratios.append(means[0] / means[1])
-        p = paired_vs(sc, label, ref, "output_goodput")
-        outcome = "tie (no significant difference)"
-        if p.significant and not p.decisive:
-            outcome = f"tie (significant but under {MIN_EFFECT:.0%})"
-        if p.decisive:
-            won = p.diff > 0
-            wins, losses = wins + won, losses + (not won)
-            outcome = "won" if won else "lost"
-        lines.append(f"- {sc['name']}: {outcome}, goodput {describe(p)} vs {ref} ({p.n} seeds)")
-    n = len(lines)
-    if wins and not losses:
-        head = f"**The learned policy won** on {wins} of {n} scenarios"
-    elif losses and not wins:
-        head = f"**The learned policy lost** on {losses} of {n} scenarios"
-    elif wins or losses:
-        head = f"**The learned policy won on {wins} and lost on {losses} of {n} scenarios**"
-    else:
-        head = f"**The learned policy tied** on all {n} scenarios"
-    head += " against the best reference (paired 95% intervals over seeds):"
-    if len(ratios) > 1:
-        geo = 0.0 if min(ratios) <= 0 else math.exp(sum(map(math.log, ratios)) / len(ratios))
-        above = sum(r > 1 for r in ratios)
-        head += (
-            f"\nacross the {len(ratios)} scenarios its mean goodput is {geo:.3f}x the best "
-            f"reference's (geometric mean of the ratios; above it on {above} of {len(ratios)}):"
-        )
-    return "\n".join([head, *lines])

@@ -49,8 +49,8 @@ def main(args: argparse.Namespace) -> int:
     best = train(cfg, args.config, args.out, resume=args.resume, progress=not args.no_progress)
     print(f"trained {cfg.n_timesteps} steps in {time.perf_counter() - start:.0f} s; policy: {best}")
     if cfg.report:
-        for report in write_report(cfg, args.config, args.out, progress=not args.no_progress):
-            print(f"evaluation report: {report}")
+        report = write_report(cfg, args.config, args.out, progress=not args.no_progress)
+        print(f"evaluation report: {report}")
     else:
         print(f"export it: batchpilot export {args.out} --out {args.out / 'policy.onnx'}")
     return 0

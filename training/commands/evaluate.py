@@ -1,0 +1,116 @@
+"""Evaluate an exported policy against the references on scenario suites: one
+`batchpilot compare` report per suite (DIR/SUITE/), each headed by whether the policy beat
+the best reference (tuned static pair, vLLM's default, the rules), and DIR/report.md over
+them all, opening with the verdict per suite (wins, losses, geometric mean of the goodput
+ratios). The policy runs at the control interval its sidecar records.
+
+examples:
+  batchpilot evaluate --policy runs/mix/policy.onnx --suite training/configs/heldout.yml \\
+      --suite training/configs/unseen.yml --seeds 5 --out out/eval
+  batchpilot evaluate --policy training/reports/learned/policy.onnx --suite kv-tight \\
+      --references best-static,alg1+alg2 --out out/kv
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from batchpilot.training.commands.common import COUNT
+
+REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
+"""The controllers a policy is compared with by default: vLLM's default limits, the tuned
+static pair, Algorithms 1+2, Algorithm 2 with the token budget, and the lookahead oracle."""
+TITLE = "The learned controller against the references"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", type=Path, required=True, help="exported policy (.onnx)")
+    parser.add_argument(
+        "--suite",
+        action="append",
+        required=True,
+        help="scenario suite, repeatable: a name under training/scenarios ('all': each of "
+        "them) or a YAML file",
+    )
+    parser.add_argument(
+        "--references",
+        default=REFERENCES,
+        help="comma-separated controller specs the policy is compared with. Default: "
+        "%(default)s",
+    )
+    parser.add_argument(
+        "--seeds", type=COUNT, help="evaluation seeds 0..N-1. Default: each suite's, or 3"
+    )
+    parser.add_argument("--title", default=TITLE, help="the report's title")
+    parser.add_argument("--out", type=Path, required=True, help="report directory")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def main(args: argparse.Namespace) -> int:
+    from batchpilot.agents.policy import read_sidecar
+    from batchpilot.training.policy_report import SuiteSection, write_suites_report
+    from batchpilot.training.suite import suite_names
+
+    meta = read_sidecar(args.policy)  # a missing or mismatched file fails before any run
+    if not [c for c in args.references.split(",") if c.strip()]:
+        raise ValueError(f"--references {args.references!r}: name at least one controller")
+    names = [n for s in args.suite for n in (suite_names() if s == "all" else [s])]
+    suites = [(suite, load(suite)) for suite in names]
+    stems = [Path(suite).stem for suite, _ in suites]
+    if len(set(stems)) < len(stems):
+        raise ValueError(f"--suite: two suites share a name ({', '.join(stems)})")
+    sections = []
+    for (suite, description), stem in zip(suites, stems, strict=True):
+        print(f"[{len(sections) + 1}/{len(suites)}] {suite}")
+        results = run_suite(
+            args.policy,
+            suite,
+            args.out / stem,
+            references=args.references,
+            interval=meta["control_interval"],
+            seeds=args.seeds,
+            progress=not args.no_progress,
+        )
+        sections.append(SuiteSection(stem, description, results, args.out / stem))
+    command = "batchpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    label = f"policy:{args.policy}"
+    report = write_suites_report(sections, label, args.out, title=args.title, command=command)
+    print(f"wrote {report}")
+    return 0
+
+
+def load(suite: str) -> str:
+    """The suite's description, after parsing the whole file (bad suites fail up front)."""
+    from batchpilot.training.suite import load_suite
+
+    return load_suite(suite).description
+
+
+def run_suite(
+    policy: Path,
+    suite: str,
+    dest: Path,
+    *,
+    references: str,
+    interval: str,
+    seeds: int | None,
+    progress: bool,
+) -> dict:
+    """`batchpilot compare` of `policy` with `references` on `suite` into `dest`, its report
+    headed by whether the policy won; returns the results."""
+    from batchpilot.training.policy_report import compare_policy
+
+    label = f"policy:{policy}"
+    argv = [
+        "--suite", suite,
+        "--controllers", f"{references},{label}",
+        "--interval", interval,
+        *(["--seeds", str(seeds)] if seeds else []),
+        "--no-capacity",
+        "--out", str(dest),
+        *([] if progress else ["--no-progress"]),
+    ]  # fmt: skip
+    return compare_policy(argv, label)
