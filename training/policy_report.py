@@ -138,9 +138,9 @@ def write_suites_report(
     md += ["", f"Command: `{command}`", ""]
     for s in sections:
         link = s.report_dir.relative_to(out).as_posix()
-        body = (s.report_dir / "report.md").read_text().split("\n")[1:]  # its title goes
+        body = (s.report_dir / "report.md").read_text().split("\n", 1)[1]  # its title goes
         md += [f"## {s.name}", "", s.description, ""]
-        md += [_nested(line, link) for line in body]
+        md += [_nested(line, link) for line in body.lstrip("\n").split("\n")]
     path = out / "report.md"
     path.write_text("\n".join(md).rstrip("\n") + "\n")
     return path
