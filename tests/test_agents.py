@@ -16,6 +16,7 @@ from batchpilot.agents.policy import (
     PolicyController,
     PolicyFileError,
     load_policy,
+    seal,
     sidecar_path,
 )
 from batchpilot.agents.specs import make_controller
@@ -639,15 +640,29 @@ def test_train_report_step_says_first_whether_the_policy_won(tmp_path: Path) -> 
     assert verdict.startswith("**The learned policy ")
     assert "- one/tiny on llama-7b-a100: " in verdict
     assert "<b>The learned policy " in (out / "report" / "one" / "report.html").read_text()
-    combined = (out / "report" / "report.md").read_text()
-    assert_suites_report(combined, out / "report", ["one"], policy=out / "policy.onnx")
+    combined = (out / "report" / "report.md").read_text().split("\n")
+    assert combined[0] == "# The learned controller against the references"
+    assert combined[2].startswith("**The learned policy ") and "over 1 suite " in combined[2]
+    assert "| [one](#one) | 1 |" in "\n".join(combined) and "## one" in combined
 
-    # the same policy again, by `batchpilot evaluate`, on that suite and a shipped one
-    argv = ["evaluate", "--policy", str(out / "policy.onnx"), "--references", "static:64",
-            "--seeds", "2", "--out", str(tmp_path / "eval"), "--no-progress"]  # fmt: skip
+    # by `batchpilot evaluate`: that policy and a copy, on that suite and a shipped one
+    policy, copy = out / "policy.onnx", tmp_path / "copy.onnx"
+    for a, b in ((policy, copy), (sidecar_path(policy), sidecar_path(copy))):
+        b.write_bytes(a.read_bytes())
+    argv = ["evaluate", "--policy", str(policy), "--policy", str(copy), "--references",
+            "best-static,static:64", "--seeds", "2", "--out", str(tmp_path / "eval"),
+            "--no-progress"]  # fmt: skip
     assert main([*argv, "--suite", str(suite), "--suite", "steady"]) == 0
     text = (tmp_path / "eval" / "report.md").read_text()
-    assert_suites_report(text, tmp_path / "eval", ["one", "steady"], policy=out / "policy.onnx")
+    assert_suites_report(text, tmp_path / "eval", ["one", "steady"], [policy, copy])
+    rows = [x.split(" | ") for x in text.split("\n") if x.startswith("| [")]
+    assert [r[1] for r in rows] == [f"`policy:{p}`" for p in (policy, policy, copy, copy)]
+    assert [r[2:] for r in rows[:2]] == [r[2:] for r in rows[2:]]  # the same actions: equal
+
+    meta = json.loads(sidecar_path(copy).read_text())
+    meta.pop("sidecar_sha256")
+    sidecar_path(copy).write_text(json.dumps(seal(meta | {"control_interval": "1s"})))
+    assert main([*argv, "--suite", "steady"]) == 2  # one interval for every policy
 
 
 @pytest.mark.parametrize(
@@ -658,6 +673,7 @@ def test_train_report_step_says_first_whether_the_policy_won(tmp_path: Path) -> 
         ({"--references": "bogus"}, "unknown controller 'bogus'"),
         ({"--suite": "nosuch"}, "unknown suite 'nosuch'"),
         ({"--suite": "steady", "--suite ": "steady"}, "two suites share a name (steady, steady)"),
+        ({"--policy ": "{policy}"}, "a policy is given twice"),
     ],
 )
 def test_evaluate_refuses_bad_input_before_any_run(tmp_path: Path, capsys, change, message) -> None:
@@ -667,26 +683,27 @@ def test_evaluate_refuses_bad_input_before_any_run(tmp_path: Path, capsys, chang
 
     policy = files("batchpilot.training") / "reports" / "learned" / "policy.onnx"
     given = {"--policy": str(policy), "--suite": "steady", "--out": str(tmp_path / "x")}
-    given |= change
+    given |= {k: v.format(policy=policy) for k, v in change.items()}
     argv = ["evaluate", "--no-progress", *(x for k, v in given.items() for x in (k.strip(), v))]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.rglob("results.json"))
 
 
-def assert_suites_report(text: str, out: Path, suites: list[str], policy: Path) -> None:
-    """A combined report opens with the verdict over its suites, a row per suite, then each
-    suite's own report with its plots linked in its directory."""
+def assert_suites_report(text: str, out: Path, suites: list[str], policies: list[Path]) -> None:
+    """A combined report opens with each policy's verdict over its suites, a row per suite
+    and policy, then each suite's own report with its plots linked in its directory."""
     results = [json.loads((out / s / "results.json").read_text()) for s in suites]
     n = sum(len(r["scenarios"]) for r in results)
     lines = text.split("\n")
     assert lines[0] == "# The learned controller against the references"
-    assert lines[2].startswith("**The learned policy ") and f" {n} scenarios" in lines[2]
-    assert f"over {len(suites)} suite" in lines[2]
+    for line, policy in zip(lines[2::2], policies, strict=False):
+        assert line.startswith(f"`policy:{policy}`: **The learned policy ")
+        assert f" {n} scenarios over {len(suites)} suites" in line
     for s, r in zip(suites, results, strict=True):
-        assert any(x.startswith(f"| [{s}](#{s}) | {len(r['scenarios'])} |") for x in lines)
+        assert sum(x.startswith(f"| [{s}](#{s}) |") for x in lines) == len(policies)
         assert f"## {s}" in lines
-        assert f"policy:{policy}" in r["controllers"]
+        assert all(f"policy:{p}" in r["controllers"] for p in policies)
     images = [x[x.index("](") + 2 : -1] for x in lines if x.startswith("![")]
     assert images and all((out / i).is_file() and "/" in i for i in images)
     assert not any(x.startswith("# ") for x in lines[1:])  # one title: the suites' went down

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.training.paired import MIN_EFFECT, describe
 from batchpilot.training.report import best_reference, paired_vs
 
@@ -26,25 +27,35 @@ class Tally:
     losses: int
     ratios: list[float]
     """Per scenario, the policy's mean goodput over the best reference's."""
+    static_ratios: list[float]
+    """Per scenario, the policy's mean goodput over the tuned static pair's (best-static;
+    empty when it did not run): the figure a ship rule compares candidates by."""
 
     @property
     def geomean(self) -> float:
-        """Geometric mean of `ratios` (0 if a run had no goodput: it is not averaged away)."""
-        if not self.ratios or min(self.ratios) <= 0:
-            return 0.0
-        return math.exp(sum(map(math.log, self.ratios)) / len(self.ratios))
+        """Geometric mean of `ratios`."""
+        return geomean(self.ratios)
+
+
+def geomean(ratios: Sequence[float]) -> float:
+    """Geometric mean (0 if a run had no goodput: it is not averaged away)."""
+    if not ratios or min(ratios) <= 0:
+        return 0.0
+    return math.exp(sum(map(math.log, ratios)) / len(ratios))
 
 
 def tally(results: dict[str, Any], label: str) -> Tally:
     """Each scenario's outcome for the controller `label` against the best reference."""
-    lines, wins, losses, ratios = [], 0, 0, []
+    lines, wins, losses, ratios, static = [], 0, 0, [], []
     for sc in results["scenarios"]:
         ref = best_reference(sc, results["controllers"], "output_goodput")
         if ref is None:
             continue
-        means = [sc["results"][c]["mean"]["output_goodput"] for c in (label, ref)]
-        if means[1] > 0:
-            ratios.append(means[0] / means[1])
+        mean = {c: e["mean"]["output_goodput"] for c, e in sc["results"].items()}
+        if mean[ref] > 0:
+            ratios.append(mean[label] / mean[ref])
+        if mean.get(BEST_STATIC, 0) > 0:
+            static.append(mean[label] / mean[BEST_STATIC])
         p = paired_vs(sc, label, ref, "output_goodput")
         outcome = "tie (no significant difference)"
         if p.significant and not p.decisive:
@@ -54,7 +65,7 @@ def tally(results: dict[str, Any], label: str) -> Tally:
             wins, losses = wins + won, losses + (not won)
             outcome = "won" if won else "lost"
         lines.append(f"- {sc['name']}: {outcome}, goodput {describe(p)} vs {ref} ({p.n} seeds)")
-    return Tally(lines, wins, losses, ratios)
+    return Tally(lines, wins, losses, ratios, static)
 
 
 def _outcome(wins: int, losses: int, n: int) -> str:
@@ -83,17 +94,27 @@ def learned_verdict(results: dict[str, Any], label: str) -> str:
     return "\n".join([head, *t.lines])
 
 
-def compare_policy(argv: list[str], label: str) -> dict[str, Any]:
+def compare_policy(argv: list[str], labels: Sequence[str]) -> dict[str, Any]:
     """Run ``batchpilot compare`` with `argv` (its ``--out`` and, among the controllers,
-    `label`) and write its report headed by `learned_verdict`; returns the results."""
+    the policies `labels`) and write its report headed by each one's `learned_verdict`;
+    returns the results."""
     from batchpilot.training.commands import compare
 
     parser = argparse.ArgumentParser(prog="batchpilot compare")
     compare.add_arguments(parser)
     args = parser.parse_args(argv)
     results = compare.run(args)
-    compare.write(args.out, results, headline=learned_verdict(results, label).split("\n"))
+    headline: list[str] = []
+    for label in labels:
+        text = learned_verdict(results, label)
+        headline += [*([""] if headline else []), _named(text, label, labels)]
+    compare.write(args.out, results, headline="\n".join(headline).split("\n"))
     return results
+
+
+def _named(text: str, label: str, labels: Sequence[str]) -> str:
+    """`text` led by the policy's name where several are compared."""
+    return f"`{label}`: {text}" if len(labels) > 1 else text
 
 
 @dataclass(frozen=True)
@@ -108,34 +129,53 @@ class SuiteSection:
 
 
 def write_suites_report(
-    sections: Sequence[SuiteSection], label: str, out: Path, *, title: str, command: str
+    sections: Sequence[SuiteSection],
+    labels: Sequence[str],
+    out: Path,
+    *,
+    title: str,
+    command: str,
 ) -> Path:
-    """OUT/report.md over the suites: first the verdict over all of them and a table per
-    suite (wins, losses, geometric mean against the best reference), then each suite's own
-    report, headings one level down and plots linked in its directory."""
-    tallies = [tally(s.results, label) for s in sections]
-    wins, losses = sum(t.wins for t in tallies), sum(t.losses for t in tallies)
-    ratios = [r for t in tallies for r in t.ratios]
-    overall = Tally([], wins, losses, ratios)
-    md = [
-        f"# {title}",
-        "",
-        _outcome(wins, losses, len(ratios))
-        + f" over {len(sections)} suite{'s' * (len(sections) > 1)} against the best "
-        "reference (tuned static pair, vLLM's default, the rules; paired 95% intervals over "
-        f"seeds); its mean goodput is {overall.geomean:.3f}x the best reference's (geometric "
-        f"mean over every scenario; above it on {sum(r > 1 for r in ratios)} of {len(ratios)}).",
-        "",
-        "| suite | scenarios | won | lost | goodput vs best reference (geometric mean) "
-        "| above it on |",
-        "|---|---|---|---|---|---|",
-    ]
-    for s, t in zip(sections, tallies, strict=True):
-        md.append(
-            f"| [{s.name}](#{s.name}) | {len(t.ratios)} | {t.wins} | {t.losses} | "
-            f"{t.geomean:.3f}x | {sum(r > 1 for r in t.ratios)} |"
+    """OUT/report.md over the suites: first each policy's verdict over all of them and a
+    table per suite and policy (wins, losses, geometric means against the best reference and
+    the tuned static pair), then each suite's own report, headings one level down and plots
+    linked in its directory."""
+    md = [f"# {title}", ""]
+    rows = []
+    n = len(sections)
+    for label in labels:
+        tallies = [tally(s.results, label) for s in sections]
+        wins, losses = sum(t.wins for t in tallies), sum(t.losses for t in tallies)
+        ratios = [r for t in tallies for r in t.ratios]
+        line = (
+            _outcome(wins, losses, len(ratios))
+            + f" over {n} suite{'s' * (n > 1)} against the best reference (tuned static pair, "
+            "vLLM's default, the rules; paired 95% intervals over seeds); its mean goodput is "
+            f"{geomean(ratios):.3f}x the best reference's (geometric mean over every scenario; "
+            f"above it on {sum(r > 1 for r in ratios)} of {len(ratios)})."
         )
-    md += ["", f"Command: `{command}`", ""]
+        md += [_named(line, label, labels), ""]
+        for s, t in zip(sections, tallies, strict=True):
+            static = f"{geomean(t.static_ratios):.3f}x" if t.static_ratios else "—"
+            name = [f"`{label}`"] if len(labels) > 1 else []
+            counts = [str(len(t.ratios)), str(t.wins), str(t.losses)]
+            above = str(sum(r > 1 for r in t.ratios))
+            ratio = f"{t.geomean:.3f}x"
+            rows.append([f"[{s.name}](#{s.name})", *name, *counts, ratio, static, above])
+    head = ["suite", *(["policy"] if len(labels) > 1 else []), "scenarios", "won", "lost"]
+    head += ["goodput vs best reference", "vs tuned static pair", "above best reference on"]
+    md += [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+        "Goodput ratios are geometric means over the suite's scenarios of the policy's mean "
+        "goodput over the best reference's (the best of the tuned static pair, vLLM's default "
+        "and the rules, per scenario) and over the tuned static pair's (best-static).",
+        "",
+        f"Command: `{command}`",
+        "",
+    ]
     for s in sections:
         link = s.report_dir.relative_to(out).as_posix()
         body = (s.report_dir / "report.md").read_text().split("\n", 1)[1]  # its title goes

@@ -424,7 +424,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
         path = suite if suite in suite_names() else str((config_path.parent / suite).resolve())
         dest = out / "report" / Path(suite).stem
         results = run_suite(
-            policy,
+            [policy],
             path,
             dest,
             references=cfg.report.get("controllers", REFERENCES),
@@ -435,7 +435,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
         sections.append(SuiteSection(dest.name, load(path), results, dest))
     command = f"batchpilot train --config {config_path} --out {out}"
     return write_suites_report(
-        sections, f"policy:{policy}", out / "report", title=TITLE, command=command
+        sections, [f"policy:{policy}"], out / "report", title=TITLE, command=command
     )
 
 

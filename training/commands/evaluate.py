@@ -1,12 +1,16 @@
-"""Evaluate an exported policy against the references on scenario suites: one
-`batchpilot compare` report per suite (DIR/SUITE/), each headed by whether the policy beat
+"""Evaluate exported policies against the references on scenario suites: one
+`batchpilot compare` report per suite (DIR/SUITE/), each headed by whether each policy beat
 the best reference (tuned static pair, vLLM's default, the rules), and DIR/report.md over
-them all, opening with the verdict per suite (wins, losses, geometric mean of the goodput
-ratios). The policy runs at the control interval its sidecar records.
+them all, opening with the verdict per suite and policy (wins, losses, geometric means of the
+goodput ratios against the best reference and the tuned static pair). Policies run at the
+control interval their sidecars record (several policies must share one); giving several
+compares candidates on the same runs.
 
 examples:
   batchpilot evaluate --policy runs/mix/policy.onnx --suite training/configs/heldout.yml \\
       --suite training/configs/unseen.yml --seeds 5 --out out/eval
+  batchpilot evaluate --policy a.onnx --policy b.onnx --suite training/configs/unseen.yml \\
+      --references best-static --seeds 5 --out out/ab
   batchpilot evaluate --policy training/reports/learned/policy.onnx --suite kv-tight \\
       --references best-static,alg1+alg2 --out out/kv
 """
@@ -27,7 +31,13 @@ TITLE = "The learned controller against the references"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", type=Path, required=True, help="exported policy (.onnx)")
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        action="append",
+        required=True,
+        help="exported policy (.onnx), repeatable: candidates compared on the same runs",
+    )
     parser.add_argument(
         "--suite",
         action="append",
@@ -54,7 +64,13 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
     from batchpilot.training.suite import suite_names
 
-    meta = read_sidecar(args.policy)  # a missing or mismatched file fails before any run
+    # a missing or mismatched file fails before any run
+    intervals = {str(p): read_sidecar(p)["control_interval"] for p in args.policy}
+    if len(intervals) < len(args.policy):
+        raise ValueError("--policy: a policy is given twice")
+    if len(set(intervals.values())) > 1:
+        given = ", ".join(f"{p} ({i})" for p, i in intervals.items())
+        raise ValueError(f"--policy: the policies' control intervals differ: {given}")
     if not [c for c in args.references.split(",") if c.strip()]:
         raise ValueError(f"--references {args.references!r}: name at least one controller")
     names = [n for s in args.suite for n in (suite_names() if s == "all" else [s])]
@@ -70,14 +86,14 @@ def main(args: argparse.Namespace) -> int:
             suite,
             args.out / stem,
             references=args.references,
-            interval=meta["control_interval"],
+            interval=next(iter(intervals.values())),
             seeds=args.seeds,
             progress=not args.no_progress,
         )
         sections.append(SuiteSection(stem, description, results, args.out / stem))
     command = "batchpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    label = f"policy:{args.policy}"
-    report = write_suites_report(sections, label, args.out, title=args.title, command=command)
+    labels = [f"policy:{p}" for p in args.policy]
+    report = write_suites_report(sections, labels, args.out, title=args.title, command=command)
     print(f"wrote {report}")
     return 0
 
@@ -90,7 +106,7 @@ def load(suite: str) -> str:
 
 
 def run_suite(
-    policy: Path,
+    policies: list[Path],
     suite: str,
     dest: Path,
     *,
@@ -99,18 +115,18 @@ def run_suite(
     seeds: int | None,
     progress: bool,
 ) -> dict:
-    """`batchpilot compare` of `policy` with `references` on `suite` into `dest`, its report
-    headed by whether the policy won; returns the results."""
+    """`batchpilot compare` of `policies` with `references` on `suite` into `dest`, its
+    report headed by whether each policy won; returns the results."""
     from batchpilot.training.policy_report import compare_policy
 
-    label = f"policy:{policy}"
+    labels = [f"policy:{p}" for p in policies]
     argv = [
         "--suite", suite,
-        "--controllers", f"{references},{label}",
+        "--controllers", ",".join([references, *labels]),
         "--interval", interval,
         *(["--seeds", str(seeds)] if seeds else []),
         "--no-capacity",
         "--out", str(dest),
         *([] if progress else ["--no-progress"]),
     ]  # fmt: skip
-    return compare_policy(argv, label)
+    return compare_policy(argv, labels)

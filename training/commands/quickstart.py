@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
         *(["--no-progress"] if args.no_progress else []),
     ]
     print(f"[3/3] batchpilot compare {' '.join(argv)}")
-    results = compare_policy(argv, f"policy:{policy}")
+    results = compare_policy(argv, [f"policy:{policy}"])
     print(learned_verdict(results, f"policy:{policy}"))
     return 0
 
