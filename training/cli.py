@@ -11,7 +11,7 @@ SUBCOMMANDS = {
     "compare": "Compare controllers on workloads and seeds; write a report with plots.",
     "paper": "Reproduce the paper's Tables I and II in simulation; write a report.",
     "train": "Train a learned controller (imitation of mpc, then PPO) from a YAML config.",
-    "evaluate": "Evaluate an exported policy against the references on scenario suites.",
+    "evaluate": "Evaluate exported policies against the references on scenario suites.",
     "export": "Export a trained policy as ONNX + JSON sidecar, loadable as policy:PATH.",
     "quickstart": "Main job: train a small policy on the embedded default, export, compare.",
     "serve": "Start vLLM's OpenAI server with a batchpilot controller inside its scheduler.",

@@ -412,6 +412,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     learned policy won, as quickstart's report is, and ``out/report/report.md`` over them
     all: `batchpilot evaluate`'s report); returns the latter."""
     from batchpilot.agents.export import export
+    from batchpilot.training.commands.common import command_line
     from batchpilot.training.commands.evaluate import REFERENCES, TITLE, load, run_suite
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
     from batchpilot.training.suite import suite_names
@@ -433,7 +434,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
             progress=progress,
         )
         sections.append(SuiteSection(dest.name, load(path), results, dest))
-    command = f"batchpilot train --config {config_path} --out {out}"
+    command = command_line()
     return write_suites_report(
         sections, [f"policy:{policy}"], out / "report", title=TITLE, command=command
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -123,3 +125,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def command_line() -> str:
+    """The ``batchpilot ...`` command this process runs, quoted as a shell would take it:
+    what a report says made it."""
+    return "batchpilot " + shlex.join(sys.argv[1:])

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shlex
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +36,7 @@ from batchpilot.training.commands.common import (
     REQUESTS,
     WORKERS,
     add_engine_arguments,
+    command_line,
 )
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
@@ -236,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workers=args.workers,
         progress=not args.no_progress,
     )
-    results["command"] = "batchpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    results["command"] = command_line()
     return results
 
 

@@ -18,11 +18,10 @@ examples:
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
+from typing import Any
 
-from batchpilot.training.commands.common import COUNT
+from batchpilot.training.commands.common import COUNT, command_line
 
 REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
 """The controllers a policy is compared with by default: vLLM's default limits, the tuned
@@ -91,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
         sections.append(SuiteSection(stem, description, results, args.out / stem))
-    command = "batchpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = command_line()
     labels = [f"policy:{p}" for p in args.policy]
     report = write_suites_report(sections, labels, args.out, title=args.title, command=command)
     print(f"wrote {report}")
@@ -114,7 +113,7 @@ def run_suite(
     interval: str,
     seeds: int | None,
     progress: bool,
-) -> dict:
+) -> dict[str, Any]:
     """`batchpilot compare` of `policies` with `references` on `suite` into `dest`, its
     report headed by whether each policy won; returns the results."""
     from batchpilot.training.policy_report import compare_policy

@@ -18,12 +18,10 @@ examples:
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
-from batchpilot.training.commands.common import COUNT, REQUESTS, WORKERS
+from batchpilot.training.commands.common import COUNT, REQUESTS, WORKERS, command_line
 
 TABLE1_CONTROLLERS = "static:256,alg1,alg1+alg2,oracle"
 TABLE2_CONTROLLERS = "static:256,alg2,alg1+alg2,oracle"
@@ -155,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     r2 = evaluate(
         t2, controllers(TABLE2_CONTROLLERS), list(range(args.seeds)), capacity=target, **common
     )
-    command = "batchpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = command_line()
     preamble = summary(r1, r2)
     results = {
         "command": command,
