@@ -206,6 +206,26 @@ def test_learned_verdict_counts_wins_and_gives_the_geometric_mean() -> None:
     assert "mean goodput is 0.000x" in text  # a run with no goodput is not averaged away
 
 
+def test_tally_gives_geometric_means_vs_best_reference_and_tuned_static_pair() -> None:
+    from batchpilot.training.policy_report import geomean, tally
+
+    def scenario(name: str, static: float, alg1: float, policy: float) -> dict:
+        rows = {"best-static": static, "alg1": alg1, "policy:p": policy}
+        out = {c: {"per_seed": [{"output_goodput": v}] * 2, "mean": {"output_goodput": v}}
+               for c, v in rows.items()}  # fmt: skip
+        return {"name": name, "scenario": {"score": "output_goodput"}, "results": out}
+
+    results = {
+        "controllers": ["best-static", "alg1", "policy:p"],
+        "scenarios": [scenario("A", 100, 50, 120), scenario("B", 100, 200, 150)],
+    }
+    t = tally(results, "policy:p")
+    assert t.ratios == [1.2, 0.75] and t.static_ratios == [1.2, 1.5]  # B's best reference: alg1
+    assert t.geomean == pytest.approx(math.sqrt(0.9))
+    assert geomean(t.static_ratios) == pytest.approx(math.sqrt(1.8))
+    assert geomean([1.0, 0.0]) == 0.0 and geomean([]) == 0.0  # a run without goodput counts
+
+
 def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
     a = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])
     b = {**_fake_scenario([110.0, 215.0, 320.0], [100.0, 200.0, 300.0]), "name": "T"}
