@@ -14,7 +14,7 @@ from typing import Any
 
 from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.training.paired import MIN_EFFECT, describe
-from batchpilot.training.report import best_reference, paired_vs
+from batchpilot.training.report import best_reference, is_reference, md_table, paired_vs
 
 
 @dataclass(frozen=True)
@@ -143,14 +143,16 @@ def write_suites_report(
     md = [f"# {title}", ""]
     rows = []
     n = len(sections)
+    refs = sorted({c for s in sections for c in s.results["controllers"] if is_reference(c)})
+    of_refs = ", ".join(refs)
     for label in labels:
         tallies = [tally(s.results, label) for s in sections]
         wins, losses = sum(t.wins for t in tallies), sum(t.losses for t in tallies)
         ratios = [r for t in tallies for r in t.ratios]
         line = (
             _outcome(wins, losses, len(ratios))
-            + f" over {n} suite{'s' * (n > 1)} against the best reference (tuned static pair, "
-            "vLLM's default, the rules; paired 95% intervals over seeds); its mean goodput is "
+            + f" over {n} suite{'s' * (n > 1)} against the best reference (the best of "
+            f"{of_refs} per scenario; paired 95% intervals over seeds); its mean goodput is "
             f"{geomean(ratios):.3f}x the best reference's (geometric mean over every scenario; "
             f"above it on {sum(r > 1 for r in ratios)} of {len(ratios)})."
         )
@@ -165,13 +167,10 @@ def write_suites_report(
     head = ["suite", *(["policy"] if len(labels) > 1 else []), "scenarios", "won", "lost"]
     head += ["goodput vs best reference", "vs tuned static pair", "above best reference on"]
     md += [
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *("| " + " | ".join(r) + " |" for r in rows),
+        md_table(head, rows),
         "",
         "Goodput ratios are geometric means over the suite's scenarios of the policy's mean "
-        "goodput over the best reference's (the best of the tuned static pair, vLLM's default "
-        "and the rules, per scenario) and over the tuned static pair's (best-static).",
+        "goodput over the best reference's and over the tuned static pair's (best-static).",
         "",
         f"Command: `{command}`",
         "",

@@ -187,7 +187,7 @@ def _pair_cell(p: PairedDifference) -> str:
     return text + (" *" if p.significant else "")
 
 
-def _md_table(head: list[str], rows: list[list[str]]) -> str:
+def md_table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -424,7 +424,7 @@ def write_report(
     if len(results["scenarios"]) > 1:
         shead, srows = summary_table(results)
         md += ["Mean per scenario, and paired differences vs the best reference:", ""]
-        md += [_md_table(shead, srows), ""]
+        md += [md_table(shead, srows), ""]
         body.append(_html_table(shead, srows))
     md += [*(f"{line}  " for line in intro), "", *preamble]
     body += [f"<p>{html.escape(x)}</p>" for x in intro]
@@ -445,7 +445,7 @@ def write_report(
             )
         (head, rows), (phead, prows) = scenario_tables(sc, labels)
         notes = scenario_notes(sc)
-        md += [f"## {sc['name']}", "", desc, "", *notes, "", _md_table(head, rows), ""]
+        md += [f"## {sc['name']}", "", desc, "", *notes, "", md_table(head, rows), ""]
         body += [f"<h2>{html.escape(sc['name'])}</h2>", f"<p>{html.escape(desc)}</p>"]
         body += [f"<p>{html.escape(n)}</p>" for n in notes]
         body.append(_html_table(head, rows))
@@ -455,7 +455,7 @@ def write_report(
                 f"Paired differences in {METRIC_NAMES.get(key, key)} (row minus column, % of the "
                 "column's mean, 95% interval; * excludes 0):"
             )
-            md += [line, "", _md_table(phead, prows), ""]
+            md += [line, "", md_table(phead, prows), ""]
             body += [f"<p>{html.escape(line)}</p>", _html_table(phead, prows)]
         for path in plot_scenario(sc, labels, out_dir, cap):
             md += [f"![{path.stem}]({path.name})", ""]
