@@ -104,11 +104,8 @@ def compare_policy(argv: list[str], labels: Sequence[str]) -> dict[str, Any]:
     compare.add_arguments(parser)
     args = parser.parse_args(argv)
     results = compare.run(args)
-    headline: list[str] = []
-    for label in labels:
-        text = learned_verdict(results, label)
-        headline += [*([""] if headline else []), _named(text, label, labels)]
-    compare.write(args.out, results, headline="\n".join(headline).split("\n"))
+    verdicts = [_named(learned_verdict(results, label), label, labels) for label in labels]
+    compare.write(args.out, results, headline="\n\n".join(verdicts).split("\n"))
     return results
 
 

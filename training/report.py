@@ -202,8 +202,9 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def _md_block_html(lines: Sequence[str]) -> str:
-    """HTML for simple markdown: ``#`` headings, pipe tables and paragraphs."""
-    out, table = [], []
+    """HTML for simple markdown: ``#`` headings, pipe tables, ``- `` list items and
+    paragraphs, with ``**bold**`` spans."""
+    out, table, items = [], [], []
     for line in [*lines, ""]:
         if line.startswith("|"):
             if not set(line) <= set("|-: "):
@@ -212,11 +213,17 @@ def _md_block_html(lines: Sequence[str]) -> str:
         if table:
             out.append(_html_table(table[0], table[1:]))
             table = []
+        if line.startswith("- "):
+            items.append(f"<li>{_inline_html(line[2:])}</li>")
+            continue
+        if items:
+            out.append("<ul>" + "".join(items) + "</ul>")
+            items = []
         if line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
             out.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
         elif line.strip():
-            out.append(f"<p>{html.escape(line)}</p>")
+            out.append(f"<p>{_inline_html(line)}</p>")
     return "".join(out)
 
 
@@ -355,21 +362,6 @@ def scenario_notes(sc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _headline_html(lines: Sequence[str]) -> str:
-    """HTML for lines of ``**bold**`` text and ``- `` list items."""
-    out, items = [], []
-    for line in [*lines, ""]:
-        if line.startswith("- "):
-            items.append(f"<li>{_inline_html(line[2:])}</li>")
-            continue
-        if items:
-            out.append("<ul>" + "".join(items) + "</ul>")
-            items = []
-        if line.strip():
-            out.append(f"<p>{_inline_html(line)}</p>")
-    return "".join(out)
-
-
 def _inline_html(text: str) -> str:
     """HTML for a line with ``**bold**`` spans."""
     parts = html.escape(text).split("**")
@@ -418,7 +410,7 @@ def write_report(
         )
     md = [f"# {title}", "", *([*headline, ""] if headline else []), *(f"- {v}" for v in verdicts)]
     md.append("")
-    body = [f"<h1>{html.escape(title)}</h1>", _headline_html(headline)]
+    body = [f"<h1>{html.escape(title)}</h1>", _md_block_html(headline)]
     if verdicts:
         body.append("<ul>" + "".join(f"<li>{_inline_html(v)}</li>" for v in verdicts) + "</ul>")
     if len(results["scenarios"]) > 1:

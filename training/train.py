@@ -413,7 +413,12 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     all: `batchpilot evaluate`'s report); returns the latter."""
     from batchpilot.agents.export import export
     from batchpilot.training.commands.common import command_line
-    from batchpilot.training.commands.evaluate import REFERENCES, TITLE, load, run_suite
+    from batchpilot.training.commands.evaluate import (
+        REFERENCES,
+        TITLE,
+        run_suite,
+        suite_description,
+    )
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
     from batchpilot.training.suite import suite_names
 
@@ -433,7 +438,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
             seeds=cfg.report.get("seeds", 3),
             progress=progress,
         )
-        sections.append(SuiteSection(dest.name, load(path), results, dest))
+        sections.append(SuiteSection(dest.name, suite_description(path), results, dest))
     command = command_line()
     return write_suites_report(
         sections, [f"policy:{policy}"], out / "report", title=TITLE, command=command

@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     if not [c for c in args.references.split(",") if c.strip()]:
         raise ValueError(f"--references {args.references!r}: name at least one controller")
     names = [n for s in args.suite for n in (suite_names() if s == "all" else [s])]
-    suites = [(suite, load(suite)) for suite in names]
+    suites = [(suite, suite_description(suite)) for suite in names]
     stems = [Path(suite).stem for suite, _ in suites]
     if len(set(stems)) < len(stems):
         raise ValueError(f"--suite: two suites share a name ({', '.join(stems)})")
@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def load(suite: str) -> str:
+def suite_description(suite: str) -> str:
     """The suite's description, after parsing the whole file (bad suites fail up front)."""
     from batchpilot.training.suite import load_suite
 
