@@ -4,13 +4,14 @@ Serving needs numpy and the `onnx` package only (no onnxruntime, stable-baseline
 or pickle): `batchpilot.agents.onnx_numpy` lowers the graph to a few numpy calls per
 decision and refuses any op an export does not write.
 The JSON sidecar ``PATH.json`` (written by `batchpilot export`) says how to use the
-network: the observation layout and its scaling constants, the action's grids, the SLO
+network: the observation's entries and scaling constants, the action's grids, the SLO
 the observation is normalised by, the control interval it was trained at, and the
-sha256 of the ``.onnx`` file, checked on load. A sidecar whose observation fields or
-scaling constants (`batchpilot.envs.observation.SCALES`) or action grids differ from this
-version's is refused, and `batchpilot.envs.run.run` refuses to call the controller at
-another control interval than the sidecar's. Any observation normalisation (VecNormalize)
-is part of the ONNX graph.
+sha256 of the ``.onnx`` file, checked on load. The controller builds the entries the
+sidecar names, so a policy trained before an entry was added still serves; a sidecar
+naming an entry this version does not compute, or with other scaling constants
+(`batchpilot.envs.observation.SCALES`) or action grids, is refused, and
+`batchpilot.envs.run.run` refuses to call the controller at another control interval than
+the sidecar's. Any observation normalisation (VecNormalize) is part of the ONNX graph.
 
 The sidecar is sealed: ``sidecar_sha256`` is the sha256 of the canonical JSON of every
 other field (`canonical_json`), so any edit to its semantic content (a grid, a scale, a
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +117,11 @@ class PolicyController:
         slo: SLO,
         control_interval: ControlInterval,
         name: str = "policy",
+        fields: Sequence[str] = OBSERVATION_FIELDS,
     ) -> None:
         self.act = act
         self.grid = ActionGrid(mode)
-        self.observer = Observer(slo)
+        self.observer = Observer(slo, fields)
         self.slo = slo
         self.control_interval = control_interval
         self.name = name
@@ -177,11 +180,20 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
         raise PolicyFileError(
             f"{side}: bad or missing slo/control_interval/action entry ({exc})"
         ) from None
-    expected = observation_layout()
-    if meta.get("observation") != expected:
+    observation = meta.get("observation")
+    fields = observation.get("fields") if isinstance(observation, dict) else None
+    if (
+        not isinstance(fields, list)
+        or not fields
+        or not set(fields) <= set(OBSERVATION_FIELDS)
+        or len(set(fields)) != len(fields)
+        or observation.get("scales") != SCALES
+        or set(observation) != {"fields", "scales"}
+    ):
         raise PolicyFileError(
-            f"{side}: observation layout {meta.get('observation')} differs from this "
-            f"version's {expected} (fields or scaling constants); retrain with this version"
+            f"{side}: observation layout {observation} is not one this version builds "
+            f"(entries of {list(OBSERVATION_FIELDS)}, once each, scaling constants "
+            f"{SCALES}); retrain with this version"
         )
     if mode not in MODES or meta["action"] != action_layout(mode):
         raise PolicyFileError(
@@ -206,11 +218,12 @@ def load_policy(path: str | Path) -> PolicyController:
     """The controller a ``policy:PATH`` spec names, after checking file and sidecar."""
     onnx_path = Path(path)
     meta = read_sidecar(onnx_path)
-    act = numpy_act(onnx_path, len(meta["observation"]["fields"]))
+    fields = meta["observation"]["fields"]
     return PolicyController(
-        act,
+        numpy_act(onnx_path, len(fields)),
         meta["action"]["mode"],
         SLO.parse(meta["slo"]),
         ControlInterval.parse(meta["control_interval"]),
         name=f"policy:{path}",
+        fields=fields,
     )

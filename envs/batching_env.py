@@ -162,11 +162,12 @@ class BatchingEnv(gym.Env):
     the choice (no rule's limit caps it).
 
     ## Observation Space
-    `Box(-10, 10, (21,), float32)`: `batchpilot.envs.observation.Observer` (queue and the
+    `Box(-10, 10, (23,), float32)`: `batchpilot.envs.observation.Observer` (queue and the
     age of its head against the TTFT target, pending prefill tokens, short and long
     arrival rates, KV usage and its trend, mean and p90 step time against the TPOT
-    target, the prefill/decode mix, the limits in effect, length estimates), scaled by
-    the fixed constants `SCALES`.
+    target, the prefill/decode mix, the limits in effect, length estimates, the engine's
+    measured speed as a line of step time on tokens per step), scaled by the fixed
+    constants `SCALES`.
 
     ## Rewards
     Goodput credit, dense, in seconds of the episode's offered output (output tokens divided

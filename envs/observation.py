@@ -9,6 +9,7 @@ and a controller refuses a file made with other ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,6 +53,8 @@ OBSERVATION_FIELDS: tuple[str, ...] = (
     "prompt_mean",
     "output_mean",
     "log2_kv_capacity",
+    "step_base_over_tpot",
+    "log2_tokens_per_tpot",
 )
 """Names of the observation's entries, in order (meanings: `Observer`)."""
 
@@ -80,9 +83,27 @@ class Observer:
     | kv_fit | KV capacity in requests of mean length (prompt + output) / R |
     | prompt_mean, output_mean | running mean lengths / C |
     | log2_kv_capacity | log2(KV capacity in tokens) / log2_kv_tokens |
+    | step_base_over_tpot | measured step time at no tokens / TPOT target |
+    | log2_tokens_per_tpot | log2(TPOT target / measured seconds per token) / log2_budget (0
+    before any step) |
+
+    The last two are the engine's speed (`Telemetry.step_base_s`, `step_s_per_token`): the
+    step-time entries alone cannot tell a fast GPU under heavy load from a slow one under
+    light load.
+
+    `fields` picks entries of `OBSERVATION_FIELDS`, in its order or another (a policy file
+    names the entries it was trained on); by default, all.
     """
 
-    def __init__(self, slo: SLO) -> None:
+    def __init__(self, slo: SLO, fields: Sequence[str] = OBSERVATION_FIELDS) -> None:
+        unknown = sorted(set(fields) - set(OBSERVATION_FIELDS))
+        if unknown or len(set(fields)) != len(fields) or not fields:
+            raise ValueError(
+                f"observation fields {list(fields)}: each must be one of "
+                f"{list(OBSERVATION_FIELDS)}, once (unknown: {unknown})"
+            )
+        index = tuple(OBSERVATION_FIELDS.index(f) for f in fields)
+        self._pick = None if index == tuple(range(len(OBSERVATION_FIELDS))) else index
         s = SCALES
         self.ttft_s = (slo.ttft_ms / 1e3) if slo.ttft_ms else s["default_ttft_s"]
         self.tpot_s = (slo.tpot_ms / 1e3) if slo.tpot_ms else s["default_tpot_s"]
@@ -105,6 +126,7 @@ class Observer:
         tokens = prompt_tokens + t.interval_output_tokens
         prompt_mean, output_mean = t.prompt_mean, t.output_mean
         capacity = t.kv_capacity_tokens
+        per_token = t.step_s_per_token
         values = [
             kv,
             kv - kv_prev,
@@ -127,7 +149,11 @@ class Observer:
             prompt_mean / C,
             output_mean / C,
             log2(max(1, capacity)) / log2_kv_tokens,
+            t.step_base_s / tpot_s,
+            log2(tpot_s / per_token) / log2_budget if per_token > 0 else 0.0,
         ]
+        if self._pick is not None:
+            values = [values[i] for i in self._pick]
         total = sum(values)  # NaN if any value is NaN
         if total != total or min(values) < -clip or max(values) > clip:
             values = [0.0 if v != v else min(clip, max(-clip, v)) for v in values]

@@ -447,6 +447,8 @@ class SimEngine:
         if finished:
             self._retire()
         self._tele.last_step = (prefill, decode, dt)
+        if prefill or decode:
+            self._tele.step_cost.add(prefill + decode, dt)
         if decode:
             self._tele.step_times.add(dt)
         self._account(dt, used * dt / self._kv_blocks, decode, 1)
@@ -642,6 +644,9 @@ class SimEngine:
             req.max_itl = rest_max if rest_max > worst else worst
             req.last_token = end
         self._tele.step_times.extend(durations[-StepTimes.maxlen :])
+        add_cost = self._tele.step_cost.add
+        for dt in durations:
+            add_cost(n, dt)
         weights = np.full(k, n, dtype=np.int64)
         weights[0] = first_weight
         itl.add_many(np.array(durations), weights)
@@ -663,6 +668,7 @@ class SimEngine:
         total = self._kv_blocks
         itl = self._stats.itl
         step_times = self._tele.step_times
+        add_cost = self._tele.step_cost.add
         iv = self._tele.interval
         first_end, end = ends[0], ends[-1]
         gaps = [b - a for a, b in pairwise(ends)]  # every later step's gap, as `_execute`
@@ -688,6 +694,7 @@ class SimEngine:
                 itl.buffer.extend(repeat(gaps[j - 1], n))
             itl.settle()
             dt = durations[j]
+            add_cost(n, dt)
             step_times.add(dt)
             self._account(dt, (used + extra[j]) * dt / total, n, 1)
         self._clock = end

@@ -121,6 +121,13 @@ class Telemetry:
     """Full output lengths (``max_tokens``) of unfinished requests no longer on track for the
     SLO (`on_track`), queued ones past their TTFT deadline included: a gauge whose change,
     plus `interval_bad_output_tokens`, is the output lost to the SLO in the interval."""
+    step_base_s: float = 0.0
+    """Measured step time at no tokens: the intercept of `StepCost`'s line (0 before any
+    step)."""
+    step_s_per_token: float = 0.0
+    """Measured seconds per scheduled token: the slope of `StepCost`'s line (0 before any
+    step). With `step_base_s`, the engine's speed: a fast GPU and a light load look alike
+    in step times, not in this line."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -270,6 +277,44 @@ class StepTimes:
         return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
 
 
+class StepCost:
+    """Step time against tokens scheduled per step, as a line fitted by exponentially
+    weighted least squares over recent steps (each step's weight falls by `decay` a step).
+
+    Where the tokens per step have not varied enough to fit a slope (`min_spread`), or the
+    fit is not a rising line through positive times, the line is the mean cost per token
+    through the origin."""
+
+    decay = 1.0 - 1.0 / 512
+    min_spread = 0.05
+    """Least standard deviation of tokens per step, as a fraction of their mean, to fit."""
+
+    def __init__(self) -> None:
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        d = self.decay
+        self.w = d * self.w + 1.0
+        self.x = d * self.x + tokens
+        self.y = d * self.y + seconds
+        self.xx = d * self.xx + tokens * tokens
+        self.xy = d * self.xy + tokens * seconds
+
+    def line(self) -> tuple[float, float]:
+        """(seconds at no tokens, seconds per token); (0, 0) before any step with tokens."""
+        w, x = self.w, self.x
+        if x <= 0.0:
+            return 0.0, 0.0
+        mx, my = x / w, self.y / w
+        var = self.xx / w - mx * mx
+        if var > (self.min_spread * mx) ** 2:
+            slope = (self.xy / w - mx * my) / var
+            base = my - slope * mx
+            if slope > 0.0 and base >= 0.0:
+                return base, slope
+        return 0.0, my / mx
+
+
 def on_track(
     slo: SLO, now: float, arrival: float, first_token: float, last_token: float, generated: int
 ) -> bool:
@@ -296,7 +341,8 @@ class TelemetryAccumulator:
 
     `interval` holds the interval's totals (the engine adds to it as steps run);
     `last_step` is the latest step's (prefill tokens, decode requests, seconds);
-    `step_times` the recent decode-step times.
+    `step_times` the recent decode-step times; `step_cost` the line of step time on
+    tokens per step (the engine adds each step that scheduled tokens).
     """
 
     def __init__(self, length_prior: tuple[float, float, float, float] = LENGTH_PRIOR) -> None:
@@ -305,6 +351,7 @@ class TelemetryAccumulator:
         self.output_stats = RunningStats(om, ov)
         self.arrivals = ArrivalRate()
         self.step_times = StepTimes()
+        self.step_cost = StepCost()
         self.interval = IntervalTotals(0.0)
         self.last_step: tuple[int, int, float] = (0, 0, 0.0)
         self.recent = (0.0, 0.0, 0.0)
@@ -333,6 +380,7 @@ class TelemetryAccumulator:
         iv = self.interval
         tbt, batch, ttft = self.recent = iv.recent(self.recent)
         prefill, decode, step_time = self.last_step
+        step_base, step_per_token = self.step_cost.line()
         telemetry = Telemetry(
             time_s=now,
             iteration=iteration,
@@ -351,6 +399,8 @@ class TelemetryAccumulator:
             arrival_rate=self.arrivals.rate(now),
             arrival_rate_short=self.arrivals.short_rate(now),
             recent_tbt_p90_s=self.step_times.p90(),
+            step_base_s=step_base,
+            step_s_per_token=step_per_token,
             **state,  # type: ignore[arg-type]
         )
         self.interval = IntervalTotals(now)
@@ -363,5 +413,6 @@ class TelemetryAccumulator:
         other.output_stats = copy.copy(self.output_stats)
         other.arrivals = self.arrivals.copy()
         other.step_times = self.step_times.copy()
+        other.step_cost = copy.copy(self.step_cost)
         other.interval = copy.copy(self.interval)
         return other

@@ -145,6 +145,8 @@ class StepTracker:
         prefill, decode, _ = self.tele.last_step
         self.tele.last_step = (prefill, decode, duration)
         self.step_log.append((*self._step_counts, duration))
+        if prefill or decode:
+            self.tele.step_cost.add(prefill + decode, duration)
         if decode:
             iv.decode_steps += 1
             iv.decode_seqs += decode

@@ -562,9 +562,13 @@ def test_other_observation_layout_is_refused(exported: Path, tmp_path: Path) -> 
     p = copy_policy(exported, tmp_path)
     meta = json.loads(sidecar_path(p).read_text())
     fields = meta["observation"]["fields"]
+    for bad in ([*fields[:-1], "queue_mood"], [*fields[:-1], fields[0]], []):
+        edit_sidecar(p, observation=meta["observation"] | {"fields": bad})
+        with pytest.raises(PolicyFileError, match="observation layout"):
+            load_policy(p)
     edit_sidecar(p, observation=meta["observation"] | {"fields": fields[1:]})
-    with pytest.raises(PolicyFileError, match="observation layout"):
-        load_policy(p)
+    with pytest.raises(PolicyFileError, match=f"not a \\(batch, {len(fields) - 1}\\)"):
+        load_policy(p)  # known entries, but not as many as the network's inputs
     scales = meta["observation"]["scales"] | {"requests": 512.0}
     edit_sidecar(p, observation=meta["observation"] | {"scales": scales})
     with pytest.raises(PolicyFileError, match="scaling constants"):

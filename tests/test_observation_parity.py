@@ -154,6 +154,9 @@ def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
     assert np.any(real_obs[:, OBSERVATION_FIELDS.index("preemptions_per_running")] > 0)
     assert len(set(real_obs[:, OBSERVATION_FIELDS.index("log2_token_budget")])) == 3
     assert any(t.inflight_off_track_output_tokens for t in real_seen)  # the reward's debit
+    # the measured speed: the virtual clock's line, to its rounding to QUANTUM_S
+    assert real_seen[-1].step_s_per_token == pytest.approx(TOKEN_S, rel=0.05)
+    assert real_seen[-1].step_base_s == pytest.approx(STEP_S, abs=2 * QUANTUM_S)
     for i, (r, s) in enumerate(zip(real_obs, sim_obs, strict=True)):
         differ = [f for f, a, b in zip(OBSERVATION_FIELDS, r, s, strict=True) if a != b]
         assert not differ, f"decision {i}: {differ} differ: vLLM {r}, simulator {s}"

@@ -21,9 +21,14 @@ from batchpilot.agents.onnx_numpy import GraphError, compile_graph  # noqa: E402
 from batchpilot.agents.policy import PolicyFileError, load_policy, seal, sidecar_path  # noqa: E402
 from batchpilot.envs.metrics import SLO  # noqa: E402
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer  # noqa: E402
+from batchpilot.envs.profiles import PROFILES  # noqa: E402
+from batchpilot.envs.sim_engine import SimEngine  # noqa: E402
 
 COMMITTED = Path(__file__).parents[1] / "training" / "reports" / "learned" / "policy.onnx"
 N_OBS = len(OBSERVATION_FIELDS)
+COMMITTED_N_OBS = len(json.loads(sidecar_path(COMMITTED).read_text())["observation"]["fields"])
+"""The committed policy's inputs: the entries its sidecar names (an earlier layout's, if it
+was trained before an entry was added)."""
 
 
 def onnxruntime_run(data: bytes, obs: np.ndarray) -> np.ndarray:
@@ -61,8 +66,9 @@ def test_committed_policy_acts_as_onnxruntime() -> None:
     """On 4,000 random observations the actions are onnxruntime's, except where the two
     best logits of a knob are equal to float32 rounding (then either is right)."""
     data = COMMITTED.read_bytes()
-    act = compile_graph(data, N_OBS)
-    obs = np.random.default_rng(0).uniform(-3, 3, size=(4000, N_OBS)).astype(np.float32)
+    act = compile_graph(data, COMMITTED_N_OBS)
+    obs = np.random.default_rng(0).uniform(-3, 3, size=(4000, COMMITTED_N_OBS))
+    obs = obs.astype(np.float32)
     expected = onnxruntime_run(data, obs)
     got = np.stack([act(o) for o in obs])
     assert got.dtype == np.float32 and got.shape == expected.shape == (4000, 2)
@@ -81,11 +87,27 @@ def test_loaded_network_reuses_its_buffers_soundly() -> None:
     """`load_policy` gives the numpy network (a closure over its buffers): a call does not
     depend on the previous one."""
     policy = load_policy(COMMITTED)
-    obs = np.linspace(-1, 1, N_OBS, dtype=np.float32)
+    obs = np.linspace(-1, 1, COMMITTED_N_OBS, dtype=np.float32)
     first = policy.act(obs)
     policy.act(-obs)
     np.testing.assert_array_equal(policy.act(obs), first)
     np.testing.assert_array_equal(first, onnxruntime_run(COMMITTED.read_bytes(), obs[None])[0])
+
+
+@pytest.mark.parametrize("report", ["learned", "clairvoyance", "sim-to-real"])
+def test_committed_policies_serve_with_the_entries_they_name(report: str) -> None:
+    """Each committed policy loads, and its controller builds exactly the entries its
+    sidecar names, whichever layout it was trained on, and decides from them."""
+    path = COMMITTED.parents[1] / report / "policy.onnx"
+    fields = json.loads(sidecar_path(path).read_text())["observation"]["fields"]
+    policy = load_policy(path)
+    t = make_telemetry(step_base_s=0.01, step_s_per_token=1e-4)
+    full = Observer(policy.slo)(t)
+    policy.observer.reset()
+    seen = policy.observer(t)
+    np.testing.assert_array_equal(seen, full[[OBSERVATION_FIELDS.index(f) for f in fields]])
+    policy.reset(SimEngine(PROFILES["llama-7b-a100"]))
+    assert policy.decide(t).max_num_seqs >= 1
 
 
 def tensor(name: str, value: np.ndarray) -> TensorProto:
@@ -210,6 +232,8 @@ def test_observer_values_are_the_documented_ones() -> None:
         waiting_prefill_tokens=4096,
         arrival_rate_short=3.0,
         recent_tbt_p90_s=0.06,
+        step_base_s=0.01,
+        step_s_per_token=0.05 / 1024,
     )
     s = SCALES
     capacity = t.num_total_blocks * t.block_size
@@ -235,6 +259,8 @@ def test_observer_values_are_the_documented_ones() -> None:
         "prompt_mean": t.prompt_mean / s["context_tokens"],
         "output_mean": t.output_mean / s["context_tokens"],
         "log2_kv_capacity": math.log2(capacity) / s["log2_kv_tokens"],
+        "step_base_over_tpot": 0.2,
+        "log2_tokens_per_tpot": 10 / s["log2_budget"],
     }
     obs = Observer(slo)(t)
     assert obs.dtype == np.float32 and list(expected) == list(OBSERVATION_FIELDS)
@@ -245,3 +271,10 @@ def test_observer_values_are_the_documented_ones() -> None:
     i = OBSERVATION_FIELDS.index("ttft_over_target")
     assert unclipped[i] != 0
     np.testing.assert_array_equal(Observer(slo)(nan), np.where(np.arange(N_OBS) == i, 0, unclipped))
+    picked = ["log2_tokens_per_tpot", "kv_cache_usage", "waiting"]
+    np.testing.assert_array_equal(
+        Observer(slo, picked)(t), np.array([expected[k] for k in picked], np.float32)
+    )
+    for bad in (["kv_cache_usage", "kv_cache_usage"], ["queue_mood"], []):
+        with pytest.raises(ValueError, match="observation fields"):
+            Observer(slo, bad)

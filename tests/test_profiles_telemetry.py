@@ -19,7 +19,7 @@ from batchpilot.envs.profiles import (
     roofline_profile,
 )
 from batchpilot.envs.sim_engine import SimEngine
-from batchpilot.envs.telemetry import Limits, TelemetryError
+from batchpilot.envs.telemetry import Limits, StepCost, TelemetryError
 from batchpilot.envs.workloads import make_workload
 
 
@@ -93,3 +93,35 @@ def test_limits_reject_bad_values() -> None:
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Limits(4, -1)
     assert isinstance(PROFILES["cpu-tiny-llama"], EngineProfile)
+
+
+def test_step_cost_fits_the_line_of_step_time_on_tokens() -> None:
+    """The weighted least-squares line through steps on a line is that line; steps of one
+    size give the mean cost per token; no step gives zeros."""
+    cost = StepCost()
+    assert cost.line() == (0.0, 0.0)
+    for tokens in [8, 512, 40, 2048, 16, 300] * 20:
+        cost.add(tokens, 0.012 + 3e-5 * tokens)
+    base, per_token = cost.line()
+    assert base == pytest.approx(0.012, rel=1e-6) and per_token == pytest.approx(3e-5, rel=1e-6)
+    steady = StepCost()
+    for _ in range(50):
+        steady.add(32, 0.02)
+    assert steady.line() == (0.0, pytest.approx(0.02 / 32))
+
+
+def test_simulator_reports_the_engines_speed() -> None:
+    """The measured line moves with the profile's step times: half as fast, twice the
+    seconds per token and the base, whatever the load."""
+    profile = PROFILES["llama-7b-a100"]
+    lines = []
+    for scale in (1.0, 2.0):
+        engine = SimEngine(profile.scaled(step_time=scale))
+        work = make_workload("embedded:sharegpt", "poisson:4", num_requests=200, seed=0)
+        engine.reset(work, Limits(64, 512))
+        t = engine.advance(until_s=20.0)
+        lines.append((t.step_base_s, t.step_s_per_token))
+    (base, per_token), (slow_base, slow_per_token) = lines
+    assert 0 < base < 0.1 and 0 < per_token < 1e-3
+    assert slow_per_token == pytest.approx(2 * per_token, rel=0.3)
+    assert slow_base == pytest.approx(2 * base, rel=0.3)
