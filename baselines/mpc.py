@@ -26,6 +26,11 @@ decode step time within target):
   too. Without this terminal term a short horizon prefers starving a queue whose requests
   are already lost, which leaves every later arrival behind them.
 
+With ``recompute=W`` (default 0) a horizon also pays W output tokens for each token whose
+KV a preemption dropped in it (the env's ``w_recompute``): without it, preempting is free
+wherever the recompute still meets the SLOs, and a teacher that preempts freely teaches
+its student to.
+
 Losing a request costs its whole output whether it misses TTFT or TPOT, so admitting
 everyone to dodge TTFT misses at the price of every TPOT does not pay. The candidate
 search is coordinate-wise on log grids: from the current pair, every max_num_seqs on the
@@ -94,8 +99,10 @@ MPC_ARGS = {
     "rounds": int,
     "margin": float,
     "future": parse_future,
+    "recompute": float,
 }
-"""Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``."""
+"""Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``
+(and ``recompute=0.5``)."""
 
 
 class MPCController:
@@ -104,7 +111,7 @@ class MPCController:
     `seqs` and `tokens` are the candidate grids (clipped to the engine's caps, which are
     always candidates); `rounds` coordinate sweeps per re-plan; `margin` is the relative
     score gain a new pair needs over the current one; `future` the arrivals a rollout
-    sees (module doc). Simulator only. After each re-plan, `sweeps` holds its last
+    sees; `recompute` the output tokens a dropped KV token costs (module doc). Simulator only. After each re-plan, `sweeps` holds its last
     round's horizon scores: (max_num_seqs -> score at the budget then in hand, budget ->
     score at the chosen max_num_seqs).
     """
@@ -120,11 +127,15 @@ class MPCController:
         rounds: int = 1,
         margin: float = 0.0,
         future: str = "true",
+        recompute: float = 0.0,
     ) -> None:
         if horizon_s <= 0 or replan_s <= 0:
             raise ValueError(f"horizon_s and replan_s must be > 0, got {horizon_s}, {replan_s}")
-        if rounds < 1 or margin < 0:
-            raise ValueError(f"rounds must be >= 1 and margin >= 0, got {rounds}, {margin}")
+        if rounds < 1 or margin < 0 or not 0 <= recompute < float("inf"):
+            raise ValueError(
+                f"rounds must be >= 1, margin and recompute >= 0, got {rounds}, {margin}, "
+                f"{recompute}"
+            )
         self.horizon_s = horizon_s
         self.replan_s = replan_s
         self.seqs = parse_grid(seqs) if isinstance(seqs, str) else tuple(sorted(set(seqs)))
@@ -132,6 +143,7 @@ class MPCController:
         self.rounds = rounds
         self.margin = margin
         self.future = parse_future(future)
+        self.recompute = recompute
         self.name = "mpc"
         self._engine: Engine | None = None
         self._packing = OracleController()
@@ -226,6 +238,7 @@ class MPCController:
         slo = engine.slo
         limit = float("inf") if slo.ttft_ms is None else slo.ttft_ms / 1e3
         score = telemetry.interval_good_output_tokens
+        score -= self.recompute * telemetry.interval_recomputed_tokens
         for r in engine.result().records:
             if r.request_id not in lost and not slo.met(r.ttft_s, r.tpot_s, r.e2el_s):
                 score -= r.output_tokens

@@ -102,6 +102,7 @@ class Observer:
                 f"observation fields {list(fields)}: each must be one of "
                 f"{list(OBSERVATION_FIELDS)}, once (unknown: {unknown})"
             )
+        self.fields = tuple(fields)
         index = tuple(OBSERVATION_FIELDS.index(f) for f in fields)
         self._pick = None if index == tuple(range(len(OBSERVATION_FIELDS))) else index
         s = SCALES

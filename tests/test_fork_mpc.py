@@ -154,6 +154,26 @@ def test_mpc_picks_the_candidate_whose_future_is_better() -> None:
     assert list(token_sweep) == [100]
 
 
+def test_mpc_recompute_debit_prices_preemption() -> None:
+    """``recompute=W`` takes W output tokens off a horizon per token a preemption dropped in
+    it: a pair that preempts loses exactly that, one that never preempts nothing."""
+    workload, profile = crowded_cache()
+    slo = SLO(tpot_ms=1500)
+    scores = {}
+    for w in (0.0, 0.5):
+        engine = SimEngine(profile, slo=slo)
+        telemetry = engine.reset(workload, Limits(8, 100))
+        mpc = make_controller(f"mpc:horizon_s=10000:recompute={w}")
+        mpc.reset(engine)
+        scores[w] = {pair: mpc.rollout(telemetry, pair, set()) for pair in ((2, 100), (8, 100))}
+    assert scores[0.5][2, 100] == scores[0.0][2, 100]
+    fork = engine.fork(history=False)
+    fork.set_limits(Limits(8, 100))
+    dropped = fork.advance(until_s=10000).interval_recomputed_tokens
+    assert dropped > 0
+    assert scores[0.5][8, 100] == pytest.approx(scores[0.0][8, 100] - 0.5 * dropped)
+
+
 def test_mpc_refuses_an_engine_it_cannot_fork() -> None:
     mpc = make_controller("mpc")
     assert simulator_only(mpc)
@@ -169,7 +189,16 @@ def test_mpc_refuses_to_serve() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["mpc:seqs=8/x", "mpc:horizon_s=0", "mpc:rounds=0", "mpc:depth=3", "mpc:future=psychic"]
+    "spec",
+    [
+        "mpc:seqs=8/x",
+        "mpc:horizon_s=0",
+        "mpc:rounds=0",
+        "mpc:depth=3",
+        "mpc:future=psychic",
+        "mpc:recompute=-1",
+        "mpc:recompute=nan",
+    ],
 )
 def test_mpc_spec_errors_name_the_problem(spec: str) -> None:
     with pytest.raises(ControllerSpecError, match="mpc"):
