@@ -111,9 +111,9 @@ class MPCController:
     `seqs` and `tokens` are the candidate grids (clipped to the engine's caps, which are
     always candidates); `rounds` coordinate sweeps per re-plan; `margin` is the relative
     score gain a new pair needs over the current one; `future` the arrivals a rollout
-    sees; `recompute` the output tokens a dropped KV token costs (module doc). Simulator only. After each re-plan, `sweeps` holds its last
-    round's horizon scores: (max_num_seqs -> score at the budget then in hand, budget ->
-    score at the chosen max_num_seqs).
+    sees; `recompute` the output tokens a dropped KV token costs (module doc). Simulator
+    only. After each re-plan, `sweeps` holds its last round's horizon scores: (max_num_seqs
+    -> score at the budget then in hand, budget -> score at the chosen max_num_seqs).
     """
 
     simulator_only = True
