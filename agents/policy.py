@@ -35,7 +35,7 @@ from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
+from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer, checked_fields
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 FORMAT = "batchpilot-policy"
@@ -181,20 +181,19 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             f"{side}: bad or missing slo/control_interval/action entry ({exc})"
         ) from None
     observation = meta.get("observation")
-    fields = observation.get("fields") if isinstance(observation, dict) else None
-    if (
-        not isinstance(fields, list)
-        or not fields
-        or not set(fields) <= set(OBSERVATION_FIELDS)
-        or len(set(fields)) != len(fields)
-        or observation.get("scales") != SCALES
-        or set(observation) != {"fields", "scales"}
-    ):
+    try:
+        if not isinstance(observation, dict) or set(observation) != {"fields", "scales"}:
+            raise ValueError("not a mapping of fields and scales")
+        if not isinstance(observation["fields"], list):
+            raise ValueError("fields is not a list")
+        checked_fields(observation["fields"])
+        if observation["scales"] != SCALES:
+            raise ValueError(f"scaling constants differ from this version's {SCALES}")
+    except (TypeError, ValueError) as exc:
         raise PolicyFileError(
             f"{side}: observation layout {observation} is not one this version builds "
-            f"(entries of {list(OBSERVATION_FIELDS)}, once each, scaling constants "
-            f"{SCALES}); retrain with this version"
-        )
+            f"({exc}); retrain with this version"
+        ) from None
     if mode not in MODES or meta["action"] != action_layout(mode):
         raise PolicyFileError(
             f"{side}: action {meta['action']} differs from this version's "

@@ -59,6 +59,18 @@ OBSERVATION_FIELDS: tuple[str, ...] = (
 """Names of the observation's entries, in order (meanings: `Observer`)."""
 
 
+def checked_fields(fields: Sequence[str]) -> tuple[str, ...]:
+    """`fields` as a tuple, if it names entries of `OBSERVATION_FIELDS`, each once, at least
+    one; otherwise a ValueError naming the problem."""
+    unknown = sorted(set(fields) - set(OBSERVATION_FIELDS))
+    if unknown or len(set(fields)) != len(fields) or not fields:
+        raise ValueError(
+            f"observation fields {list(fields)}: each must be one of "
+            f"{list(OBSERVATION_FIELDS)}, once (unknown: {unknown})"
+        )
+    return tuple(fields)
+
+
 class Observer:
     """Telemetry -> observation vector (`OBSERVATION_FIELDS`), clipped to +-``clip``.
 
@@ -96,13 +108,7 @@ class Observer:
     """
 
     def __init__(self, slo: SLO, fields: Sequence[str] = OBSERVATION_FIELDS) -> None:
-        unknown = sorted(set(fields) - set(OBSERVATION_FIELDS))
-        if unknown or len(set(fields)) != len(fields) or not fields:
-            raise ValueError(
-                f"observation fields {list(fields)}: each must be one of "
-                f"{list(OBSERVATION_FIELDS)}, once (unknown: {unknown})"
-            )
-        self.fields = tuple(fields)
+        self.fields = checked_fields(fields)
         index = tuple(OBSERVATION_FIELDS.index(f) for f in fields)
         self._pick = None if index == tuple(range(len(OBSERVATION_FIELDS))) else index
         s = SCALES
