@@ -7,7 +7,12 @@ decision, ``beta`` halving each round) while the teacher still labels every stat
 policy visits, and the policy is refitted on everything gathered so far (Ross et al.,
 DAgger). With ``stakes_knobs`` the labels of those knobs count by how much the teacher's
 choice mattered (`knob_stakes`), so the mode of near-ties does not outweigh the states
-where one choice wins clearly. The policy is SB3's own policy object
+where one choice wins clearly. With ``tie_sets`` a label of those knobs is the set of grid
+choices the teacher scored within `TIE_TOLERANCE` of its best (`acceptable`), and the
+policy is fitted to put its probability anywhere in that set (the negative log of the set's
+total probability), so where every choice ties the label pulls toward none of them (the
+teacher breaks ties toward the larger value, which a plain clone learns as a preference).
+The policy is SB3's own policy object
 (`ActorCriticPolicy`), so PPO continues from exactly what was cloned. The ``imitation``
 library would fit, but pins gymnasium 0.29 and stable-baselines3 2.2; this loop is the few
 lines it needs.
@@ -34,6 +39,9 @@ before renormalising (`label_weights`)."""
 STAKES_CAP = 10.0
 """The most a label's stakes may count against the typical one (one decisive state does
 not drown the rest)."""
+TIE_TOLERANCE = 0.01
+"""A grid choice whose horizon score trails the best by less than this (relative, as
+`knob_stakes` measures leads) ties with it."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,9 @@ class ImitationSpec:
     """Knobs (`KNOBS`) whose labels weigh by their stakes (module doc; needs a teacher that
     reports its sweeps: ``mpc``); empty: every label alike. Weighting ``max_num_seqs`` too
     did worse: most of its labels are near-ties, and without them it collapses."""
+    tie_sets: list[str] = field(default_factory=list)
+    """Knobs (`KNOBS`) whose labels are the teacher's near-tie sets (module doc; needs a
+    teacher that reports its sweeps: ``mpc``); empty: the teacher's one choice."""
 
     def __post_init__(self) -> None:
         for key in ("rounds", "episodes", "epochs", "batch_size"):
@@ -66,17 +77,24 @@ class ImitationSpec:
             raise ValueError(f"imitation: beta must be in [0, 1], got {self.beta}")
         if self.learning_rate <= 0 or self.value_epochs < 0:
             raise ValueError("imitation: need learning_rate > 0 and value_epochs >= 0")
-        unknown = [k for k in self.stakes_knobs if k not in KNOBS]
-        if unknown:
-            raise ValueError(f"imitation: stakes_knobs: {unknown[0]!r} is not one of {KNOBS}")
-        if self.stakes_knobs:
+        for key in ("stakes_knobs", "tie_sets"):
+            unknown = [k for k in getattr(self, key) if k not in KNOBS]
+            if unknown:
+                raise ValueError(f"imitation: {key}: {unknown[0]!r} is not one of {KNOBS}")
+        if self.sweeps:
             from batchpilot.baselines.specs import make_controller
 
             if not hasattr(make_controller(self.teacher), "sweeps"):
+                key = "stakes_knobs" if self.stakes_knobs else "tie_sets"
                 raise ValueError(
-                    f"imitation: stakes_knobs needs a teacher that reports how much each "
+                    f"imitation: {key} needs a teacher that reports how much each "
                     f"choice mattered (mpc); {self.teacher!r} does not"
                 )
+
+    @property
+    def sweeps(self) -> bool:
+        """Whether labelling reads the teacher's sweeps (for stakes or tie sets)."""
+        return bool(self.stakes_knobs or self.tie_sets)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,11 +103,14 @@ class ImitationSpec:
 @dataclass
 class Episode:
     """What one collected episode leaves: states, teacher labels, how much each label's
-    choice mattered (`knob_stakes` per knob; 1 where not measured), rewards, metrics."""
+    choice mattered (`knob_stakes` per knob; 1 where not measured), the choices each label
+    accepts, rewards, metrics."""
 
     obs: np.ndarray
     labels: np.ndarray
     stakes: np.ndarray
+    acceptable: list[np.ndarray]
+    """Per knob, (labels, grid size) booleans: the choices a label accepts (`acceptable`)."""
     rewards: np.ndarray
     metrics: dict[str, float]
 
@@ -106,6 +127,23 @@ def knob_stakes(sweep: dict[int, float], grid: tuple[int, ...]) -> float:
         return 0.0
     first, second = sorted(best.values(), reverse=True)[:2]
     return (first - second) / (abs(first) + 1.0)
+
+
+def acceptable(sweep: dict[int, float], grid: tuple[int, ...], label: int) -> np.ndarray:
+    """The grid choices (booleans over `grid`) whose best score in a teacher's sweep trails
+    the sweep's best by less than `TIE_TOLERANCE` (as `knob_stakes` measures leads), and
+    the teacher's own choice `label` (an index into `grid`)."""
+    best: dict[int, float] = {}
+    for value, score in sweep.items():
+        i = nearest(grid, value)
+        best[i] = max(best.get(i, -np.inf), score)
+    mask = np.zeros(len(grid), dtype=bool)
+    mask[label] = True
+    if best:
+        top = max(best.values())
+        for i, score in best.items():
+            mask[i] |= (top - score) / (abs(top) + 1.0) < TIE_TOLERANCE
+    return mask
 
 
 def label_weights(stakes: np.ndarray, knobs: list[str]) -> np.ndarray:
@@ -129,11 +167,13 @@ def collect_episode(
     policy: Any | None,
     beta: float,
     stakes: bool = False,
+    tie_sets: tuple[str, ...] = (),
 ) -> Episode:
     """Run one episode; the teacher labels every state; who acts: see the module doc.
 
     `policy` is an SB3 policy (None: the teacher always acts); with `stakes`, the teacher's
-    `sweeps` give each label's stakes (1 each otherwise).
+    `sweeps` give each label's stakes (1 each otherwise); the knobs named in `tie_sets`
+    accept the sweep's near-ties (`acceptable`), the others only the teacher's choice.
     """
     import torch as th
 
@@ -147,6 +187,7 @@ def collect_episode(
     teacher.reset(base.engine)
     rng = np.random.default_rng(seed)
     states, labels, rewards, label_stakes = [], [], [], []
+    accepted: list[list[np.ndarray]] = [[] for _ in KNOBS]
     done = False
     info: dict[str, Any] = {}
     while not done:
@@ -158,6 +199,12 @@ def collect_episode(
             label_stakes.append((knob_stakes(seqs, SEQ_GRID), knob_stakes(budgets, BUDGET_GRID)))
         else:
             label_stakes.append((1.0, 1.0))
+        for k, (name, grid) in enumerate(zip(KNOBS, (SEQ_GRID, BUDGET_GRID), strict=True)):
+            if name in tie_sets:
+                mask = acceptable(teacher.sweeps[k], grid, int(label[k]))
+            else:
+                mask = np.arange(len(grid)) == label[k]
+            accepted[k].append(mask)
         action = label
         if policy is not None and rng.random() >= beta:
             action = policy.predict(obs, deterministic=True)[0]
@@ -170,6 +217,8 @@ def collect_episode(
         np.asarray(states, np.float32),
         np.asarray(labels, np.int64),
         np.asarray(label_stakes, np.float64),
+        [np.asarray(masks, bool).reshape(-1, len(grid)) for masks, grid in
+         zip(accepted, (SEQ_GRID, BUDGET_GRID), strict=True)],
         np.asarray(rewards, np.float64),
         metrics,
     )
@@ -187,21 +236,23 @@ def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
 def fit(
     policy: Any,
     obs: np.ndarray,
-    labels: np.ndarray,
+    accepted: list[np.ndarray],
     weights: np.ndarray,
     returns: np.ndarray,
     spec: ImitationSpec,
     rng: np.random.Generator,
 ) -> dict[str, float]:
-    """Behaviour cloning (negative log-likelihood of the teacher's actions, each knob's
-    term weighted by `weights`' column), then the value head on the returns (so PPO
-    starts with a critic). Returns the final losses."""
+    """Behaviour cloning (the negative log of the probability each knob's distribution puts
+    on the choices its label accepts: the teacher's action's log-likelihood where that is
+    the only one; each knob's term weighted by `weights`' column), then the value head on
+    the returns (so PPO starts with a critic). Returns the final losses; accuracy is the
+    share of states whose modes are accepted on both knobs."""
     import torch as th
 
     params = list(policy.parameters())
     opt = th.optim.Adam(params, lr=spec.learning_rate)
     x = th.as_tensor(obs)
-    y = th.as_tensor(labels)
+    masks = [th.as_tensor(m) for m in accepted]
     w = th.as_tensor(weights, dtype=th.float32)
     v = th.as_tensor(returns, dtype=th.float32)
     n = len(x)
@@ -210,7 +261,13 @@ def fit(
     for _ in range(spec.epochs):
         for idx in np.array_split(rng.permutation(n), max(1, n // spec.batch_size)):
             dist = policy.get_distribution(x[idx]).distribution  # one Categorical a knob
-            knobs = th.stack([d.log_prob(a) for d, a in zip(dist, y[idx].T, strict=True)], 1)
+            knobs = th.stack(
+                [
+                    d.logits.masked_fill(~m[idx], -th.inf).logsumexp(1)
+                    for d, m in zip(dist, masks, strict=True)
+                ],
+                1,
+            )
             nll = -(w[idx] * knobs).sum(1).mean()
             opt.zero_grad()
             nll.backward()
@@ -225,9 +282,10 @@ def fit(
     policy.set_training_mode(False)
     with th.no_grad():
         predicted = policy.get_distribution(x).mode().numpy()
+    hits = [m[np.arange(len(m)), predicted[:, k]] for k, m in enumerate(accepted)]
     return {
         "nll": float(nll.detach()),
-        "accuracy": float((predicted == labels).all(axis=1).mean()),
+        "accuracy": float(np.logical_and(*hits).mean()),
         "value_loss": float(value_loss.detach()),
     }
 
@@ -248,7 +306,7 @@ def dagger(
     """
     rng = np.random.default_rng(seed)
     obs_all: list[np.ndarray] = []
-    labels_all: list[np.ndarray] = []
+    accepted_all: list[list[np.ndarray]] = []
     stakes_all: list[np.ndarray] = []
     returns_all: list[np.ndarray] = []
     history = []
@@ -256,8 +314,9 @@ def dagger(
         beta = 1.0 if r == 0 else spec.beta**r
         policy = None if r == 0 else model.policy
         seeds = [seed + 10_000 * r + i for i in range(spec.episodes)]
-        stakes = bool(spec.stakes_knobs)
-        args = [(make_env, spec.teacher, s, policy, beta, stakes) for s in seeds]
+        sweeps = spec.sweeps
+        ties = tuple(spec.tie_sets)
+        args = [(make_env, spec.teacher, s, policy, beta, sweeps, ties) for s in seeds]
         if workers > 1:
             ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
             with ProcessPoolExecutor(min(workers, len(args)), mp_context=ctx) as pool:
@@ -266,14 +325,14 @@ def dagger(
             episodes = [collect_episode(*a) for a in args]
         for ep in episodes:
             obs_all.append(ep.obs)
-            labels_all.append(ep.labels)
+            accepted_all.append(ep.acceptable)
             stakes_all.append(ep.stakes)
             returns_all.append(discounted_returns(ep.rewards, gamma))
         all_stakes = np.concatenate(stakes_all)
         stats = fit(
             model.policy,
             np.concatenate(obs_all),
-            np.concatenate(labels_all),
+            [np.concatenate(masks) for masks in zip(*accepted_all, strict=True)],
             label_weights(all_stakes, spec.stakes_knobs),
             np.concatenate(returns_all),
             spec,
@@ -285,9 +344,9 @@ def dagger(
             "driver_goodput": float(np.mean([e.metrics["output_goodput"] for e in episodes])),
             "driver_preemptions": float(np.mean([e.metrics["num_preemptions"] for e in episodes])),
         }
-        if stakes:  # the share of labels whose choice was a near-tie (lead under 1%)
-            ties = (all_stakes < 0.01).mean(axis=0)
-            stats |= {f"{k}_tie_share": float(t) for k, t in zip(KNOBS, ties, strict=True)}
+        if sweeps:  # the share of labels whose choice was a near-tie
+            tied = (all_stakes < TIE_TOLERANCE).mean(axis=0)
+            stats |= {f"{k}_tie_share": float(t) for k, t in zip(KNOBS, tied, strict=True)}
         if log is not None:
             log(stats, r)
         history.append(stats)

@@ -214,9 +214,55 @@ def test_stakes_weighting_lets_a_decisive_minority_label_win() -> None:
     for name, knobs in (("uniform", []), ("stakes", ["budget"])):
         weights = label_weights(stakes, knobs)
         model = PPO("MlpPolicy", gym.make("batchpilot/Batching-v0", **kwargs), seed=0, device="cpu")
-        fit(model.policy, obs, labels, weights, np.zeros(100), spec, np.random.default_rng(0))
+        accepted = one_hot(labels)
+        fit(model.policy, obs, accepted, weights, np.zeros(100), spec, np.random.default_rng(0))
         picks[name] = model.policy.predict(obs[:1], deterministic=True)[0][0].tolist()
     assert picks == {"uniform": [3, 1], "stakes": [3, 4]}
+
+
+def one_hot(labels: np.ndarray) -> list[np.ndarray]:
+    """Each knob's labels as the only choice they accept (`fit`'s masks)."""
+    return [np.arange(len(g)) == labels[:, [k]] for k, g in enumerate((SEQ_GRID, BUDGET_GRID))]
+
+
+def test_acceptable_choices_are_the_sweeps_near_ties() -> None:
+    from batchpilot.agents.imitation import acceptable
+
+    sweep = {128: 100.0, 256: 99.5, 512: 90.0, 8192: 99.9}
+    mask = acceptable(sweep, BUDGET_GRID, BUDGET_GRID.index(128))
+    assert [g for g, m in zip(BUDGET_GRID, mask, strict=True) if m] == [128, 256, 8192]
+    # the teacher's own choice is accepted even where its sweep scored it lower
+    assert acceptable(sweep, BUDGET_GRID, BUDGET_GRID.index(512))[BUDGET_GRID.index(512)]
+    # 37 and 32 are one grid choice (32), scored by the better of the two
+    mask = acceptable({37: 10.0, 32: 5.0, 16: 9.99}, SEQ_GRID, SEQ_GRID.index(32))
+    assert [g for g, m in zip(SEQ_GRID, mask, strict=True) if m] == [16, 32]
+    assert acceptable({}, SEQ_GRID, 2).tolist() == [i == 2 for i in range(len(SEQ_GRID))]
+
+
+def test_tie_sets_let_decisive_labels_win_over_the_tie_break() -> None:
+    """One state where 70% of the labels are ties (every max_num_seqs scored alike, the
+    teacher picks the largest) and 30% choose 8 decisively: cloned plainly the policy picks
+    the tie-break, fitted to the tie sets it picks 8."""
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    from batchpilot.agents.imitation import ImitationSpec, fit
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
+    spec = ImitationSpec(epochs=30, value_epochs=0)
+    obs = np.zeros((100, len(OBSERVATION_FIELDS)), np.float32)
+    top, eight = len(SEQ_GRID) - 1, SEQ_GRID.index(8)
+    labels = np.array([[top, 1]] * 70 + [[eight, 1]] * 30)
+    plain = one_hot(labels)
+    tied = [plain[0].copy(), plain[1]]
+    tied[0][:70] = True  # every choice ties where the teacher broke the tie
+    picks = {}
+    for name, accepted in (("plain", plain), ("tie sets", tied)):
+        model = PPO("MlpPolicy", gym.make("batchpilot/Batching-v0", **kwargs), seed=0, device="cpu")
+        fit(model.policy, obs, accepted, np.ones((100, 2)), np.zeros(100), spec,
+            np.random.default_rng(0))
+        picks[name] = int(model.policy.predict(obs[:1], deterministic=True)[0][0][0])
+    assert picks == {"plain": top, "tie sets": eight}
 
 
 @pytest.mark.parametrize(
@@ -230,7 +276,10 @@ def test_imitation_stakes_errors_name_the_problem(
 
     with pytest.raises(ValueError, match=problem):
         ImitationSpec(teacher=teacher, stakes_knobs=knobs)
+    with pytest.raises(ValueError, match=problem):
+        ImitationSpec(teacher=teacher, tie_sets=knobs)
     assert ImitationSpec(teacher="mpc:horizon_s=4", stakes_knobs=["budget"]).stakes_knobs
+    assert ImitationSpec(teacher="mpc:horizon_s=4", tie_sets=["max_num_seqs"]).sweeps
 
 
 def test_mpc_teacher_labels_carry_their_stakes() -> None:
@@ -249,6 +298,16 @@ def test_mpc_teacher_labels_carry_their_stakes() -> None:
     plain = collect_episode(make_env, teacher, 5, None, beta=1.0)
     np.testing.assert_array_equal(plain.labels, episode.labels)
     assert (plain.stakes == 1).all()
+    for k, masks in enumerate(plain.acceptable):  # the teacher's choice alone
+        np.testing.assert_array_equal(masks.argmax(1), plain.labels[:, k])
+        assert (masks.sum(1) == 1).all()
+    tied = collect_episode(make_env, teacher, 5, None, 1.0, True, ("max_num_seqs",))
+    np.testing.assert_array_equal(tied.labels, episode.labels)
+    seqs, budget = tied.acceptable
+    assert seqs[np.arange(len(seqs)), tied.labels[:, 0]].all()
+    assert (seqs.sum(1) > 1).any()  # where the sweep tied, more than one choice
+    assert (seqs.sum(1)[episode.stakes[:, 0] >= 0.01] == 1).all()  # decisive: one choice
+    np.testing.assert_array_equal(budget, plain.acceptable[1])
 
 
 @pytest.fixture(scope="module")
@@ -773,7 +832,7 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     assert comparison(cfg) == ("llama-2-7b-a100", [compare.DEFAULT_WORKLOAD])
 
 
-@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "mix-drsr.yml"])
+@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "mix-drsr.yml", "mix-drsrt.yml"])
 def test_shipped_configs_build_their_envs(name: str) -> None:
     from importlib.resources import files
 
