@@ -12,10 +12,9 @@ choices the teacher scored within `TIE_TOLERANCE` of its best (`acceptable`), an
 policy is fitted to put its probability anywhere in that set (the negative log of the set's
 total probability), so where every choice ties the label pulls toward none of them (the
 teacher breaks ties toward the larger value, which a plain clone learns as a preference).
-The policy is SB3's own policy object
-(`ActorCriticPolicy`), so PPO continues from exactly what was cloned. The ``imitation``
-library would fit, but pins gymnasium 0.29 and stable-baselines3 2.2; this loop is the few
-lines it needs.
+The policy is SB3's own policy object (`ActorCriticPolicy`), so PPO continues from exactly
+what was cloned. The ``imitation`` library would fit, but pins gymnasium 0.29 and
+stable-baselines3 2.2; this loop is the few lines it needs.
 """
 
 from __future__ import annotations
@@ -115,14 +114,21 @@ class Episode:
     metrics: dict[str, float]
 
 
-def knob_stakes(sweep: dict[int, float], grid: tuple[int, ...]) -> float:
-    """How much one knob's choice mattered in a teacher's sweep (value -> horizon score):
-    the lead of the best grid point over the next best, relative to the best score (+1,
-    so an idle horizon scores 0). Values nearest the same grid point are one choice."""
+def grid_scores(sweep: dict[int, float], grid: tuple[int, ...]) -> dict[int, float]:
+    """A teacher's sweep (value -> horizon score) as grid index -> best score: values
+    nearest the same grid point are one choice."""
     best: dict[int, float] = {}
     for value, score in sweep.items():
         i = nearest(grid, value)
         best[i] = max(best.get(i, -np.inf), score)
+    return best
+
+
+def knob_stakes(sweep: dict[int, float], grid: tuple[int, ...]) -> float:
+    """How much one knob's choice mattered in a teacher's sweep (`grid_scores`): the lead
+    of the best grid point over the next best, relative to the best score (+1, so an idle
+    horizon scores 0)."""
+    best = grid_scores(sweep, grid)
     if len(best) < 2:
         return 0.0
     first, second = sorted(best.values(), reverse=True)[:2]
@@ -133,10 +139,7 @@ def acceptable(sweep: dict[int, float], grid: tuple[int, ...], label: int) -> np
     """The grid choices (booleans over `grid`) whose best score in a teacher's sweep trails
     the sweep's best by less than `TIE_TOLERANCE` (as `knob_stakes` measures leads), and
     the teacher's own choice `label` (an index into `grid`)."""
-    best: dict[int, float] = {}
-    for value, score in sweep.items():
-        i = nearest(grid, value)
-        best[i] = max(best.get(i, -np.inf), score)
+    best = grid_scores(sweep, grid)
     mask = np.zeros(len(grid), dtype=bool)
     mask[label] = True
     if best:
