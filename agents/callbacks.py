@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,9 +164,11 @@ class BaselineEvalCallback(BaseCallback):
         eval_freq: int,
         best_dir: Path,
         baselines: tuple[str, ...] = ("alg1+alg2", "alg2:chunk=1"),
+        fields: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.scenario, self.action_mode, self.slo = scenario, action_mode, slo
+        self.fields = fields
         self.eval_freq, self.best_dir, self.baselines = eval_freq, best_dir, baselines
         self.reference: dict[str, dict[str, float]] = {}
         record = best_dir / "eval.json"
@@ -190,7 +193,9 @@ class BaselineEvalCallback(BaseCallback):
     def _evaluate(self) -> None:
         interval = ControlInterval.parse(self.scenario.interval)
         score = self.scenario.score(
-            lambda: PolicyController(self._act, self.action_mode, self.slo, interval)
+            lambda: PolicyController(
+                self._act, self.action_mode, self.slo, interval, fields=self.fields
+            )
         )
         # per run, the best baseline there; their geometric mean is the bar
         top = np.max([r["goodput_by_run"] for r in self.reference.values()], axis=0)

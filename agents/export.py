@@ -35,6 +35,7 @@ from batchpilot.agents.policy import (
 )
 from batchpilot.envs.action_grid import MODES
 from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.observation import checked_fields
 
 OPSET = 17
 
@@ -169,6 +170,14 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
     return meta, ckpt
 
 
+def run_fields(meta: dict[str, Any]) -> tuple[str, ...]:
+    """The observation entries a run was trained on (its env's ``observation_fields``)."""
+    try:
+        return checked_fields(meta["env_kwargs"].get("observation_fields"))
+    except (TypeError, ValueError) as exc:
+        raise PolicyFileError(f"run.json: env_kwargs.observation_fields: {exc}") from None
+
+
 class Member(NamedTuple):
     """One exported run: its ``run.json``, its policy as a module, its sidecar entries."""
 
@@ -180,13 +189,13 @@ class Member(NamedTuple):
 def _member(run_dir: Path, checkpoint: str) -> Member:
     """Load one run for export."""
     meta, ckpt = load_run(run_dir, checkpoint)
-    layout = observation_layout()["fields"]
+    layout = run_fields(meta)
     try:
         policy = load_policy_module(ckpt)
         n_obs = policy.observation_space.shape[0]
         if n_obs != len(layout):
             raise PolicyFileError(
-                f"{ckpt}: the model takes {n_obs} inputs, this version's layout has {len(layout)}"
+                f"{ckpt}: the model takes {n_obs} inputs, its run observes {len(layout)} entries"
             )
         mean, var, eps, clip = normalisation(ckpt, n_obs)
         timesteps = read_state(ckpt)["num_timesteps"]
@@ -228,17 +237,19 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
                 )
         if other.meta["env_kwargs"].get("slo") != meta["env_kwargs"].get("slo"):
             raise PolicyFileError(f"{run}: trained for another SLO than {run_dirs[0]}")
+        if run_fields(other.meta) != run_fields(meta):
+            raise PolicyFileError(f"{run}: observes other entries than {run_dirs[0]}")
     modules = [m.module for m in members]
     if len(members) == 1:
         module: th.nn.Module = modules[0]
     else:
         _same_shape(modules, run_dirs)
         module = OnnxableEnsemble(modules).eval()
-    n_obs = len(observation_layout()["fields"])
+    fields = run_fields(meta)
     out.parent.mkdir(parents=True, exist_ok=True)
     th.onnx.export(
         module,
-        (th.zeros(1, n_obs),),
+        (th.zeros(1, len(fields)),),
         str(out),
         opset_version=OPSET,
         input_names=["observation"],
@@ -252,7 +263,7 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     sidecar = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "observation": observation_layout(),
+        "observation": observation_layout(fields),
         "action": action_layout(meta["action_mode"]),
         "slo": env.get("slo", str(DEFAULT_SLO)),
         "control_interval": meta["control_interval"],

@@ -7,8 +7,8 @@ into a few numpy calls per decision (one observation, preallocated buffers):
 - a chain of dense steps on the observation: ``Sub``/``Add``/``Div``/``Mul`` by a
   constant, ``Clip`` by constants, ``Tanh``, ``Relu``, and ``Gemm``/``MatMul`` with
   constant weights (the bias is a column of the weights, each vector ends in a 1);
-  ``Cast`` to float, ``Flatten`` and exact no-ops (``Sub 0``, ``Div 1``, ``Clip`` to
-  +-inf) cost nothing;
+  ``Cast`` to float, ``Flatten``, ``Identity`` and exact no-ops (``Sub 0``, ``Div 1``,
+  ``Clip`` to +-inf) cost nothing;
 - ``Split`` of the last vector into one segment per knob, and ``ArgMax`` of each, after
   any order-preserving steps (``Softmax``, ``LogSoftmax``, ``x - ReduceLogSumExp(x)``),
   which are skipped: they do not change which entry is largest;
@@ -41,7 +41,7 @@ one per controller, not shared across threads."""
 SUPPORTED_OPS = frozenset(
     {
         "Add", "ArgMax", "Cast", "Clip", "Concat", "Constant", "Div", "Flatten", "Gemm",
-        "LogSoftmax", "MatMul", "Mul", "ReduceLogSumExp", "Relu", "Reshape", "Softmax",
+        "Identity", "LogSoftmax", "MatMul", "Mul", "ReduceLogSumExp", "Relu", "Reshape", "Softmax",
         "Split", "Sub", "Tanh", "Unsqueeze",
     }
 )  # fmt: skip
@@ -193,6 +193,8 @@ class Lowering:
             if set(attrs) != {"value"}:
                 raise GraphError(f"only a tensor 'value' is supported, got {sorted(attrs)}")
             return self.constant(attrs["value"])
+        if op == "Identity":
+            return x  # the exporter writes one where two constants are equal (shared storage)
         if op in ("Flatten", "Cast") and isinstance(x, Dense | Indices):
             if attrs.get("axis", 1) != 1 or attrs.get("to", FLOAT) != FLOAT:
                 raise GraphError(f"only axis 1 and a cast to float are supported, got {attrs}")

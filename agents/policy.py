@@ -35,7 +35,7 @@ from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer, checked_fields
+from batchpilot.envs.observation import SCALES, Observer, checked_fields
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 FORMAT = "batchpilot-policy"
@@ -93,9 +93,9 @@ def sidecar_problems(meta: dict[str, Any]) -> list[str]:
     return problems
 
 
-def observation_layout() -> dict[str, Any]:
+def observation_layout(fields: Sequence[str] | None = None) -> dict[str, Any]:
     """The policy's input: the observation's fields and scaling constants (`Observer`)."""
-    return {"fields": list(OBSERVATION_FIELDS), "scales": dict(SCALES)}
+    return {"fields": list(checked_fields(fields)), "scales": dict(SCALES)}
 
 
 def action_layout(mode: str) -> dict[str, Any]:
@@ -117,7 +117,7 @@ class PolicyController:
         slo: SLO,
         control_interval: ControlInterval,
         name: str = "policy",
-        fields: Sequence[str] = OBSERVATION_FIELDS,
+        fields: Sequence[str] | None = None,
     ) -> None:
         self.act = act
         self.grid = ActionGrid(mode)

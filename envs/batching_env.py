@@ -231,6 +231,8 @@ class BatchingEnv(gym.Env):
       the step-time factor, so a workload spec's load relative to the engine holds on a
       slower or faster one. Default (1, 1): the profile as it is.
     - `action_mode` (``grid`` or ``step``), `w_lost`, `w_recompute`.
+    - `observation_fields`: the entries of `OBSERVATION_FIELDS` the observation holds, in
+      that order or another (default: all); a policy file records them and serves with them.
 
     ## Examples
     ```python
@@ -261,6 +263,7 @@ class BatchingEnv(gym.Env):
         kv_scale: ScaleRanges = (1.0, 1.0),
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        observation_fields: list[str] | None = None,
     ) -> None:
         if engine not in ("sim", "vllm"):
             raise ValueError(f"engine must be 'sim' or 'vllm', got {engine!r}")
@@ -303,10 +306,10 @@ class BatchingEnv(gym.Env):
         self.w_recompute = w_recompute
         self.model = model
         self.engine_kwargs = engine_kwargs or {}
-        self.observer = Observer(self.slo)
+        self.observer = Observer(self.slo, observation_fields)
         self.action_space = spaces.MultiDiscrete(list(self.grid.nvec))
         clip = SCALES["clip"]
-        self.observation_space = spaces.Box(-clip, clip, (len(OBSERVATION_FIELDS),), np.float32)
+        self.observation_space = spaces.Box(-clip, clip, (len(self.observer.fields),), np.float32)
         self._engine: Engine | None = None
         self._vllm_engine: Engine | None = None
 

@@ -59,9 +59,11 @@ OBSERVATION_FIELDS: tuple[str, ...] = (
 """Names of the observation's entries, in order (meanings: `Observer`)."""
 
 
-def checked_fields(fields: Sequence[str]) -> tuple[str, ...]:
+def checked_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
     """`fields` as a tuple, if it names entries of `OBSERVATION_FIELDS`, each once, at least
-    one; otherwise a ValueError naming the problem."""
+    one (None: all of them); otherwise a ValueError naming the problem."""
+    if fields is None:
+        return OBSERVATION_FIELDS
     unknown = sorted(set(fields) - set(OBSERVATION_FIELDS))
     if unknown or len(set(fields)) != len(fields) or not fields:
         raise ValueError(
@@ -104,12 +106,12 @@ class Observer:
     light load.
 
     `fields` picks entries of `OBSERVATION_FIELDS`, in its order or another (a policy file
-    names the entries it was trained on); by default, all.
+    names the entries it was trained on); None: all.
     """
 
-    def __init__(self, slo: SLO, fields: Sequence[str] = OBSERVATION_FIELDS) -> None:
+    def __init__(self, slo: SLO, fields: Sequence[str] | None = None) -> None:
         self.fields = checked_fields(fields)
-        index = tuple(OBSERVATION_FIELDS.index(f) for f in fields)
+        index = tuple(OBSERVATION_FIELDS.index(f) for f in self.fields)
         self._pick = None if index == tuple(range(len(OBSERVATION_FIELDS))) else index
         s = SCALES
         self.ttft_s = (slo.ttft_ms / 1e3) if slo.ttft_ms else s["default_ttft_s"]

@@ -562,6 +562,10 @@ def test_ensemble_members_keep_their_own_observation_normalisation(
     [
         ({"control_interval": "1s"}, "control_interval '1s' differs"),
         ({"env_kwargs": {"slo": "ttft:100,tpot:10"}}, "trained for another SLO"),
+        (
+            {"env_kwargs": {"slo": SLO_SPEC, "observation_fields": OBSERVATION_FIELDS[::-1]}},
+            "observes other entries",
+        ),
     ],
 )
 def test_an_ensemble_of_unlike_runs_is_refused(
@@ -572,6 +576,38 @@ def test_an_ensemble_of_unlike_runs_is_refused(
     other = another_member(trained_run, tmp_path / "other", **change)
     with pytest.raises(PolicyFileError, match=message):
         export([trained_run, other], tmp_path / "x.onnx", "final")
+
+
+def test_a_run_on_some_observation_entries_exports_and_serves_them(tmp_path: Path) -> None:
+    """`observation_fields` picks the entries: the env, the evaluation callback, the export and
+    the served controller all observe exactly those, in that order."""
+    from batchpilot.agents.export import export
+    from batchpilot.training.train import train
+
+    picked = ["waiting", "kv_cache_usage", "tbt_p90_over_tpot", "log2_max_num_seqs"]
+    body = json.loads(json.dumps(TINY))
+    spec = body["batchpilot/Batching-v0"]
+    spec.update(n_timesteps=64, checkpoint_freq=64)
+    del spec["imitation"]
+    spec["env_kwargs"]["observation_fields"] = picked
+    spec["eval"] |= {"freq": 64, "workload": spec["eval"]["workload"][1:]}
+    config = write_config(tmp_path / "picked.yml", body)
+    train(load_config(config), config, tmp_path / "run", resume=False, progress=False)
+    out = tmp_path / "picked.onnx"
+    sidecar = export([tmp_path / "run"], out, "best")
+    assert sidecar["observation"]["fields"] == picked
+    policy = load_policy(out)
+    assert policy.observer.fields == tuple(picked)
+    assert run_metrics(policy, num_requests=40)["completed"] == 40
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    meta["env_kwargs"]["observation_fields"] = picked[:2]
+    (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(PolicyFileError, match="takes 4 inputs, its run observes 2 entries"):
+        export([tmp_path / "run"], out, "best")
+    meta["env_kwargs"]["observation_fields"] = ["waiting", "queue_mood"]
+    (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(PolicyFileError, match="observation_fields.*queue_mood"):
+        export([tmp_path / "run"], out, "best")
 
 
 def copy_policy(src: Path, dst_dir: Path) -> Path:

@@ -128,8 +128,9 @@ def model_bytes(nodes: list, inits: list, n_in: int = 5, out_dims: int = 2) -> b
 
 
 def other_arrangement() -> tuple[list, list]:
-    """Normalisation and a finite clip, MatMul + Add + Relu, a Gemm with alpha, beta and
-    B not transposed, a split into 3 + 4, LogSoftmax on one knob, keepdims on the other."""
+    """Normalisation and a finite clip, MatMul + Add + Relu, Identity on a vector and on a
+    constant, a Gemm with alpha, beta and B not transposed, a split into 3 + 4, LogSoftmax on
+    one knob, keepdims on the other."""
     rng = np.random.default_rng(1)
     f32 = np.float32
     inits = [
@@ -152,7 +153,9 @@ def other_arrangement() -> tuple[list, list]:
         node("MatMul", ["x", "w1"], ["m"]),
         node("Add", ["m", "b1"], ["a"]),
         node("Relu", ["a"], ["r"]),
-        node("Gemm", ["r", "w2", "b2"], ["logits"], alpha=0.5, beta=2.0),
+        node("Identity", ["r"], ["ri"]),
+        node("Identity", ["b2"], ["b2i"]),
+        node("Gemm", ["ri", "w2", "b2i"], ["logits"], alpha=0.5, beta=2.0),
         node("Split", ["logits", "sizes"], ["k0", "k1"], axis=1),
         node("LogSoftmax", ["k0"], ["l0"], axis=1),
         node("ArgMax", ["l0"], ["i0"], axis=1, keepdims=1),

@@ -387,6 +387,7 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
             slo,
             max(1, freq // cfg.n_envs),
             out / "best",
+            fields=cfg.env_kwargs.get("observation_fields"),
         )
         callbacks.append(evaluator)
     if previous is None and cfg.imitation is not None:
