@@ -230,6 +230,10 @@ class BatchingEnv(gym.Env):
       to ranges (a profile it does not name is left as it is). Arrival rates are divided by
       the step-time factor, so a workload spec's load relative to the engine holds on a
       slower or faster one. Default (1, 1): the profile as it is.
+    - `knee_scale`: the same for the decode knee (`EngineProfile.scaled`): the token count
+      where a step's linear layers turn compute-bound, times the factor (an H100 is close to
+      an A100 at 0.6x the step time with the knee 2x as far out). Arrival rates are left as
+      they are.
     - `action_mode` (``grid`` or ``step``), `w_lost`, `w_recompute`.
     - `observation_fields`: the entries of `OBSERVATION_FIELDS` the observation holds, in
       that order or another (default: all); a policy file records them and serves with them.
@@ -261,6 +265,7 @@ class BatchingEnv(gym.Env):
         w_recompute: float = 0.5,
         step_time_scale: ScaleRanges = (1.0, 1.0),
         kv_scale: ScaleRanges = (1.0, 1.0),
+        knee_scale: ScaleRanges = (1.0, 1.0),
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
         observation_fields: list[str] | None = None,
@@ -282,8 +287,11 @@ class BatchingEnv(gym.Env):
         names = [p.name for p in self._profile_objs]
         self.step_time_scale = profile_ranges(step_time_scale, names, "step_time_scale")
         self.kv_scale = profile_ranges(kv_scale, names, "kv_scale")
-        if engine == "vllm" and (self.step_time_scale or self.kv_scale):
-            raise ValueError("step_time_scale and kv_scale vary the simulator's profile only")
+        self.knee_scale = profile_ranges(knee_scale, names, "knee_scale")
+        if engine == "vllm" and (self.step_time_scale or self.kv_scale or self.knee_scale):
+            raise ValueError(
+                "step_time_scale, kv_scale and knee_scale vary the simulator's profile only"
+            )
         specs = workload if isinstance(workload, list) else [workload]
         if not specs:
             raise ValueError("workload list is empty")
@@ -364,7 +372,7 @@ class BatchingEnv(gym.Env):
         rng = self.np_random
         profile = self._profile_objs[int(rng.choice(len(self._profile_objs), p=self._profile_p))]
         scales = []
-        for ranges in (self.step_time_scale, self.kv_scale):
+        for ranges in (self.step_time_scale, self.kv_scale, self.knee_scale):
             lo, hi = ranges.get(profile.name, (1.0, 1.0))
             # drawn only when asked for, so envs without them keep their random streams
             scales.append(lo if lo == hi else float(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
@@ -385,6 +393,7 @@ class BatchingEnv(gym.Env):
             "profile": profile.name,
             "step_time_scale": scales[0],
             "kv_scale": scales[1],
+            "knee_scale": scales[2],
             "offered_output_tps": self._offered_tps,
         }
         return self.observer(self._telemetry), info

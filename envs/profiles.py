@@ -70,16 +70,18 @@ class EngineProfile:
     def kv_capacity_tokens(self) -> int:
         return self.num_gpu_blocks * self.block_size
 
-    def scaled(self, step_time: float = 1.0, kv: float = 1.0) -> EngineProfile:
-        """The same deployment with every step time times `step_time` and `kv` times the KV
+    def scaled(self, step_time: float = 1.0, kv: float = 1.0, knee: float = 1.0) -> EngineProfile:
+        """The same deployment with every step time times `step_time`, `kv` times the KV
         blocks (never fewer than one request of `max_model_len` needs, plus vLLM's null
-        block): a slower or faster GPU, more or less memory for the cache. Same name
-        (workload specs select by it)."""
-        if step_time == kv == 1.0:
+        block) and the decode knee `knee` times as far out (`StepModel.stretched`): a slower
+        or faster GPU, more or less memory for the cache, more or less compute per unit of
+        memory bandwidth. Same name (workload specs select by it)."""
+        if step_time == kv == knee == 1.0:
             return self
         least = -(-self.max_model_len // self.block_size) + 1
         blocks = max(round(self.num_gpu_blocks * kv), least)
-        step = self.step if step_time == 1.0 else self.step.slowed(step_time)
+        step = self.step if knee == 1.0 else self.step.stretched(knee)
+        step = step if step_time == 1.0 else step.slowed(step_time)
         return replace(self, num_gpu_blocks=blocks, step=step)
 
     def to_json(self) -> str:

@@ -84,6 +84,13 @@ class StepModel(ABC):
         the same shape)."""
 
     @abstractmethod
+    def stretched(self, factor: float) -> StepModel:
+        """The same model with the token counts along the linear layers' cost curve
+        multiplied by `factor`: the decode knee (where those layers turn compute-bound) moves
+        `factor` times as far out, as on a GPU with `factor` times the compute per unit of
+        memory bandwidth. Fixed, per-request and attention costs are unchanged."""
+
+    @abstractmethod
     def to_dict(self) -> dict:
         """JSON-ready form, with ``kind``."""
 
@@ -126,6 +133,14 @@ class LinearStepModel(StepModel):
 
     def slowed(self, factor: float) -> LinearStepModel:
         return LinearStepModel(*(getattr(self, f.name) * factor for f in fields(self)))
+
+    def stretched(self, factor: float) -> LinearStepModel:
+        """No knee: each token through the linear layers costs 1/`factor` as much."""
+        return replace(
+            self,
+            prefill_token_s=self.prefill_token_s / factor,
+            decode_seq_s=self.decode_seq_s / factor,
+        )
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
@@ -201,6 +216,15 @@ class TableStepModel(StepModel):
                     tuple(v * factor for v in value) if isinstance(value, tuple) else value * factor
                 )
         return replace(self, **times)
+
+    def stretched(self, factor: float) -> TableStepModel:
+        """Both tables (linear layers over tokens, LM head over requests) read at counts
+        divided by `factor`."""
+        return replace(
+            self,
+            token_knots=tuple(k * factor for k in self.token_knots),
+            seq_knots=tuple(k * factor for k in self.seq_knots),
+        )
 
     def to_dict(self) -> dict:
         out = {"kind": self.kind}

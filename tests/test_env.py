@@ -223,9 +223,37 @@ def test_profile_and_prompt_randomisation_is_drawn_per_episode() -> None:
     assert all(r.prompt_tokens + r.output_tokens <= mml for r in longer.requests)
 
 
+def test_knee_scale_moves_the_decode_knee_only() -> None:
+    """The linear layers' cost curve read at counts / factor: a step of 2N tokens on the
+    stretched profile costs what N cost before, plus the unstretched attention."""
+    from batchpilot.envs.profiles import get_profile
+
+    base = get_profile("llama-2-7b-a100")
+    env = make(profile=base.name, knee_scale=[1.5, 3.0])
+    knees = set()
+    for seed in range(4):
+        _, info = env.reset(seed=seed)
+        k, step = info["knee_scale"], env.unwrapped.engine.profile.step
+        assert 1.5 <= k <= 3.0 and info["step_time_scale"] == info["kv_scale"] == 1.0
+        for n in (1, 64, 512, 2048):
+            stretched, plain = step.time(1, n, 0, 0, 0, 0), base.step.time(1, n / k, 0, 0, 0, 0)
+            attention = base.step.attn_prefill_token_s * (n - n / k)
+            assert stretched == pytest.approx(plain + attention, rel=1e-6)
+        assert step.time(0, 0, 0, 0, 1, 100) == pytest.approx(base.step.time(0, 0, 0, 0, 1, 100), rel=0.01)
+        knees.add(k)
+    assert len(knees) == 4
+    h100, a100 = get_profile("llama-2-7b-h100").step, base.scaled(0.66, 1.0, 2.45).step
+    for counts in ((0, 8, 0, 0, 8, 4800), (1, 2048, 2048, 2048**2 // 2, 0, 0)):
+        assert a100.time(*counts) == pytest.approx(h100.time(*counts), rel=0.1)  # an H100, near enough
+    linear = get_profile("llama-7b-a100").step
+    assert linear.stretched(2).time(1, 200, 0, 0, 0, 0) < linear.time(1, 200, 0, 0, 0, 0)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"knee_scale": [0, 2]}, r"knee_scale must be 0 < lo <= hi"),
+        ({"engine": "vllm", "model": "m", "knee_scale": [1, 2]}, "vary the simulator's profile only"),
         ({"kv_scale": [0.5, 0.2]}, r"kv_scale must be 0 < lo <= hi < inf, got \[0.5, 0.2\]"),
         ({"step_time_scale": "fast"}, "step_time_scale must be \\[lo, hi\\], got 'fast'"),
         ({"kv_scale": {"llama-2-7b-a40": [0.5, 1]}}, "kv_scale: 'llama-2-7b-a40' is not one of the env's profiles"),

@@ -103,6 +103,9 @@ class ReplayedStepTimes(StepModel):
     def slowed(self, factor: float) -> StepModel:  # the recorded times are not scaled here
         raise NotImplementedError
 
+    def stretched(self, factor: float) -> StepModel:
+        raise NotImplementedError
+
     def to_dict(self) -> dict:
         return {"kind": self.kind}
 
