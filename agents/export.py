@@ -170,18 +170,12 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
     return meta, ckpt
 
 
-def run_fields(meta: dict[str, Any]) -> tuple[str, ...]:
-    """The observation entries a run was trained on (its env's ``observation_fields``)."""
-    try:
-        return checked_fields(meta["env_kwargs"].get("observation_fields"))
-    except (TypeError, ValueError) as exc:
-        raise PolicyFileError(f"run.json: env_kwargs.observation_fields: {exc}") from None
-
-
 class Member(NamedTuple):
-    """One exported run: its ``run.json``, its policy as a module, its sidecar entries."""
+    """One exported run: its ``run.json``, the observation entries it was trained on, its
+    policy as a module, its sidecar entries."""
 
     meta: dict[str, Any]
+    fields: tuple[str, ...]
     module: OnnxablePolicy
     entries: dict[str, Any]
 
@@ -189,7 +183,10 @@ class Member(NamedTuple):
 def _member(run_dir: Path, checkpoint: str) -> Member:
     """Load one run for export."""
     meta, ckpt = load_run(run_dir, checkpoint)
-    layout = run_fields(meta)
+    try:
+        layout = checked_fields(meta["env_kwargs"].get("observation_fields"))
+    except (TypeError, ValueError) as exc:
+        raise PolicyFileError(f"{run_dir}/run.json: env_kwargs: {exc}") from None
     try:
         policy = load_policy_module(ckpt)
         n_obs = policy.observation_space.shape[0]
@@ -214,7 +211,7 @@ def _member(run_dir: Path, checkpoint: str) -> Member:
         "timesteps": timesteps,
         "checkpoint": str(ckpt),
     }
-    return Member(meta, OnnxablePolicy(policy, mean, var, eps, clip).eval(), entries)
+    return Member(meta, layout, OnnxablePolicy(policy, mean, var, eps, clip).eval(), entries)
 
 
 def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[str, Any]:
@@ -237,7 +234,7 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
                 )
         if other.meta["env_kwargs"].get("slo") != meta["env_kwargs"].get("slo"):
             raise PolicyFileError(f"{run}: trained for another SLO than {run_dirs[0]}")
-        if run_fields(other.meta) != run_fields(meta):
+        if other.fields != members[0].fields:
             raise PolicyFileError(f"{run}: observes other entries than {run_dirs[0]}")
     modules = [m.module for m in members]
     if len(members) == 1:
@@ -245,7 +242,7 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     else:
         _same_shape(modules, run_dirs)
         module = OnnxableEnsemble(modules).eval()
-    fields = run_fields(meta)
+    fields = members[0].fields
     out.parent.mkdir(parents=True, exist_ok=True)
     th.onnx.export(
         module,

@@ -606,7 +606,7 @@ def test_a_run_on_some_observation_entries_exports_and_serves_them(tmp_path: Pat
         export([tmp_path / "run"], out, "best")
     meta["env_kwargs"]["observation_fields"] = ["waiting", "queue_mood"]
     (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
-    with pytest.raises(PolicyFileError, match=r"observation_fields.*queue_mood"):
+    with pytest.raises(PolicyFileError, match=r"run.json: env_kwargs: observation fields.*queue_mood"):
         export([tmp_path / "run"], out, "best")
 
 
