@@ -232,7 +232,7 @@ class BatchingEnv(gym.Env):
       slower or faster one. Default (1, 1): the profile as it is.
     - `knee_scale`: the same for the decode knee (`EngineProfile.scaled`): the token count
       where a step's linear layers turn compute-bound, times the factor (an H100 is close to
-      an A100 at 0.66x the step time with the knee 2.45x as far out). Arrival rates are left as
+      an A100 at 0.67x the step time with the knee 2.54x as far out). Arrival rates are left as
       they are.
     - `action_mode` (``grid`` or ``step``), `w_lost`, `w_recompute`.
     - `observation_fields`: the entries of `OBSERVATION_FIELDS` the observation holds, in

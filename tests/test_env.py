@@ -242,7 +242,7 @@ def test_knee_scale_moves_the_decode_knee_only() -> None:
         assert step.time(0, 0, 0, 0, 1, 100) == pytest.approx(base.step.time(0, 0, 0, 0, 1, 100), rel=0.01)
         knees.add(k)
     assert len(knees) == 4
-    h100, a100 = get_profile("llama-2-7b-h100").step, base.scaled(0.66, 1.0, 2.45).step
+    h100, a100 = get_profile("llama-2-7b-h100").step, base.scaled(0.67, 1.0, 2.54).step
     for counts in ((0, 8, 0, 0, 8, 4800), (1, 2048, 2048, 2048**2 // 2, 0, 0)):
         assert a100.time(*counts) == pytest.approx(h100.time(*counts), rel=0.1)  # an H100, near enough
     linear = get_profile("llama-7b-a100").step
