@@ -35,7 +35,7 @@ from batchpilot.agents.policy import (
 )
 from batchpilot.envs.action_grid import MODES
 from batchpilot.envs.metrics import DEFAULT_SLO
-from batchpilot.envs.observation import checked_fields
+from batchpilot.envs.observation import OBSERVATION_FIELDS, checked_fields
 
 OPSET = 17
 
@@ -66,27 +66,37 @@ class OnnxableEnsemble(th.nn.Module):
     """Several grid policies as one MLP: the members' layers side by side (block-diagonal
     weights), their action heads summed, and the argmax of each knob's summed logits. That
     is the choice with the highest mean log-probability over the members: a member's
-    log-softmax differs from its logits by one constant per knob. The observation is
-    normalised once per distinct normalisation among the members (once, when they share
-    one), and each member's first layer reads its own copy. One chain of dense steps, so
-    the deployed numpy network runs it as it runs a single policy."""
+    log-softmax differs from its logits by one constant per knob. The graph reads the union
+    of the members' observation entries (`fields`, one tuple per member), in
+    `OBSERVATION_FIELDS` order; it is normalised once per distinct pair of entries and
+    normalisation among the members, and each member's first layer reads its own copy. One
+    chain of dense steps, so the deployed numpy network runs it as it runs a single policy."""
 
-    def __init__(self, members: list[OnnxablePolicy]):
+    def __init__(self, members: list[OnnxablePolicy], fields: list[tuple[str, ...]]):
         super().__init__()
         first = members[0].policy
         self.nvec = [int(n) for n in first.action_space.nvec]
-        n_obs = first.observation_space.shape[0]
-        copies: dict[bytes, int] = {}  # each distinct normalisation: its copy's index
-        copy_of = [  # each member's copy of the normalised observation
-            copies.setdefault(m.mean.numpy().tobytes() + m.std.numpy().tobytes(), len(copies))
-            for m in members
+        self.fields = tuple(f for f in OBSERVATION_FIELDS if any(f in m for m in fields))
+        copies: dict[bytes, int] = {}  # each distinct (entries, normalisation): its copy
+        copy_of = [
+            copies.setdefault(
+                repr(f).encode() + m.mean.numpy().tobytes() + m.std.numpy().tobytes(),
+                len(copies),
+            )
+            for m, f in zip(members, fields, strict=True)
         ]
-        norms = [members[copy_of.index(c)] for c in range(len(copies))]
-        self.copies = len(norms)
-        if self.copies > 1:  # one copy is the observation itself
-            self.register_buffer("expand", th.cat([th.eye(n_obs)] * self.copies, dim=1))
-        self.register_buffer("mean", th.cat([n.mean for n in norms]))
-        self.register_buffer("std", th.cat([n.std for n in norms]))
+        norms = [copy_of.index(c) for c in range(len(copies))]  # a member with that copy
+        widths = [len(fields[i]) for i in norms]
+        starts = np.cumsum([0, *widths])
+        select = th.zeros(len(self.fields), int(starts[-1]))
+        for c, i in enumerate(norms):
+            for j, name in enumerate(fields[i]):
+                select[self.fields.index(name), starts[c] + j] = 1.0
+        self.expand_input = not th.equal(select, th.eye(len(self.fields)))
+        if self.expand_input:  # else the one copy is the observation itself
+            self.register_buffer("expand", select)
+        self.register_buffer("mean", th.cat([members[i].mean for i in norms]))
+        self.register_buffer("std", th.cat([members[i].std for i in norms]))
         self.clip = members[0].clip
         nets = [list(m.policy.mlp_extractor.policy_net) for m in members]
         layers: list[th.nn.Module] = []
@@ -96,10 +106,10 @@ class OnnxableEnsemble(th.nn.Module):
                 continue
             weights = [net[depth].weight.data for net in nets]
             if depth == 0:  # member i reads copy copy_of[i] of the observation
-                weight = th.zeros(len(members) * module.out_features, self.copies * n_obs)
+                weight = th.zeros(len(members) * module.out_features, int(starts[-1]))
                 for i, (w, c) in enumerate(zip(weights, copy_of, strict=True)):
                     rows = slice(i * module.out_features, (i + 1) * module.out_features)
-                    weight[rows, c * n_obs : (c + 1) * n_obs] = w
+                    weight[rows, starts[c] : starts[c + 1]] = w
             else:
                 weight = th.block_diag(*weights)
             linear = th.nn.Linear(weight.shape[1], weight.shape[0])
@@ -113,7 +123,7 @@ class OnnxableEnsemble(th.nn.Module):
         self.net = th.nn.Sequential(*layers, head)
 
     def forward(self, observation: th.Tensor) -> th.Tensor:
-        x = observation if self.copies == 1 else observation @ self.expand
+        x = observation @ self.expand if self.expand_input else observation
         x = th.clamp((x - self.mean) / self.std, -self.clip, self.clip)
         logits = th.split(self.net(x), self.nvec, dim=1)
         return th.stack([lg.argmax(dim=1) for lg in logits], dim=1).to(th.float32)
@@ -133,9 +143,9 @@ def _same_shape(members: list[OnnxablePolicy], runs: list[Path]) -> None:
         )
 
     def shape(m: OnnxablePolicy) -> tuple:
-        layers = tuple(
-            (type(x).__name__, getattr(x, "in_features", 0), getattr(x, "out_features", 0))
-            for x in m.policy.mlp_extractor.policy_net
+        layers = tuple(  # the first layer's inputs are the member's observation entries
+            (type(x).__name__, d and getattr(x, "in_features", 0), getattr(x, "out_features", 0))
+            for d, x in enumerate(m.policy.mlp_extractor.policy_net)
         )
         grid = tuple(int(n) for n in getattr(m.policy.action_space, "nvec", ()))
         return layers, grid, type(m.policy.features_extractor).__name__, m.clip
@@ -184,12 +194,13 @@ def _member(run_dir: Path, checkpoint: str) -> Member:
     """Load one run for export."""
     meta, ckpt = load_run(run_dir, checkpoint)
     try:
-        layout = checked_fields(meta["env_kwargs"].get("observation_fields"))
-    except (TypeError, ValueError) as exc:
-        raise PolicyFileError(f"{run_dir}/run.json: env_kwargs: {exc}") from None
-    try:
         policy = load_policy_module(ckpt)
         n_obs = policy.observation_space.shape[0]
+        named = meta["env_kwargs"].get("observation_fields")
+        try:  # a run that names none observed the layout of its day: its first entries
+            layout = checked_fields(named if named is not None else OBSERVATION_FIELDS[:n_obs])
+        except (TypeError, ValueError) as exc:
+            raise PolicyFileError(f"{run_dir}/run.json: env_kwargs: {exc}") from None
         if n_obs != len(layout):
             raise PolicyFileError(
                 f"{ckpt}: the model takes {n_obs} inputs, its run observes {len(layout)} entries"
@@ -234,15 +245,14 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
                 )
         if other.meta["env_kwargs"].get("slo") != meta["env_kwargs"].get("slo"):
             raise PolicyFileError(f"{run}: trained for another SLO than {run_dirs[0]}")
-        if other.fields != members[0].fields:
-            raise PolicyFileError(f"{run}: observes other entries than {run_dirs[0]}")
     modules = [m.module for m in members]
     if len(members) == 1:
         module: th.nn.Module = modules[0]
+        fields = members[0].fields
     else:
         _same_shape(modules, run_dirs)
-        module = OnnxableEnsemble(modules).eval()
-    fields = members[0].fields
+        module = OnnxableEnsemble(modules, [m.fields for m in members]).eval()
+        fields = module.fields
     out.parent.mkdir(parents=True, exist_ok=True)
     th.onnx.export(
         module,
@@ -256,7 +266,11 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     )
     onnx.checker.check_model(str(out))
     env = meta["env_kwargs"]
-    entries = members[0].entries if len(members) == 1 else {"members": [m.entries for m in members]}
+    entries = (
+        members[0].entries
+        if len(members) == 1
+        else {"members": [m.entries | {"observation_fields": list(m.fields)} for m in members]}
+    )
     sidecar = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -56,7 +56,8 @@ OBSERVATION_FIELDS: tuple[str, ...] = (
     "step_base_over_tpot",
     "log2_tokens_per_tpot",
 )
-"""Names of the observation's entries, in order (meanings: `Observer`)."""
+"""Names of the observation's entries, in order (meanings: `Observer`). New entries are
+appended, never inserted: a training run that names no entries observed the first ones."""
 
 
 def checked_fields(fields: Sequence[str] | None) -> tuple[str, ...]:

@@ -467,18 +467,22 @@ def another_member(run: Path, dst: Path, **run_json) -> Path:
     return dst
 
 
-def summed_logit_choice(runs: list[Path], obs: np.ndarray) -> np.ndarray:
+def summed_logit_choice(
+    runs: list[Path], obs: np.ndarray, columns: list[list[int]] | None = None
+) -> np.ndarray:
     """SB3's reference for an ensemble: per knob, the argmax of the members' summed logits,
-    each member on its own observation normalisation and clip."""
+    each member on its own observation normalisation and clip, and on its own `columns` of
+    `obs` (default: all)."""
     import torch as th
 
     from batchpilot.agents.checkpoint import load_policy_module, normalisation
 
     logits = 0
-    for member in runs:
+    for k, member in enumerate(runs):
         policy = load_policy_module(member / "final")
-        mean, var, eps, clip = normalisation(member / "final", obs.shape[1])
-        x = np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
+        mine = obs if columns is None else obs[:, columns[k]]
+        mean, var, eps, clip = normalisation(member / "final", mine.shape[1])
+        x = np.clip((mine - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
         with th.no_grad():
             latent = policy.mlp_extractor.forward_actor(policy.extract_features(th.as_tensor(x)))
             logits = logits + policy.action_net(latent)
@@ -562,10 +566,6 @@ def test_ensemble_members_keep_their_own_observation_normalisation(
     [
         ({"control_interval": "1s"}, "control_interval '1s' differs"),
         ({"env_kwargs": {"slo": "ttft:100,tpot:10"}}, "trained for another SLO"),
-        (
-            {"env_kwargs": {"slo": SLO_SPEC, "observation_fields": OBSERVATION_FIELDS[::-1]}},
-            "observes other entries",
-        ),
     ],
 )
 def test_an_ensemble_of_unlike_runs_is_refused(
@@ -608,6 +608,31 @@ def test_a_run_on_some_observation_entries_exports_and_serves_them(tmp_path: Pat
     (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
     with pytest.raises(PolicyFileError, match=r"run.json: env_kwargs: observation fields.*queue_mood"):
         export([tmp_path / "run"], out, "best")
+
+
+def test_members_on_other_observation_entries_form_one_ensemble(
+    trained_run: Path, tmp_path: Path
+) -> None:
+    """The graph reads the union of the members' entries, in layout order, and each member
+    reads its own, in its own order: a member whose run names the entries reversed."""
+    from batchpilot.agents.export import export
+
+    ort = pytest.importorskip("onnxruntime")
+    reversed_ = list(OBSERVATION_FIELDS[::-1])
+    env = json.loads((trained_run / "run.json").read_text())["env_kwargs"]
+    other = another_member(trained_run, tmp_path / "other", env_kwargs=env | {"observation_fields": reversed_})
+    out = tmp_path / "mixed.onnx"
+    sidecar = export([trained_run, other], out, "final")
+    assert sidecar["observation"]["fields"] == list(OBSERVATION_FIELDS)
+    assert [m["observation_fields"] for m in sidecar["members"]] == [list(OBSERVATION_FIELDS), reversed_]
+    n = len(OBSERVATION_FIELDS)
+    obs = np.random.default_rng(3).uniform(0, 2, size=(256, n)).astype(np.float32)
+    expected = summed_logit_choice([trained_run, other], obs, [list(range(n)), list(range(n))[::-1]])
+    assert (expected != summed_logit_choice([trained_run, other], obs)).any()  # the order counts
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"observation": obs})[0], expected)
+    act = load_policy(out).act
+    np.testing.assert_array_equal(np.stack([act(o) for o in obs]), expected)
 
 
 def copy_policy(src: Path, dst_dir: Path) -> Path:
