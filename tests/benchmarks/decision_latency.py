@@ -125,7 +125,12 @@ def main() -> None:
     row("  ActionGrid.apply", per_call_us(policy.grid.apply, actions, args.repeat, lambda: None))
     if ort_act is not None:
         before = PolicyController(
-            ort_act, policy.grid.mode, policy.slo, policy.control_interval, name="onnxruntime"
+            ort_act,
+            policy.grid.mode,
+            policy.slo,
+            policy.control_interval,
+            name="onnxruntime",
+            fields=policy.observer.fields,
         )
         us = per_call_us(before.decide, seen, args.repeat, lambda: before.reset(engine))
         row("policy (onnxruntime network)", us)
