@@ -13,6 +13,7 @@ import yaml
 
 pytest.importorskip("stable_baselines3")
 
+from batchpilot.envs.observation import checked_fields
 from batchpilot.training.cli import main
 from batchpilot.training.train import load_config
 
@@ -100,11 +101,38 @@ def test_config_not_utf8_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["quick.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "llama-7b.yml", "llama3-70b.yml", "cpu-tiny.yml"]
+    "name",
+    [
+        "quick.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml",
+        "mix-drsk.yml", "mix-drsr.yml", "mix-drsrt.yml", "llama-7b.yml", "llama3-70b.yml",
+        "cpu-tiny.yml",
+    ],
 )
 def test_shipped_configs_pass(name: str) -> None:
     cfg = load_config(Path(str(files("batchpilot.training") / "configs" / name)))
     assert cfg.n_timesteps >= 1 and json.dumps(cfg.env_kwargs)
+
+
+def test_the_shipped_policys_members_are_what_their_configs_train() -> None:
+    """The learned README names the recipes of the shipped policy's six members (four runs of
+    mix-drsb.yml, two of mix-drsk.yml): each member (its sidecar entry) observed the entries
+    one of them names and trained on its profiles and workloads."""
+    root = Path(__file__).resolve().parents[1] / "training"
+    sidecar = json.loads((root / "reports/learned/policy.onnx.json").read_text())
+    configs = [load_config(root / "configs" / n) for n in ("mix-drsb.yml", "mix-drsk.yml")]
+    recipes = [
+        (
+            list(checked_fields(cfg.env_kwargs.get("observation_fields"))),
+            {"profile": cfg.env_kwargs["profile"], "workload": cfg.env_kwargs["workload"]},
+        )
+        for cfg in configs
+    ]
+    made_by = []
+    for member in sidecar["members"]:
+        recipe = (member["observation_fields"], member["trained_on"])
+        assert recipe in recipes, member["checkpoint"]
+        made_by.append(recipes.index(recipe))
+    assert [made_by.count(i) for i in range(len(recipes))] == [4, 2]  # as the README says
 
 
 def test_a_key_given_twice_is_named(tmp_path: Path) -> None:
