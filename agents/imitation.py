@@ -20,7 +20,7 @@ stable-baselines3 2.2; this loop is the few lines it needs.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -305,8 +305,27 @@ def dagger(
 ) -> list[dict[str, float]]:
     """Clone `spec.teacher` into `model.policy` over `spec.rounds` rounds (see module doc).
 
-    `log(values, round)` receives each round's ``imitation/*`` figures. Returns them.
+    Episodes are collected in up to `workers` processes (the results do not depend on how
+    many). `log(values, round)` receives each round's ``imitation/*`` figures. Returns them.
     """
+    workers = min(workers, spec.episodes)
+    if workers > 1:  # one pool for every round: each worker imports torch once
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            return _rounds(model, make_env, spec, seed, gamma, pool.map, log)
+    return _rounds(model, make_env, spec, seed, gamma, map, log)
+
+
+def _rounds(
+    model: Any,
+    make_env: Callable[[], gym.Env],
+    spec: ImitationSpec,
+    seed: int,
+    gamma: float,
+    map_: Callable[..., Iterable[Episode]],
+    log: Callable[[dict[str, float], int], None] | None,
+) -> list[dict[str, float]]:
+    """`dagger`'s rounds, collecting each round's episodes with `map_(collect_episode, ...)`."""
     rng = np.random.default_rng(seed)
     obs_all: list[np.ndarray] = []
     accepted_all: list[list[np.ndarray]] = []
@@ -320,12 +339,7 @@ def dagger(
         sweeps = spec.sweeps
         ties = tuple(spec.tie_sets)
         args = [(make_env, spec.teacher, s, policy, beta, sweeps, ties) for s in seeds]
-        if workers > 1:
-            ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
-            with ProcessPoolExecutor(min(workers, len(args)), mp_context=ctx) as pool:
-                episodes = list(pool.map(collect_episode, *zip(*args, strict=True)))
-        else:
-            episodes = [collect_episode(*a) for a in args]
+        episodes = list(map_(collect_episode, *zip(*args, strict=True)))
         for ep in episodes:
             obs_all.append(ep.obs)
             accepted_all.append(ep.acceptable)

@@ -39,7 +39,10 @@ a preemption) with the current budget, then every budget with the best max_num_s
 times); the current pair wins ties (and must be beaten by more than ``margin``), which
 keeps the limits from flapping between equal futures (other ties go to the larger value).
 The last round's two sweeps stay readable (`MPCController.sweeps`): how much each knob's
-choice mattered, which imitation can weigh its labels by.
+choice mattered, which imitation can weigh its labels by. A candidate whose limits a scored
+horizon never met (`SimEngine.peak_demand`: its max_num_seqs and the scored one's both above
+the most requests that ran, or likewise its budget) would repeat that horizon exactly, so it
+takes that score without a rollout (`reused`): the same choices, at a fraction of the rollouts.
 
 With ``future=sampled`` the arrivals after a re-plan are not the workload's but one draw,
 shared by every candidate of that re-plan: a Poisson stream at the recent (short-window)
@@ -149,6 +152,7 @@ class MPCController:
         self._packing = OracleController()
         self.plans = 0
         self.rollouts = 0
+        self.reused = 0
         self.plan_wall_s = 0.0
         self.sweeps: tuple[dict[int, float], dict[int, float]] = ({}, {})
 
@@ -168,7 +172,7 @@ class MPCController:
         self._token_grid = _clip(self.tokens, engine.max_num_batched_tokens)
         self._current = (engine.max_num_seqs, engine.max_num_batched_tokens)
         self._next_plan = float("-inf")
-        self.plans = self.rollouts = 0
+        self.plans = self.rollouts = self.reused = 0
         self.plan_wall_s = 0.0
         self._rng = np.random.default_rng(0)
         self._future: list[Request] | None = None
@@ -197,9 +201,16 @@ class MPCController:
         lost = self._lost(telemetry)
         self._future = self._sampled_future(telemetry) if self.future == "sampled" else None
 
+        peaks: dict[tuple[int, int], tuple[int, int]] = {}  # of each rollout's horizon
+
         def score(pair: tuple[int, int]) -> float:
             if pair not in scores:
-                scores[pair] = self.rollout(telemetry, pair, lost)
+                twin = _same_horizon(pair, peaks)
+                if twin is None:
+                    scores[pair], peaks[pair] = self._rollout(telemetry, pair, lost)
+                else:
+                    scores[pair] = scores[twin]
+                    self.reused += 1
             return scores[pair]
 
         incumbent = self._current
@@ -227,6 +238,12 @@ class MPCController:
     def rollout(self, telemetry: Telemetry, pair: tuple[int, int], lost: set[str]) -> float:
         """The horizon score (output tokens) of holding `pair` for `horizon_s` from the
         engine's state at `telemetry`; `lost`: ids of requests already off pace then."""
+        return self._rollout(telemetry, pair, lost)[0]
+
+    def _rollout(
+        self, telemetry: Telemetry, pair: tuple[int, int], lost: set[str]
+    ) -> tuple[float, tuple[int, int]]:
+        """`rollout`'s score and the horizon's `SimEngine.peak_demand`."""
         now = telemetry.time_s
         engine = self._engine.fork(history=False)  # type: ignore[union-attr]
         if self._future is not None:
@@ -272,7 +289,7 @@ class MPCController:
         backlog = min(self._drain_s(queued, pace) - limit, self.horizon_s)
         if backlog > 0:
             score -= backlog * telemetry.arrival_rate * telemetry.output_mean
-        return float(score)
+        return float(score), engine.peak_demand()
 
     def _sampled_future(self, telemetry: Telemetry) -> list[Request]:
         """One draw of the arrivals over the horizon (module doc)."""
@@ -320,8 +337,27 @@ class MPCController:
         return tokens / pace if pace > 0 else float("inf")
 
     def cost(self) -> dict[str, float]:
-        """Planning totals so far: re-plans, rollouts, wall seconds spent planning."""
-        return {"plans": self.plans, "rollouts": self.rollouts, "plan_wall_s": self.plan_wall_s}
+        """Planning totals so far: re-plans, rollouts, candidates scored by a rollout they
+        would repeat (`reused`), wall seconds spent planning."""
+        return {
+            "plans": self.plans,
+            "rollouts": self.rollouts,
+            "reused": self.reused,
+            "plan_wall_s": self.plan_wall_s,
+        }
+
+
+def _same_horizon(
+    pair: tuple[int, int], peaks: dict[tuple[int, int], tuple[int, int]]
+) -> tuple[int, int] | None:
+    """A rolled-out pair whose horizon `pair` would repeat exactly, or None: on each knob
+    either the same value, or both values above the most that horizon asked for (its
+    `peak_demand`: that limit never acted, nor would the other)."""
+    seqs, tokens = pair
+    for (s, t), (running, asked) in peaks.items():
+        if (s == seqs or min(s, seqs) > running) and (t == tokens or min(t, tokens) > asked):
+            return s, t
+    return None
 
 
 def _clip(grid: tuple[int, ...], cap: int) -> tuple[int, ...]:

@@ -168,12 +168,32 @@ class SimEngine:
         self._waiting_tokens = 0
         self.set_limits(limits)
         self._admit_arrivals()
+        self.reset_peak_demand()
         return self._telemetry()
 
     def set_limits(self, limits: Limits) -> None:
         self._limit = max(1, min(limits.max_num_seqs, self.max_num_seqs))
         budget = limits.max_num_batched_tokens or self.max_num_batched_tokens
         self._budget = max(1, min(budget, self.max_num_batched_tokens))
+
+    def reset_peak_demand(self) -> None:
+        """Start `peak_demand` afresh from the engine's state now."""
+        self._peak_running = len(self._running)
+        self._peak_tokens = 0
+
+    def peak_demand(self) -> tuple[int, int]:
+        """(most requests running, most tokens an iteration asked for) since the last
+        `reset_peak_demand` (a reset, a fork without history).
+
+        An iteration asks for the tokens it scheduled plus, where a request's blocks did
+        not fit, that request's unclipped chunk; where the token budget ran out, it asked
+        for the whole budget (at least). So a run in which ``max_num_seqs`` stayed above
+        the first figure never met that limit, nor one whose budget stayed above the second
+        met the budget: continued from the same state with any other limit above the same
+        figure, it goes exactly the same way (`mpc` reuses such horizons). A V0
+        iteration not run in closed form asks for every token (its budget check is not
+        tracked)."""
+        return self._peak_running, self._peak_tokens
 
     @property
     def done(self) -> bool:
@@ -250,6 +270,7 @@ class SimEngine:
             state["_stats"] = RunMetrics()
             state["_records"] = []
             state["keep_records"] = True  # what follows a fork is short: its records are kept
+            other.reset_peak_demand()
         return other
 
     # ------------------------------------------------------------------ running
@@ -295,6 +316,7 @@ class SimEngine:
         add = scheduled.append
         preempted = 0
         free = self._free
+        asked = 0  # tokens asked for where blocks did not fit (`peak_demand`)
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -304,6 +326,7 @@ class SimEngine:
                 n = budget
             need = -(-(computed + n) // bs) - req.blocks
             if need > free:
+                asked = self._budget - budget + req.prompt + req.generated - computed
                 self._free = free
                 while True:
                     victim = running.pop()
@@ -328,6 +351,7 @@ class SimEngine:
                     n = budget
                 need = -(-n // bs)
                 if need > free:
+                    asked = self._budget - budget + req.prompt + req.generated - req.computed
                     break
                 waiting.popleft()
                 self._waiting_tokens -= req.prompt + req.generated
@@ -337,6 +361,9 @@ class SimEngine:
                 add((req, n))
                 budget -= n
         self._free = free
+        asked = max(asked, self._budget - budget)
+        if asked > self._peak_tokens:
+            self._peak_tokens = asked
         self._execute(scheduled, preempted)
 
     def _step_v0(self) -> None:
@@ -354,6 +381,7 @@ class SimEngine:
         scheduled: list[tuple[_Req, int]] = []
         preempted = 0
         budget = self._budget
+        self._peak_tokens = 1 << 62  # not tracked (`peak_demand`)
         while waiting and len(running) < self._limit:
             req = waiting[0]
             n = req.prompt + req.generated
@@ -396,6 +424,8 @@ class SimEngine:
 
     def _execute(self, scheduled: list[tuple[_Req, int]], preempted: int) -> None:
         """Run one iteration of `scheduled` (request, tokens) pairs and account for it."""
+        if len(self._running) > self._peak_running:
+            self._peak_running = len(self._running)
         prefill_seqs = prefill = prefill_kv = prefill_attn = decode = decode_kv = 0
         for req, n in scheduled:
             computed = req.computed
@@ -526,9 +556,14 @@ class SimEngine:
             budget = self._budget
             if n == 0 or budget < n:
                 return False  # nothing to run, or decodes cut by the budget
+            if n > self._peak_tokens:
+                self._peak_tokens = n
             admission_open = n < self._limit and budget > n
             if self._waiting and admission_open:
                 head = self._waiting[0]
+                asked = n + head.prompt + head.generated - head.computed
+                if asked > self._peak_tokens:
+                    self._peak_tokens = asked
                 chunk = min(head.prompt + head.generated - head.computed, budget - n)
                 if -(-chunk // self.block_size) <= self._free:
                     return False  # an admission is due

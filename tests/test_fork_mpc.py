@@ -124,6 +124,43 @@ def test_fork_needs_a_reset_engine() -> None:
         tight_engine().fork()
 
 
+@pytest.mark.parametrize(("fast", "scheduler"), [(True, "v1"), (False, "v1"), (True, "v0")])
+def test_limits_above_the_peak_demand_change_nothing(fast: bool, scheduler: str) -> None:
+    """From many states, a horizon's `peak_demand` holds the limits it never met: rerun with
+    max_num_seqs (or the budget) at the peak plus one or the engine's cap, it goes the same
+    way to the bit. V0's budget check is not tracked: only its pure-decode horizons leave
+    the budget free."""
+    profile = dataclasses.replace(get_profile("llama-7b-a100"), num_gpu_blocks=500)
+    engine = SimEngine(profile, slo=SLO_, fast_forward=fast, scheduler=scheduler)
+    engine.reset(bursty(), Limits(256))
+    caps = (engine.max_num_seqs, engine.max_num_batched_tokens)
+    checked = {"seqs": 0, "tokens": 0}
+    for start in range(0, 60, 6):
+        drive(engine, 6, start=start)
+        if engine.done:
+            break
+        for pair in ((caps[0], 2048), (64, caps[1]), caps, (8, 512)):
+            reference = engine.fork(history=False)
+            reference.set_limits(Limits(*pair))
+            horizon = reference.advance(until_s=engine.clock_s + 2.0)
+            running, asked = reference.peak_demand()
+            seqs = [s for s in (running + 1, caps[0]) if pair[0] > running and s != pair[0]]
+            tokens = [t for t in (asked + 1, caps[1]) if pair[1] > asked and t != pair[1]]
+            for other in [(s, pair[1]) for s in seqs] + [(pair[0], t) for t in tokens]:
+                twin = engine.fork(history=False)
+                twin.set_limits(Limits(*other))
+                seen = twin.advance(until_s=engine.clock_s + 2.0)
+                assert dataclasses.replace(seen, max_num_seqs=pair[0]) == dataclasses.replace(
+                    horizon, max_num_batched_tokens=other[1]
+                )  # but for the limits it reports
+                same_result(twin, reference)
+            checked["seqs"] += len(seqs)
+            checked["tokens"] += len(tokens)
+    assert engine.result().metrics()["num_preemptions"] > 0
+    assert checked["seqs"] > 10
+    assert checked["tokens"] > (0 if scheduler == "v0" else 10)
+
+
 # ---------------------------------------------------------------------- mpc
 def crowded_cache() -> tuple[Workload, EngineProfile]:
     """Eight 4+40-token requests at once on a 1 s/step engine whose cache holds two whole:
@@ -242,3 +279,30 @@ def test_mpc_with_a_sampled_future_does_not_see_the_workloads_future() -> None:
             scores[future, name] = mpc.rollout(telemetry, (32, 512), set())
     assert scores["sampled", "calm"] == scores["sampled", "burst"]
     assert scores["true", "burst"] < scores["true", "calm"] - 100 * 200
+
+
+def test_mpc_reuses_only_horizons_it_would_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scoring a candidate by a rolled-out twin whose limits never acted (`_same_horizon`)
+    leaves every choice and every sweep score as rolling each candidate out gives them,
+    with fewer rollouts."""
+    from batchpilot.baselines import mpc as mpc_module
+
+    def episode() -> tuple[list, object]:
+        engine = tight_engine()
+        mpc = make_controller("mpc:horizon_s=4:future=sampled")
+        telemetry = engine.reset(bursty(150), Limits(64))
+        mpc.reset(engine)
+        trace = []
+        while not engine.done:
+            limits = mpc.decide(telemetry)
+            trace.append((limits, mpc.sweeps))
+            engine.set_limits(limits)
+            telemetry = engine.advance(until_s=engine.clock_s + 0.5)
+        return trace, mpc
+
+    reusing, fast = episode()
+    monkeypatch.setattr(mpc_module, "_same_horizon", lambda pair, peaks: None)
+    rolling, slow = episode()
+    assert reusing == rolling
+    assert fast.reused > 0.2 * slow.rollouts
+    assert fast.rollouts + fast.reused == slow.rollouts and slow.reused == 0

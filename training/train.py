@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -468,7 +469,7 @@ def _imitate(cfg: TrainConfig, model: Any, tb: Path) -> None:
         cfg.imitation,
         seed=cfg.seed,
         gamma=cfg.hyperparams.get("gamma", 0.99),
-        workers=cfg.n_envs,
+        workers=min(cfg.n_envs, os.cpu_count() or 1),
         log=log,
     )
     logger.close()
