@@ -1,7 +1,8 @@
 """Cost of the lookahead oracle `mpc` and of the simulator fork it is built on.
 
 Runs `mpc` (and static:256 for the plain simulator speed) on one scenario and prints, per
-simulated second: wall and CPU seconds, re-plans and rollouts; then the cost of one
+simulated second: wall and CPU seconds, re-plans, rollouts and the candidates scored by
+a rollout they would repeat (`reused`, not rolled out); then the cost of one
 `SimEngine.fork(history=False)` in the middle of the run. CPU time is the honest figure
 on a shared machine (wall time counts other processes' turns).
 
@@ -47,7 +48,7 @@ def main() -> None:
     slo = SLO.parse(args.slo)
     print(f"{workload.name} on {profile.name}, {len(workload)} requests, SLO {slo}")
     print(f"{'controller':<24}{'sim s':>8}{'wall s':>9}{'CPU s':>8}{'CPU/sim s':>11}"
-          f"{'plans':>7}{'rollouts':>10}{'goodput':>9}")
+          f"{'plans':>7}{'rollouts':>10}{'reused':>8}{'goodput':>9}")
     for spec in ("static:256", args.spec):
         controller = make_controller(spec)
         cpu = time.process_time()
@@ -58,7 +59,7 @@ def main() -> None:
         print(
             f"{spec:<24}{m['simulated_seconds']:>8.1f}{out.wall_seconds:>9.2f}{cpu:>8.2f}"
             f"{cpu / m['simulated_seconds']:>11.4f}{cost.get('plans', 0):>7}"
-            f"{cost.get('rollouts', 0):>10}{m['output_goodput']:>9.1f}"
+            f"{cost.get('rollouts', 0):>10}{cost.get('reused', 0):>8}{m['output_goodput']:>9.1f}"
         )
     engine = SimEngine(profile, slo=slo)
     telemetry = engine.reset(workload, Limits(256))
