@@ -197,7 +197,7 @@ def _member(run_dir: Path, checkpoint: str) -> Member:
         policy = load_policy_module(ckpt)
         n_obs = policy.observation_space.shape[0]
         named = meta["env_kwargs"].get("observation_fields")
-        try:  # a run that names none observed the layout of its day: its first entries
+        try:  # an older run.json may name none: that run observed the first n_obs entries
             layout = checked_fields(named if named is not None else OBSERVATION_FIELDS[:n_obs])
         except (TypeError, ValueError) as exc:
             raise PolicyFileError(f"{run_dir}/run.json: env_kwargs: {exc}") from None

@@ -17,6 +17,7 @@ pytest.importorskip("onnx")
 
 from batchpilot.agents.checkpoint import CheckpointError, normalisation
 from batchpilot.agents.policy import PolicyFileError, load_policy, seal, sidecar_path
+from batchpilot.envs.observation import OBSERVATION_FIELDS
 from batchpilot.training.cli import main
 
 CONFIG = {
@@ -73,6 +74,14 @@ def test_the_seed_option_is_the_runs_seed(run_dir: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["train", "--config", "c.yml", "--out", "x", "--seed", "-1"])
     assert "-1 is out of range" in capsys.readouterr().err
+
+
+def test_the_run_names_the_entries_it_observed(run_dir: Path) -> None:
+    """A config that leaves the observation to its default (which grows as entries are
+    added) still records the entries its run observed, where export reads them."""
+    assert "observation_fields" not in CONFIG["batchpilot/Batching-v0"]["env_kwargs"]
+    env = json.loads((run_dir / "run.json").read_text())["env_kwargs"]
+    assert env["observation_fields"] == list(OBSERVATION_FIELDS)
 
 
 @pytest.fixture(scope="module")

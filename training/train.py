@@ -46,6 +46,7 @@ from batchpilot.agents.schema import (
 )
 from batchpilot.envs import ENV_ID
 from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.observation import checked_fields
 from batchpilot.training.yaml_files import load_yaml
 
 ALGOS = ("ppo",)
@@ -366,7 +367,10 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
         "algo": cfg.algo,
         "action_mode": cfg.env_kwargs.get("action_mode", "grid"),
         "imitation": cfg.imitation.to_dict() if cfg.imitation else None,
-        "env_kwargs": cfg.env_kwargs,
+        # the entries observed, named even where the config leaves them to the default
+        # (which grows as entries are added): export reads them from here
+        "env_kwargs": cfg.env_kwargs
+        | {"observation_fields": list(checked_fields(cfg.env_kwargs.get("observation_fields")))},
         "control_interval": cfg.control_interval,
         "seed": cfg.seed,
         "versions": {"batchpilot": version("batchpilot")},
