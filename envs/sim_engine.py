@@ -326,7 +326,7 @@ class SimEngine:
                 n = budget
             need = -(-(computed + n) // bs) - req.blocks
             if need > free:
-                asked = self._budget - budget + req.prompt + req.generated - computed
+                asked = max(asked, self._budget - budget + req.prompt + req.generated - computed)
                 self._free = free
                 while True:
                     victim = running.pop()
