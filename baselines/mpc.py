@@ -47,8 +47,13 @@ takes that score without a rollout (`reused`): the same choices, at a fraction o
 With ``future=sampled`` the arrivals after a re-plan are not the workload's but one draw,
 shared by every candidate of that re-plan: a Poisson stream at the recent (short-window)
 arrival rate, each request's lengths resampled from the last `RECENT_ARRIVALS` arrivals.
-Admitted requests keep their true lengths. The gap between the two is what knowing the
-future is worth, a gain no deployable controller can reach.
+Admitted requests keep their true lengths, unless ``lengths=sampled``: then each admitted
+unfinished request's output length is drawn once a re-plan from the outputs of the recent
+arrivals already finished that exceed what it has generated (none: what it has generated
+plus the mean output), for the rollouts and for which requests are already off pace, and the
+`oracle` controller's limit (true lengths) is no candidate. The gap between the true and
+the sampled futures is what knowing the future is worth, a gain no deployable controller can
+reach.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from batchpilot.envs.workload import Request
 SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOKENS_GRID = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FUTURES = ("true", "sampled")
+"""Values of ``future`` and of ``lengths``: the simulator's truth, or a draw."""
 RECENT_ARRIVALS = 64
 """Arrivals whose lengths a sampled future resamples."""
 
@@ -94,6 +100,16 @@ def parse_future(text: str) -> str:
 
 parse_future.__name__ = "future"
 
+
+def parse_lengths(text: str) -> str:
+    """``true`` (admitted requests' own output lengths) or ``sampled`` (see the module doc)."""
+    if text not in FUTURES:
+        raise ValueError(f"lengths {text!r}: one of {', '.join(FUTURES)}")
+    return text
+
+
+parse_lengths.__name__ = "lengths"
+
 MPC_ARGS = {
     "horizon_s": float,
     "replan_s": float,
@@ -103,9 +119,10 @@ MPC_ARGS = {
     "margin": float,
     "future": parse_future,
     "recompute": float,
+    "lengths": parse_lengths,
 }
 """Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``
-(and ``recompute=0.5``)."""
+(and ``recompute=0.5``, ``lengths=sampled``)."""
 
 
 class MPCController:
@@ -114,7 +131,8 @@ class MPCController:
     `seqs` and `tokens` are the candidate grids (clipped to the engine's caps, which are
     always candidates); `rounds` coordinate sweeps per re-plan; `margin` is the relative
     score gain a new pair needs over the current one; `future` the arrivals a rollout
-    sees; `recompute` the output tokens a dropped KV token costs (module doc). Simulator
+    sees; `recompute` the output tokens a dropped KV token costs; `lengths` the output
+    lengths of the admitted requests it plans with (module doc). Simulator
     only. After each re-plan, `sweeps` holds its last round's horizon scores: (max_num_seqs
     -> score at the budget then in hand, budget -> score at the chosen max_num_seqs).
     """
@@ -131,6 +149,7 @@ class MPCController:
         margin: float = 0.0,
         future: str = "true",
         recompute: float = 0.0,
+        lengths: str = "true",
     ) -> None:
         if horizon_s <= 0 or replan_s <= 0:
             raise ValueError(f"horizon_s and replan_s must be > 0, got {horizon_s}, {replan_s}")
@@ -147,6 +166,7 @@ class MPCController:
         self.margin = margin
         self.future = parse_future(future)
         self.recompute = recompute
+        self.lengths = parse_lengths(lengths)
         self.name = "mpc"
         self._engine: Engine | None = None
         self._packing = OracleController()
@@ -176,6 +196,7 @@ class MPCController:
         self.plan_wall_s = 0.0
         self._rng = np.random.default_rng(0)
         self._future: list[Request] | None = None
+        self._outputs: list[int] | None = None
         self.sweeps = ({}, {})
 
     def decide(self, telemetry: Telemetry) -> Limits:
@@ -195,7 +216,9 @@ class MPCController:
         # besides the grid: hold the running count, and the `oracle` controller's limit
         # (the most requests that never need a preemption, from the true lengths)
         state = {max(telemetry.num_requests_running, 1)}
-        state.add(self._packing.decide(telemetry).max_num_seqs)
+        self._outputs = self._sampled_outputs(telemetry) if self.lengths == "sampled" else None
+        if self._outputs is None:
+            state.add(self._packing.decide(telemetry).max_num_seqs)
         seq_grid = sorted(set(self._seq_grid) | state)
 
         lost = self._lost(telemetry)
@@ -248,6 +271,8 @@ class MPCController:
         engine = self._engine.fork(history=False)  # type: ignore[union-attr]
         if self._future is not None:
             engine.replace_future(self._future)
+        if self._outputs is not None:
+            engine.replace_outputs(self._outputs)
         self.rollouts += 1
         engine.set_limits(Limits(*pair))
         telemetry = engine.advance(until_s=now + self.horizon_s)
@@ -304,13 +329,35 @@ class MPCController:
             for i, (t, j) in enumerate(zip(times, picks, strict=True))
         ]
 
+    def _sampled_outputs(self, telemetry: Telemetry) -> list[int]:
+        """One draw of the admitted unfinished requests' output lengths (module doc)."""
+        engine = self._engine
+        entries = engine.unfinished_requests()  # type: ignore[union-attr]
+        open_ids = {e[0] for e in entries}
+        seen = [
+            r.output_tokens
+            for r in engine.arrived_requests(RECENT_ARRIVALS)  # type: ignore[union-attr]
+            if r.request_id not in open_ids
+        ]
+        cap = engine.max_tokens  # type: ignore[union-attr]
+        outputs = []
+        for _, _, _, _, generated, _, prompt in entries:
+            longer = [o for o in seen if generated < o <= cap - prompt]
+            if longer:
+                outputs.append(longer[self._rng.integers(len(longer))])
+            else:
+                outputs.append(min(generated + max(round(telemetry.output_mean), 1), cap - prompt))
+        return outputs
+
     def _lost(self, telemetry: Telemetry) -> set[str]:
         """Ids of the admitted unfinished requests already off pace at the re-plan."""
         engine = self._engine
         now, tbt = telemetry.time_s, telemetry.recent_tbt_s
+        entries = engine.unfinished_requests()  # type: ignore[union-attr]
+        outputs = self._outputs or [e[5] for e in entries]
         return {
             rid
-            for rid, arrival, first, last, gen, out, _ in engine.unfinished_requests()  # type: ignore[union-attr]
+            for (rid, arrival, first, last, gen, _, _), out in zip(entries, outputs, strict=True)
             if not on_pace(engine.slo, now, arrival, first, last, gen, out, tbt)  # type: ignore[union-attr]
         }
 

@@ -171,6 +171,13 @@ class SimEngine:
         self.reset_peak_demand()
         return self._telemetry()
 
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens (prompt and output) one request may hold: the context, or the KV
+        cache if smaller."""
+        kv = (self.num_total_blocks - NULL_BLOCKS - self._watermark) * self.block_size
+        return min(self.max_model_len, kv)
+
     def set_limits(self, limits: Limits) -> None:
         self._limit = max(1, min(limits.max_num_seqs, self.max_num_seqs))
         budget = limits.max_num_batched_tokens or self.max_num_batched_tokens
@@ -240,6 +247,25 @@ class SimEngine:
             raise ValueError("replace_future: arrivals must be sorted and not before the clock")
         self._pending = deque(requests)
         self._future_replaced = True
+
+    def replace_outputs(self, outputs: list[int]) -> None:
+        """Give the admitted unfinished requests, in `unfinished_requests` order, these
+        output lengths: a fork that plans without knowing them. Each must exceed the tokens
+        the request has generated and fit the context and the KV cache (`max_tokens`) with
+        its prompt."""
+        requests = [*self._running, *self._waiting]
+        if len(outputs) != len(requests):
+            raise ValueError(
+                f"replace_outputs: {len(outputs)} lengths for {len(requests)} requests"
+            )
+        cap = self.max_tokens
+        for r, output in zip(requests, outputs, strict=True):
+            if not r.generated < output <= cap - r.prompt:
+                raise ValueError(
+                    f"replace_outputs: request {r.rid} has generated {r.generated} of a "
+                    f"{r.prompt}-token prompt's output; {output} tokens do not follow on"
+                )
+            r.output = output
 
     def fork(self, *, history: bool = True) -> SimEngine:
         """An independent copy whose future is identical to this engine's.

@@ -235,6 +235,7 @@ def test_mpc_refuses_to_serve() -> None:
         "mpc:future=psychic",
         "mpc:recompute=-1",
         "mpc:recompute=nan",
+        "mpc:lengths=guessed",
     ],
 )
 def test_mpc_spec_errors_name_the_problem(spec: str) -> None:
@@ -306,3 +307,45 @@ def test_mpc_reuses_only_horizons_it_would_repeat(monkeypatch: pytest.MonkeyPatc
     assert reusing == rolling
     assert fast.reused > 0.2 * slow.rollouts
     assert fast.rollouts + fast.reused == slow.rollouts and slow.reused == 0
+
+
+def test_replace_outputs_gives_a_fork_other_lengths() -> None:
+    engine = tight_engine()
+    engine.reset(bursty(60), Limits(64))
+    drive(engine, 6)
+    entries = engine.unfinished_requests()
+    assert len(entries) > 5 and any(e[4] for e in entries)
+    fork = engine.fork(history=False)
+    fork.replace_outputs([gen + 1 for _, _, _, _, gen, _, _ in entries])
+    fork.replace_future([])
+    finish(fork, Limits(64))
+    done = {r.request_id: r.output_tokens for r in fork.result().records}
+    assert done == {rid: gen + 1 for rid, _, _, _, gen, _, _ in entries}
+    assert engine.unfinished_requests() == entries  # the original keeps its lengths
+    rid, _, _, _, gen, _, prompt = next(e for e in entries if e[4])
+    for outputs, problem in (
+        ([gen + 1] * (len(entries) - 1), "lengths for"),
+        ([e[4] if e[0] == rid else e[5] for e in entries], f"request {rid} has generated"),
+        ([engine.max_tokens - prompt + 1 if e[0] == rid else e[5] for e in entries], rid),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            engine.fork().replace_outputs(outputs)
+
+
+def test_mpc_with_sampled_lengths_does_not_see_the_admitted_requests_outputs() -> None:
+    """Two workloads alike but for the output lengths of the requests admitted at the first
+    re-plan (none finished yet): with ``lengths=sampled`` the oracle plans alike for both,
+    with the true lengths it does not."""
+    later = [Request(f"later{i}", 5.0 + 0.1 * i, 200, 100) for i in range(30)]
+    sweeps = {}
+    for lengths in ("true", "sampled"):
+        for output in (20, 600):
+            first = [Request(f"first{i}", 0.0, 300, output) for i in range(24)]
+            engine = tight_engine()
+            telemetry = engine.reset(Workload(f"out{output}", first + later), Limits(8, 512))
+            mpc = make_controller(f"mpc:horizon_s=8:lengths={lengths}")
+            mpc.reset(engine)
+            mpc.decide(telemetry)
+            sweeps[lengths, output] = mpc.sweeps
+    assert sweeps["sampled", 20] == sweeps["sampled", 600]
+    assert sweeps["true", 20] != sweeps["true", 600]
