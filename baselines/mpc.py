@@ -51,7 +51,8 @@ Admitted requests keep their true lengths, unless ``lengths=sampled``: then each
 unfinished request's output length is drawn once a re-plan from the outputs of the recent
 arrivals already finished that exceed what it has generated (none: what it has generated
 plus the mean output), for the rollouts and for which requests are already off pace, and the
-`oracle` controller's limit (true lengths) is no candidate. The gap between the true and
+`oracle` controller's limit (true lengths) is no candidate. (A sampled future's arrivals still
+take the lengths of recent arrivals, finished or not.) The gap between the true and
 the sampled futures is what knowing the future is worth, a gain no deployable controller can
 reach.
 """
