@@ -149,10 +149,7 @@ class SimEngine:
 
     # ------------------------------------------------------------------ set-up
     def reset(self, workload: Workload, limits: Limits) -> Telemetry:
-        workload.check_fits(
-            self.max_model_len,
-            (self.num_total_blocks - NULL_BLOCKS - self._watermark) * self.block_size,
-        )
+        workload.check_fits(self.max_model_len, self.max_tokens)
         self._workload = workload
         self._pending = deque(workload.requests)  # immutable: forks share them
         self._future_replaced = False
