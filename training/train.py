@@ -473,7 +473,7 @@ def _imitate(cfg: TrainConfig, model: Any, tb: Path) -> None:
         cfg.imitation,
         seed=cfg.seed,
         gamma=cfg.hyperparams.get("gamma", 0.99),
-        workers=min(cfg.n_envs, os.cpu_count() or 1),
+        workers=2 * (os.cpu_count() or 1),  # two a core: a round's last episodes share them
         log=log,
     )
     logger.close()
