@@ -60,6 +60,7 @@ reach.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -92,24 +93,21 @@ def parse_grid(text: str) -> tuple[int, ...]:
 parse_grid.__name__ = "grid"  # how spec errors name the type
 
 
-def parse_future(text: str) -> str:
-    """``true`` (the workload's own arrivals) or ``sampled`` (see the module doc)."""
-    if text not in FUTURES:
-        raise ValueError(f"future {text!r}: one of {', '.join(FUTURES)}")
-    return text
+def _truth_or_draw(name: str) -> Callable[[str], str]:
+    """The parser of a keyword taking `FUTURES`: ``true`` (the simulator's own) or ``sampled``
+    (see the module doc); errors name the keyword."""
+
+    def parse(text: str) -> str:
+        if text not in FUTURES:
+            raise ValueError(f"{name} {text!r}: one of {', '.join(FUTURES)}")
+        return text
+
+    parse.__name__ = name  # how spec errors name the type
+    return parse
 
 
-parse_future.__name__ = "future"
-
-
-def parse_lengths(text: str) -> str:
-    """``true`` (admitted requests' own output lengths) or ``sampled`` (see the module doc)."""
-    if text not in FUTURES:
-        raise ValueError(f"lengths {text!r}: one of {', '.join(FUTURES)}")
-    return text
-
-
-parse_lengths.__name__ = "lengths"
+parse_future = _truth_or_draw("future")
+parse_lengths = _truth_or_draw("lengths")
 
 MPC_ARGS = {
     "horizon_s": float,
@@ -355,7 +353,7 @@ class MPCController:
         engine = self._engine
         now, tbt = telemetry.time_s, telemetry.recent_tbt_s
         entries = engine.unfinished_requests()  # type: ignore[union-attr]
-        outputs = self._outputs or [e[5] for e in entries]
+        outputs = [e[5] for e in entries] if self._outputs is None else self._outputs
         return {
             rid
             for (rid, arrival, first, last, gen, _, _), out in zip(entries, outputs, strict=True)

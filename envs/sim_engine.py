@@ -584,10 +584,10 @@ class SimEngine:
             admission_open = n < self._limit and budget > n
             if self._waiting and admission_open:
                 head = self._waiting[0]
-                asked = n + head.prompt + head.generated - head.computed
-                if asked > self._peak_tokens:
-                    self._peak_tokens = asked
-                chunk = min(head.prompt + head.generated - head.computed, budget - n)
+                remaining = head.prompt + head.generated - head.computed
+                if n + remaining > self._peak_tokens:
+                    self._peak_tokens = n + remaining
+                chunk = min(remaining, budget - n)
                 if -(-chunk // self.block_size) <= self._free:
                     return False  # an admission is due
                 # the head's first chunk cannot get its blocks until a request finishes
