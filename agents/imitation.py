@@ -20,8 +20,10 @@ stable-baselines3 2.2; this loop is the few lines it needs.
 from __future__ import annotations
 
 import multiprocessing
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -293,39 +295,89 @@ def fit(
     }
 
 
+def round_seeds(seed: int, round_: int, episodes: int) -> list[int]:
+    """The env seeds of a DAgger round's episodes for training seed `seed`: round 0's are
+    seed .. seed + episodes - 1, so runs of neighbouring seeds share most of them."""
+    return [seed + 10_000 * round_ + i for i in range(episodes)]
+
+
+class Collector:
+    """Collects `dagger`'s episodes (`collect_episode`) in up to `workers` processes; the
+    results do not depend on how many.
+
+    A round-0 episode (the teacher drives) depends only on its env seed, so the runs of one
+    config with several training seeds share one collector: `expect` announces the round-0
+    episodes of each run, which are collected ahead (keeping the workers busy while a run
+    fits its policy) and once for every run that claims them, and released when the last
+    claim is collected.
+    """
+
+    def __init__(
+        self, make_env: Callable[[], gym.Env], spec: ImitationSpec, workers: int = 1
+    ) -> None:
+        self._common = (make_env, spec.teacher)
+        self._labelling = (spec.sweeps, tuple(spec.tie_sets))
+        self._pool: ProcessPoolExecutor | None = None
+        workers = min(workers, spec.episodes)
+        if workers > 1:  # one pool for every round: each worker imports torch once
+            ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
+            self._pool = ProcessPoolExecutor(workers, mp_context=ctx)
+        self._ahead: dict[int, Future[Episode]] = {}
+        self._claims: Counter[int] = Counter()
+        self._lock = threading.Lock()  # runs imitating side by side share the claims
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def expect(self, seeds: Iterable[int]) -> None:
+        """Claim the round-0 episodes of these env seeds, collecting those not yet started."""
+        with self._lock:
+            for s in seeds:
+                self._claims[s] += 1
+                if s not in self._ahead:
+                    self._ahead[s] = self._submit(s, None, 1.0)
+
+    def collect(self, seeds: list[int], policy: Any | None, beta: float) -> list[Episode]:
+        """The episodes of these env seeds, `policy` driving as `collect_episode` says
+        (None: the teacher drives, a round-0 episode; claimed by `expect` or not)."""
+        if policy is not None:
+            return [f.result() for f in [self._submit(s, policy, beta) for s in seeds]]
+        with self._lock:
+            unclaimed = [s for s in seeds if not self._claims[s]]
+        self.expect(unclaimed)
+        episodes = [self._ahead[s].result() for s in seeds]
+        with self._lock:
+            for s in seeds:
+                self._claims[s] -= 1
+                if not self._claims[s]:
+                    del self._claims[s], self._ahead[s]
+        return episodes
+
+    def _submit(self, seed: int, policy: Any | None, beta: float) -> Future[Episode]:
+        args = (*self._common, seed, policy, beta, *self._labelling)
+        if self._pool is not None:
+            return self._pool.submit(collect_episode, *args)
+        done: Future[Episode] = Future()
+        done.set_result(collect_episode(*args))
+        return done
+
+
 def dagger(
     model: Any,
-    make_env: Callable[[], gym.Env],
+    collector: Collector,
     spec: ImitationSpec,
     *,
     seed: int,
     gamma: float,
-    workers: int = 1,
     log: Callable[[dict[str, float], int], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Clone `spec.teacher` into `model.policy` over `spec.rounds` rounds (see module doc).
-
-    Episodes are collected in up to `workers` processes (the results do not depend on how
-    many). `log(values, round)` receives each round's ``imitation/*`` figures. Returns them.
-    """
-    workers = min(workers, spec.episodes)
-    if workers > 1:  # one pool for every round: each worker imports torch once
-        ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            return _rounds(model, make_env, spec, seed, gamma, pool.map, log)
-    return _rounds(model, make_env, spec, seed, gamma, map, log)
-
-
-def _rounds(
-    model: Any,
-    make_env: Callable[[], gym.Env],
-    spec: ImitationSpec,
-    seed: int,
-    gamma: float,
-    map_: Callable[..., Iterable[Episode]],
-    log: Callable[[dict[str, float], int], None] | None,
-) -> list[dict[str, float]]:
-    """`dagger`'s rounds, collecting each round's episodes with `map_(collect_episode, ...)`."""
+    """Clone `spec.teacher` into `model.policy` over `spec.rounds` rounds (see module doc),
+    `collector` collecting the episodes (made from the same `spec`). `log(values, round)`
+    receives each round's ``imitation/*`` figures. Returns them."""
     rng = np.random.default_rng(seed)
     obs_all: list[np.ndarray] = []
     accepted_all: list[list[np.ndarray]] = []
@@ -335,11 +387,7 @@ def _rounds(
     for r in range(spec.rounds):
         beta = 1.0 if r == 0 else spec.beta**r
         policy = None if r == 0 else model.policy
-        seeds = [seed + 10_000 * r + i for i in range(spec.episodes)]
-        sweeps = spec.sweeps
-        ties = tuple(spec.tie_sets)
-        args = [(make_env, spec.teacher, s, policy, beta, sweeps, ties) for s in seeds]
-        episodes = list(map_(collect_episode, *zip(*args, strict=True)))
+        episodes = collector.collect(round_seeds(seed, r, spec.episodes), policy, beta)
         for ep in episodes:
             obs_all.append(ep.obs)
             accepted_all.append(ep.acceptable)
@@ -361,7 +409,7 @@ def _rounds(
             "driver_goodput": float(np.mean([e.metrics["output_goodput"] for e in episodes])),
             "driver_preemptions": float(np.mean([e.metrics["num_preemptions"] for e in episodes])),
         }
-        if sweeps:  # the share of labels whose choice was a near-tie
+        if spec.sweeps:  # the share of labels whose choice was a near-tie
             tied = (all_stakes < TIE_TOLERANCE).mean(axis=0)
             stats |= {f"{k}_tie_share": float(t) for k, t in zip(KNOBS, tied, strict=True)}
         if log is not None:

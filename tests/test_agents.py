@@ -159,18 +159,66 @@ def test_dagger_clones_the_teacher() -> None:
     import gymnasium as gym
     from stable_baselines3 import PPO
 
-    from batchpilot.agents.imitation import ImitationSpec, collect_episode, dagger
+    from batchpilot.agents.imitation import Collector, ImitationSpec, collect_episode, dagger
 
     kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
     make_env = functools.partial(gym.make, "batchpilot/Batching-v0", **kwargs)
     model = PPO("MlpPolicy", make_env(), seed=0, device="cpu", policy_kwargs={"net_arch": [32]})
     spec = ImitationSpec(teacher="static:48:1024", rounds=2, episodes=1, epochs=40)
-    history = dagger(model, make_env, spec, seed=0, gamma=0.98)
+    history = dagger(model, Collector(make_env, spec), spec, seed=0, gamma=0.98)
     assert [h["beta"] for h in history] == [1.0, 0.5]
     fresh = collect_episode(make_env, spec.teacher, 99, model.policy, beta=0.0)
     predicted = model.policy.predict(fresh.obs, deterministic=True)[0]
     np.testing.assert_array_equal(predicted, fresh.labels)
     assert fresh.labels[0].tolist() == [SEQ_GRID.index(48), BUDGET_GRID.index(1024)]
+
+
+def test_the_collector_collects_a_claimed_round_0_episode_once(monkeypatch) -> None:
+    """Runs of neighbouring seeds share round-0 episodes (the teacher drives, so the env seed
+    decides them): each is collected once for all its claims, and collected again only after
+    the last claim released it."""
+    import batchpilot.agents.imitation as imitation
+
+    collected: list[tuple[int, object]] = []
+
+    def fake(make_env, teacher, seed, policy, beta, stakes=False, tie_sets=()):
+        collected.append((seed, policy))
+        return (seed, len(collected))
+
+    monkeypatch.setattr(imitation, "collect_episode", fake)
+    spec = imitation.ImitationSpec(teacher="static:48:1024", episodes=3)
+    assert imitation.round_seeds(5, 0, 3) == [5, 6, 7]
+    episodes = imitation.Collector(lambda: None, spec)
+    episodes.expect(imitation.round_seeds(0, 0, 3))
+    episodes.expect(imitation.round_seeds(1, 0, 3))
+    assert [s for s, _ in collected] == [0, 1, 2, 3]  # collected ahead, 1 and 2 once
+    first = episodes.collect([0, 1, 2], None, 1.0)
+    assert episodes.collect([1, 2, 3], None, 1.0) == [*first[1:], (3, 4)]
+    assert len(collected) == 4
+    assert episodes.collect([2], None, 1.0) == [(2, 5)]  # released: collected afresh
+    episodes.collect([2], "policy", 0.5)  # a policy drives: never shared
+    episodes.collect([2], "policy", 0.5)
+    assert collected[-2:] == [(2, "policy"), (2, "policy")]
+
+
+def test_runs_of_several_seeds_are_the_runs_of_each_alone(tmp_path: Path) -> None:
+    """`train --seed 3 4` (one shared collector) leaves in OUT/seed3 and OUT/seed4 the
+    checkpoints that `train --seed 3` and `train --seed 4` leave."""
+    from batchpilot.training.cli import main
+
+    body = {k: v for k, v in TINY["batchpilot/Batching-v0"].items() if k != "eval"}
+    body["imitation"] = body["imitation"] | {"episodes": 2}
+    config = write_config(tmp_path / "tiny.yml", {"batchpilot/Batching-v0": body})
+    base = ["train", "--config", str(config), "--no-progress"]
+    assert main([*base, "--seed", "3", "4", "--out", str(tmp_path / "both")]) == 0
+    for seed in (3, 4):
+        alone = tmp_path / f"alone{seed}"
+        assert main([*base, "--seed", str(seed), "--out", str(alone)]) == 0
+        assert json.loads((tmp_path / "both" / f"seed{seed}" / "run.json").read_text())["seed"] == seed
+        ours = tmp_path / "both" / f"seed{seed}" / "final"
+        assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in (alone / "final").iterdir())
+        for path in ours.iterdir():
+            assert path.read_bytes() == (alone / "final" / path.name).read_bytes(), (seed, path.name)
 
 
 def test_knob_stakes_is_the_lead_over_the_next_grid_choice() -> None:

@@ -282,6 +282,42 @@ def test_mpc_with_a_sampled_future_does_not_see_the_workloads_future() -> None:
     assert scores["true", "burst"] < scores["true", "calm"] - 100 * 200
 
 
+def test_a_renewal_future_keeps_the_arrivals_bursts() -> None:
+    """Arrivals four at a time every 3 s: a renewal draw's gaps are the recent gaps (0 or 3 s)
+    scaled to the short-window rate, so its arrivals come in bursts on one beat, about four a
+    beat; a Poisson draw (``future=sampled``) spreads them. Arrivals at one instant and no
+    others draw a Poisson stream at the short-window rate, not a burst without end."""
+    import numpy as np
+
+    requests = [Request(f"r{i}", 3.0 * (i // 4), 64, 32) for i in range(400)]
+    engine = tight_engine()
+    engine.reset(Workload("beat", requests), Limits(64))
+    telemetry = engine.advance(until_s=100.0)
+    draws = {}
+    for future in ("renewal", "sampled"):
+        mpc = make_controller(f"mpc:horizon_s=60:future={future}")
+        mpc.reset(engine)
+        draws[future] = [
+            [r.arrival_s for r in getattr(mpc, f"_{future}_future")(telemetry)] for _ in range(20)
+        ]
+    beat = 3.0 / (telemetry.arrival_rate_short * 45 / 63)  # 63 recent gaps span 45 s
+    bursts = 0
+    for times in draws["renewal"]:
+        beats = (np.asarray(times) - 99.0) / beat  # the last arrival was at 99 s
+        np.testing.assert_allclose(beats, np.round(beats), atol=1e-9)
+        assert telemetry.time_s < times[0] and times[-1] <= telemetry.time_s + 60
+        bursts += len(np.unique(np.round(beats)))
+    assert 3.0 < sum(map(len, draws["renewal"])) / bursts < 5.5
+    spread = [np.diff(t) for t in draws["sampled"]]
+    assert not any(np.allclose(d / beat, np.round(d / beat)) for d in spread)
+    at_once = [Request(f"r{i}", 1.0 + 1e-9 * i, 64, 32) for i in range(8)]
+    engine.reset(Workload("at once", at_once), Limits(64))
+    telemetry = engine.advance(until_s=2.0)
+    mpc = make_controller("mpc:horizon_s=60:future=renewal")
+    mpc.reset(engine)
+    assert len(mpc._renewal_future(telemetry)) < 8 * 60 * 3
+
+
 def test_mpc_reuses_only_horizons_it_would_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
     """Scoring a candidate by a rolled-out twin whose limits never acted (`_same_horizon`)
     leaves every choice and every sweep score as rolling each candidate out gives them,

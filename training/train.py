@@ -26,16 +26,18 @@ A run directory holds ``config.yml``, ``run.json``, ``tb/`` (tensorboard), ``che
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from batchpilot.agents.imitation import ImitationSpec
+from batchpilot.agents.imitation import Collector, ImitationSpec, round_seeds
 from batchpilot.agents.schema import (
     Check,
     dataclass_hints,
@@ -311,24 +313,68 @@ def _new_model(cfg: TrainConfig, venv: Any, tb: Path) -> Any:
     )
 
 
+@dataclass
+class _Run:
+    """A run between `_start` and `_learn`."""
+
+    cfg: TrainConfig
+    out: Path
+    model: Any
+    previous: Path | None
+    """The checkpoint it resumes from (None: a new run)."""
+    callbacks: list[Any]
+    random_state: tuple[Any, Any, Any]
+    """Python's, numpy's and torch's global random states once the model was built."""
+
+
 def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progress: bool) -> Path:
     """Train (or resume) a run in `out`; returns the directory of the best checkpoint."""
-    from stable_baselines3.common.callbacks import CallbackList
-    from stable_baselines3.common.vec_env import VecNormalize
+    return train_runs(cfg, config_path, [(cfg.seed, out)], resume=resume, progress=progress)[0]
+
+
+def train_runs(
+    cfg: TrainConfig,
+    config_path: Path,
+    runs: list[tuple[int, Path]],
+    *,
+    resume: bool,
+    progress: bool,
+) -> list[Path]:
+    """Train (or resume) runs of `cfg` with these (training seed, directory) pairs; returns
+    each one's best checkpoint directory. Their imitation phases run side by side on one
+    `collector` (round-0 episodes collected once; one run's episodes keep the workers busy
+    while another fits), then their PPO phases one after another (PPO draws from the global
+    random generators; beside a busy pool its env steps crawl); each run is the run it would
+    be alone, bit for bit."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    started = [
+        _start(dataclasses.replace(cfg, seed=seed), config_path, out, resume) for seed, out in runs
+    ]
+    imitating = [r for r in started if r.previous is None and cfg.imitation is not None]
+    if imitating:
+        named = len(imitating) > 1
+        seeds = [r.cfg.seed for r in imitating]
+        # the collector closes first: on an error, the other phases stop at their next episode
+        with ThreadPoolExecutor(len(imitating)) as threads, collector(cfg, seeds) as episodes:
+            phases = [threads.submit(_imitate, r, episodes, named) for r in imitating]
+            wait(phases, return_when=FIRST_EXCEPTION)
+            for phase in phases:
+                phase.result()
+    return [_learn(r, progress) for r in started]
+
+
+def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run:
+    """Check `out`, build the run's model (with in-process stand-ins for its envs, which
+    `_learn` starts), write ``config.yml`` and ``run.json``, set up the callbacks."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
 
     from batchpilot.agents.callbacks import (
         BaselineEvalCallback,
         DomainMetricsCallback,
         EvalScenario,
     )
-    from batchpilot.agents.checkpoint import (
-        VECNORMALIZE,
-        PeriodicCheckpoint,
-        latest_checkpoint,
-        load_checkpoint,
-        load_vecnormalize,
-        save_checkpoint,
-    )
+    from batchpilot.agents.checkpoint import PeriodicCheckpoint, latest_checkpoint, load_checkpoint
     from batchpilot.envs.metrics import SLO
 
     previous = latest_checkpoint(out / "checkpoints") if resume else None
@@ -340,25 +386,16 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
     if not resume and _holds_run(out):
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
 
-    venv = make_vec_env(cfg)
-    try:  # the model is rebuilt from the config; a checkpoint holds only data (no pickle)
+    # the model is rebuilt from the config; a checkpoint holds only data (no pickle)
+    stand_in = DummyVecEnv([functools.partial(make_env, cfg) for _ in range(cfg.n_envs)])
+    try:
+        model = _new_model(cfg, stand_in, out / "tb")
         if previous is not None:
-            if (previous / VECNORMALIZE).is_file():
-                venv = load_vecnormalize(previous / VECNORMALIZE, venv)
-            model = _new_model(cfg, venv, out / "tb")
             load_checkpoint(model, previous)
-        else:
-            if cfg.normalize:  # rewards only: the observation has fixed scales (`Observer`)
-                venv = VecNormalize(
-                    venv, norm_obs=False, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99)
-                )
-            model = _new_model(cfg, venv, out / "tb")
     except (TypeError, AssertionError) as exc:  # PPO's own argument checks
-        venv.close()
         raise ValueError(f"{config_path}: PPO refused the config ({exc})") from None
-    except BaseException:
-        venv.close()
-        raise
+    finally:
+        stand_in.close()
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
         shutil.copyfile(config_path, out / "config.yml")
@@ -395,21 +432,57 @@ def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progr
             fields=cfg.env_kwargs.get("observation_fields"),
         )
         callbacks.append(evaluator)
-    if previous is None and cfg.imitation is not None:
-        _imitate(cfg, model, out / "tb")
-    remaining = cfg.n_timesteps - (model.num_timesteps if previous is not None else 0)
+    return _Run(cfg, out, model, previous, callbacks, _random_state())
+
+
+def _random_state() -> tuple[Any, Any, Any]:
+    import random
+
+    import numpy as np
+    import torch as th
+
+    return random.getstate(), np.random.get_state(), th.get_rng_state()
+
+
+def _learn(run: _Run, progress: bool) -> Path:
+    """The PPO phase of a started run, on its envs (in subprocesses), from the random state
+    its model was built with; returns the best checkpoint's directory."""
+    import random
+
+    import numpy as np
+    import torch as th
+    from stable_baselines3.common.callbacks import CallbackList
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from batchpilot.agents.checkpoint import VECNORMALIZE, load_vecnormalize, save_checkpoint
+
+    cfg, model, previous = run.cfg, run.model, run.previous
+    venv = make_vec_env(cfg)
     try:
+        if previous is not None and (previous / VECNORMALIZE).is_file():
+            venv = load_vecnormalize(previous / VECNORMALIZE, venv)
+        elif previous is None and cfg.normalize:  # rewards only: the observation has fixed
+            venv = VecNormalize(  # scales (`Observer`)
+                venv, norm_obs=False, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99)
+            )
+        model.set_env(venv)
+        python_state, numpy_state, torch_state = run.random_state
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        th.set_rng_state(torch_state)
+        remaining = cfg.n_timesteps - (model.num_timesteps if previous is not None else 0)
         model.learn(
             max(remaining, 0),
-            callback=CallbackList(callbacks),
+            callback=CallbackList(run.callbacks),
             progress_bar=progress,
             tb_log_name="ppo",
             reset_num_timesteps=previous is None,
         )
     finally:
         venv.close()
-    save_checkpoint(model, out / "final")
-    return out / "best" if (out / "best" / "checkpoint.json").exists() else out / "final"
+    save_checkpoint(model, run.out / "final")
+    best = run.out / "best"
+    return best if (best / "checkpoint.json").exists() else run.out / "final"
 
 
 def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bool) -> Path:
@@ -451,31 +524,39 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     )
 
 
-def _imitate(cfg: TrainConfig, model: Any, tb: Path) -> None:
-    """The imitation phase (`batchpilot.agents.imitation.dagger`), logged as ``imitation/*``
-    in ``tb/imitation``."""
+def collector(cfg: TrainConfig, seeds: Iterable[int] = ()) -> Collector:
+    """The imitation phase's episode collector for `cfg`'s runs (two workers a core: a round's
+    last episodes share them), collecting ahead the round-0 episodes of the runs with these
+    training seeds (`batchpilot.agents.imitation.Collector`)."""
+    assert cfg.imitation is not None
+    spec = cfg.imitation
+    made = Collector(functools.partial(make_env, cfg), spec, workers=2 * (os.cpu_count() or 1))
+    for seed in seeds:
+        made.expect(round_seeds(seed, 0, spec.episodes))
+    return made
+
+
+def _imitate(run: _Run, episodes: Collector, named: bool) -> None:
+    """A run's imitation phase (`batchpilot.agents.imitation.dagger`) on `episodes`, logged as
+    ``imitation/*`` in ``tb/imitation`` and printed (`named`: each line naming the run's seed)."""
     from stable_baselines3.common.logger import configure
 
     from batchpilot.agents.imitation import dagger
 
+    cfg = run.cfg
     assert cfg.imitation is not None
-    logger = configure(str(tb / "imitation"), ["tensorboard"])
+    logger = configure(str(run.out / "tb" / "imitation"), ["tensorboard"])
+    prefix = f"seed {cfg.seed}: " if named else ""
 
     def log(values: dict[str, float], round_: int) -> None:
         for k, v in values.items():
             logger.record(f"imitation/{k}", v)
         logger.dump(round_)
-        print(f"imitation round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
+        figures = ", ".join(f"{k} {v:.4g}" for k, v in values.items())
+        print(f"{prefix}imitation round {round_}: {figures}", flush=True)
 
-    dagger(
-        model,
-        functools.partial(make_env, cfg),
-        cfg.imitation,
-        seed=cfg.seed,
-        gamma=cfg.hyperparams.get("gamma", 0.99),
-        workers=2 * (os.cpu_count() or 1),  # two a core: a round's last episodes share them
-        log=log,
-    )
+    gamma = cfg.hyperparams.get("gamma", 0.99)
+    dagger(run.model, episodes, cfg.imitation, seed=cfg.seed, gamma=gamma, log=log)
     logger.close()
 
 

@@ -8,6 +8,10 @@ periodic checkpoints for --resume.
 examples:
   batchpilot train --config training/configs/quick.yml --out runs/quick
   batchpilot train --config training/configs/mix.yml --seed 2 --out runs/mix-seed2
+  batchpilot train --config training/configs/mix-drsb.yml --seed 0 1 2 3 --out runs/drsb
+    (four runs in runs/drsb/seed0 .. seed3, each the run it would be alone: their imitation
+    phases share one pool of workers, side by side, and the round-0 episodes, which depend
+    only on the env seed; their PPO phases run one after another)
   batchpilot train --config training/configs/llama-7b.yml --out runs/7b --resume
   tensorboard --logdir runs/7b/tb
 """
@@ -29,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed",
         type=whole(0, 2**32 - 1),
-        help="training seed, instead of the config's (as rl-zoo3's --seed; recorded in run.json)",
+        nargs="+",
+        help="training seed, instead of the config's (as rl-zoo3's --seed; recorded in "
+        "run.json); several: one run each, in OUT/seed<N>",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -38,19 +44,24 @@ def main(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
-    from batchpilot.training.train import load_config, train, write_report
+    from batchpilot.training.train import load_config, train_runs, write_report
 
     if not args.config.is_file():
         raise ValueError(f"config {args.config} does not exist")
     cfg = load_config(args.config)
-    if args.seed is not None:
-        cfg = dataclasses.replace(cfg, seed=args.seed)
+    seeds = list(dict.fromkeys(args.seed or [cfg.seed]))
+    outs = [args.out] if len(seeds) == 1 else [args.out / f"seed{s}" for s in seeds]
     start = time.perf_counter()
-    best = train(cfg, args.config, args.out, resume=args.resume, progress=not args.no_progress)
-    print(f"trained {cfg.n_timesteps} steps in {time.perf_counter() - start:.0f} s; policy: {best}")
-    if cfg.report:
-        report = write_report(cfg, args.config, args.out, progress=not args.no_progress)
-        print(f"evaluation report: {report}")
-    else:
-        print(f"export it: batchpilot export {args.out} --out {args.out / 'policy.onnx'}")
+    runs = list(zip(seeds, outs, strict=True))
+    bests = train_runs(cfg, args.config, runs, resume=args.resume, progress=not args.no_progress)
+    took = time.perf_counter() - start
+    print(f"trained {len(runs)} x {cfg.n_timesteps} steps in {took:.0f} s")
+    for (seed, out), best in zip(runs, bests, strict=True):
+        print(f"seed {seed}: policy {best}")
+        if cfg.report:
+            run_cfg = dataclasses.replace(cfg, seed=seed)
+            report = write_report(run_cfg, args.config, out, progress=not args.no_progress)
+            print(f"evaluation report: {report}")
+        else:
+            print(f"export it: batchpilot export {out} --out {out / 'policy.onnx'}")
     return 0
