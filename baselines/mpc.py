@@ -130,7 +130,7 @@ MPC_ARGS = {
     "lengths": parse_lengths,
 }
 """Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``
-(and ``recompute=0.5``, ``lengths=sampled``)."""
+(and ``future=renewal``, ``recompute=0.5``, ``lengths=sampled``)."""
 
 
 class MPCController:
