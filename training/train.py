@@ -436,6 +436,7 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
 
 
 def _random_state() -> tuple[Any, Any, Any]:
+    """Python's, numpy's and torch's global random states (`_learn` restores them)."""
     import random
 
     import numpy as np
