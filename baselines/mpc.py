@@ -67,7 +67,7 @@ reach.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -335,11 +335,7 @@ class MPCController:
         if not recent or n == 0:
             return []
         times = np.sort(telemetry.time_s + self._rng.uniform(0.0, self.horizon_s, n))
-        picks = self._rng.integers(len(recent), size=n)
-        return [
-            Request(f"sampled-{i}", float(t), recent[j].prompt_tokens, recent[j].output_tokens)
-            for i, (t, j) in enumerate(zip(times, picks, strict=True))
-        ]
+        return self._with_recent_lengths(times, recent)
 
     def _renewal_future(self, telemetry: Telemetry) -> list[Request]:
         """One draw of the arrivals over the horizon as a renewal process (module doc)."""
@@ -356,13 +352,19 @@ class MPCController:
             t = recent[-1].arrival_s + longer[self._rng.integers(len(longer))]
         else:
             t = now + gaps[self._rng.integers(len(gaps))]
-        future = []
+        times = []
         while t <= end:
-            j = self._rng.integers(len(recent))
-            lengths = recent[j].prompt_tokens, recent[j].output_tokens
-            future.append(Request(f"sampled-{len(future)}", float(t), *lengths))
+            times.append(t)
             t += gaps[self._rng.integers(len(gaps))]
-        return future
+        return self._with_recent_lengths(times, recent)
+
+    def _with_recent_lengths(self, times: Sequence[float], recent: list[Request]) -> list[Request]:
+        """Requests arriving at `times`, each with the lengths of one of `recent`, drawn."""
+        picks = self._rng.integers(len(recent), size=len(times))
+        return [
+            Request(f"sampled-{i}", float(t), recent[j].prompt_tokens, recent[j].output_tokens)
+            for i, (t, j) in enumerate(zip(times, picks, strict=True))
+        ]
 
     def _sampled_outputs(self, telemetry: Telemetry) -> list[int]:
         """One draw of the admitted unfinished requests' output lengths (module doc)."""

@@ -525,7 +525,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     )
 
 
-def collector(cfg: TrainConfig, seeds: Iterable[int] = ()) -> Collector:
+def collector(cfg: TrainConfig, seeds: Iterable[int]) -> Collector:
     """The imitation phase's episode collector for `cfg`'s runs (two workers a core: a round's
     last episodes share them), collecting ahead the round-0 episodes of the runs with these
     training seeds (`batchpilot.agents.imitation.Collector`)."""
