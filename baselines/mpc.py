@@ -293,7 +293,7 @@ class MPCController:
         limit = float("inf") if slo.ttft_ms is None else slo.ttft_ms / 1e3
         score = telemetry.interval_good_output_tokens
         score -= self.recompute * telemetry.interval_recomputed_tokens
-        for r in engine.result().records:
+        for r in engine.finished_records():
             if r.request_id not in lost and not slo.met(r.ttft_s, r.tpot_s, r.e2el_s):
                 score -= r.output_tokens
         entries = engine.unfinished_requests()

@@ -146,7 +146,9 @@ class LatencySketch:
         if len(self._pending) >= 4096:
             self._flush()
 
-    def add_many(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
+    def add_many(
+        self, values: np.ndarray | list[float], counts: np.ndarray | list[int] | None = None
+    ) -> None:
         """Add `values`, each `counts` times (once without `counts`)."""
         values = np.asarray(values, dtype=np.float64)
         counts = np.ones(len(values), np.int64) if counts is None else np.asarray(counts, np.int64)

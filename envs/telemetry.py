@@ -300,6 +300,19 @@ class StepCost:
         self.xx = d * self.xx + tokens * tokens
         self.xy = d * self.xy + tokens * seconds
 
+    def add_steps(self, tokens: int, seconds: list[float]) -> None:
+        """`add` each of `seconds` in turn with the same `tokens` (the same figures)."""
+        d = self.decay
+        w, x, y, xx, xy = self.w, self.x, self.y, self.xx, self.xy
+        sq = tokens * tokens
+        for s in seconds:
+            w = d * w + 1.0
+            x = d * x + tokens
+            y = d * y + s
+            xx = d * xx + sq
+            xy = d * xy + tokens * s
+        self.w, self.x, self.y, self.xx, self.xy = w, x, y, xx, xy
+
     def line(self) -> tuple[float, float]:
         """(seconds at no tokens, seconds per token); (0, 0) before any step with tokens."""
         w, x = self.w, self.x

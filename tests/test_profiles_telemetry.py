@@ -108,6 +108,13 @@ def test_step_cost_fits_the_line_of_step_time_on_tokens() -> None:
     for _ in range(50):
         steady.add(32, 0.02)
     assert steady.line() == (0.0, pytest.approx(0.02 / 32))
+    stepped, run = StepCost(), StepCost()
+    for c in (stepped, run):
+        c.add(300, 0.05)
+    for s in (0.021, 0.0213, 0.0216):
+        stepped.add(24, s)
+    run.add_steps(24, [0.021, 0.0213, 0.0216])  # a closed-form decode run: the same figures
+    assert vars(run) == vars(stepped)
 
 
 def test_simulator_reports_the_engines_speed() -> None:
