@@ -16,6 +16,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 
+CV_RANGE = (0.01, 100.0)
+"""Gamma arrivals' coefficients of variation that can be drawn (gap shape 1/CV^2)."""
+
+
 class ArrivalSpecError(ValueError):
     """An arrival spec that cannot be parsed or does not fit the trace."""
 
@@ -34,6 +38,13 @@ class Arrival:
     """ramp: the final rate (`rate` is the first)."""
     ramp_s: float | None = None
     """ramp: its duration (None: the run's expected span)."""
+
+    def __post_init__(self) -> None:
+        if self.kind == "gamma" and not CV_RANGE[0] <= self.cv <= CV_RANGE[1]:
+            raise ArrivalSpecError(
+                f"gamma arrivals: CV must be in [{CV_RANGE[0]:g}, {CV_RANGE[1]:g}] "
+                f"(1: Poisson; measured traces are bursty at 2-5), got {self.cv:g}"
+            )
 
     @classmethod
     def parse(cls, spec: str) -> Arrival:

@@ -109,6 +109,8 @@ def test_missing_file() -> None:
         ("poisson:-1", "must be > 0"),
         ("gamma:2", "takes 2 argument"),
         ("gamma:2:x", "CV 'x' is not a number"),
+        ("gamma:1:1e300", r"CV must be in \[0.01, 100\]"),
+        ("gamma:1:1e-200", r"CV must be in \[0.01, 100\]"),
         ("uniform:3", "unknown process 'uniform'"),
         ("replay:1:2", "at most one SCALE"),
     ],
