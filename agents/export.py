@@ -28,6 +28,7 @@ from batchpilot.agents.policy import (
     FORMAT_VERSION,
     PolicyFileError,
     action_layout,
+    load_policy,
     observation_layout,
     seal,
     sha256,
@@ -228,10 +229,8 @@ def _member(run_dir: Path, checkpoint: str) -> Member:
 def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[str, Any]:
     """Write ``out`` (ONNX) and ``out.json`` (sidecar) for one run, or for several as an
     ensemble (`OnnxableEnsemble`; the sidecar lists them under ``members``); returns the
-    sidecar."""
-    import onnx
-    import stable_baselines3 as sb3
-
+    sidecar. Nothing is written over an existing policy unless the new one loads as
+    `policy:PATH` will load it (`load_policy`: sidecar values, graph ops)."""
     if not run_dirs:
         raise PolicyFileError("no run to export")
     members = [_member(run, checkpoint) for run in run_dirs]
@@ -254,6 +253,29 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
         module = OnnxableEnsemble(modules, [m.fields for m in members]).eval()
         fields = module.fields
     out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")  # in place only once it loads
+    try:
+        sidecar = _write(module, fields, members, partial)
+        try:
+            load_policy(partial)
+        except PolicyFileError as exc:
+            raise PolicyFileError(f"{run_dirs[0]}: the export would not load ({exc})") from None
+        partial.replace(out)
+        sidecar_path(partial).replace(sidecar_path(out))
+    finally:
+        partial.unlink(missing_ok=True)
+        sidecar_path(partial).unlink(missing_ok=True)
+    return sidecar
+
+
+def _write(
+    module: th.nn.Module, fields: tuple[str, ...], members: list[Member], out: Path
+) -> dict[str, Any]:
+    """Write the graph to `out` and its sidecar beside it; returns the sidecar."""
+    import onnx
+    import stable_baselines3 as sb3
+
+    meta = members[0].meta
     th.onnx.export(
         module,
         (th.zeros(1, len(fields)),),

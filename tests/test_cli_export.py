@@ -165,6 +165,26 @@ def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> Non
     assert "policy.safetensors: not a readable safetensors file" in capsys.readouterr().err
 
 
+def test_an_export_that_would_not_load_replaces_nothing(
+    run_dir: Path, policy: Path, tmp_path: Path, capsys
+) -> None:
+    """A run.json whose control interval serving would refuse: the policy already at --out
+    stays as it was, and no partial file is left beside it."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(meta | {"control_interval": "-1000ms"}))
+    out = tmp_path / "p.onnx"
+    shutil.copy(policy, out)
+    shutil.copy(sidecar_path(policy), sidecar_path(out))
+    before = out.read_bytes(), sidecar_path(out).read_bytes()
+    assert main(["export", str(run), "--checkpoint", "final", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the export would not load" in err and "-1000ms" in err
+    assert (out.read_bytes(), sidecar_path(out).read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.onnx", "p.onnx.json", "run"]
+
+
 def test_export_writes_a_policy_that_loads(policy: Path) -> None:
     meta = json.loads(sidecar_path(policy).read_text())
     assert meta["sidecar_sha256"] == seal(meta)["sidecar_sha256"]
