@@ -24,7 +24,7 @@ compare the two on random observations.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -90,8 +90,9 @@ class Indices:
 Value = np.ndarray | Dense | Segment | LogSumExp | Indices
 
 
-def compile_graph(data: bytes, n_obs: int) -> Act:
-    """An `Act` for the serialized ONNX model `data` with input (batch, `n_obs`)."""
+def compile_graph(data: bytes, n_obs: int, choices: Sequence[int] | None = None) -> Act:
+    """An `Act` for the serialized ONNX model `data` with input (batch, `n_obs`), choosing
+    among `choices[i]` values for knob i (None: as many as the graph's segments)."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -100,7 +101,7 @@ def compile_graph(data: bytes, n_obs: int) -> Act:
         onnx.checker.check_model(model)
     except (DecodeError, onnx.checker.ValidationError) as exc:
         raise GraphError(f"not a loadable ONNX model ({exc})") from None
-    return Lowering(model.graph, n_obs).act()
+    return Lowering(model.graph, n_obs).act(choices)
 
 
 class Lowering:
@@ -143,12 +144,18 @@ class Lowering:
         self.steps.append(partial(fn, v, *args, v))
         return Dense(len(self.steps))
 
-    def act(self) -> Act:
+    def act(self, choices: Sequence[int] | None) -> Act:
         out = self.output
         if not (
             isinstance(out, Indices) and out.is_float and out.shape[-1:] == (len(out.segments),)
         ):
             raise GraphError("the graph's output is not the float argmax of each action knob")
+        sizes = tuple(s.stop - s.start for s in out.segments)
+        if choices is not None and sizes != tuple(choices):
+            raise GraphError(
+                f"the graph chooses among {sizes} values per knob, the action among "
+                f"{tuple(choices)}"
+            )
         observation, last = self.vectors[0][:-1], self.vectors[-1]
         steps = tuple(self.steps)
         argmaxes = tuple(last[s.start : s.stop].argmax for s in out.segments)

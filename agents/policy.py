@@ -202,11 +202,11 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
     return meta
 
 
-def numpy_act(onnx_path: Path, n_obs: int) -> Act:
+def numpy_act(onnx_path: Path, n_obs: int, mode: str) -> Act:
     """An `Act` running the ONNX graph with numpy (`batchpilot.agents.onnx_numpy`): the
-    action (2,) is grid indices or moves (`ActionGrid`)."""
+    action (2,) is grid indices or moves (`ActionGrid` in `mode`)."""
     try:
-        return compile_graph(onnx_path.read_bytes(), n_obs)
+        return compile_graph(onnx_path.read_bytes(), n_obs, ActionGrid(mode).nvec)
     except ImportError:
         raise PolicyFileError("policy controllers need the onnx package (serve extra)") from None
     except GraphError as exc:
@@ -219,7 +219,7 @@ def load_policy(path: str | Path) -> PolicyController:
     meta = read_sidecar(onnx_path)
     fields = meta["observation"]["fields"]
     return PolicyController(
-        numpy_act(onnx_path, len(fields)),
+        numpy_act(onnx_path, len(fields), meta["action"]["mode"]),
         meta["action"]["mode"],
         SLO.parse(meta["slo"]),
         ControlInterval.parse(meta["control_interval"]),

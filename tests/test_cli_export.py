@@ -16,7 +16,13 @@ pytest.importorskip("stable_baselines3")
 pytest.importorskip("onnx")
 
 from batchpilot.agents.checkpoint import CheckpointError, normalisation
-from batchpilot.agents.policy import PolicyFileError, load_policy, seal, sidecar_path
+from batchpilot.agents.policy import (
+    PolicyFileError,
+    action_layout,
+    load_policy,
+    seal,
+    sidecar_path,
+)
 from batchpilot.envs.observation import OBSERVATION_FIELDS
 from batchpilot.training.cli import main
 
@@ -233,6 +239,17 @@ def test_out_of_range_sidecar_values_are_refused(
     p = copy(policy, tmp_path)
     edit(p, reseal=True, **change)
     with pytest.raises(PolicyFileError, match=message):
+        load_policy(p)
+
+
+def test_a_resealed_action_mode_the_graph_does_not_choose_is_refused(
+    policy: Path, tmp_path: Path
+) -> None:
+    """A grid policy's sidecar re-sealed to say `step` moves: the graph's knobs choose among
+    the grid's points, not 3 moves, and the load says so."""
+    p = copy(policy, tmp_path)
+    edit(p, reseal=True, action=action_layout("step"))
+    with pytest.raises(PolicyFileError, match=r"chooses among \(\d+, \d+\) values per knob"):
         load_policy(p)
 
 
