@@ -283,17 +283,27 @@ wins (``num_key_value_heads`` unset or null: as many as the attention heads)."""
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
+def read_json(file: Path, what: str) -> object:
+    """`file`'s JSON value; an unreadable, non-UTF-8, invalid or absurdly nested file is a
+    ValueError naming it."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{file}: cannot read {what} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{file}: {what} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{file}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{file}: {what} nests too deeply to be read") from None
+
+
 def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Architecture:
     """A model's shape from its Hugging Face ``config.json`` (the file or its directory), read
     as a Llama-family decoder (gated MLP; embedding and LM head untied). `vidur_name` is its
     directory under Vidur's ``compute/<gpu>/`` (default: the config's ``_name_or_path``)."""
     file = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text())
-    except OSError as exc:
-        raise ValueError(f"{file}: cannot read the model config ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{file}: not valid JSON ({exc.msg})") from None
+    data = read_json(file, "the model config")
     if not isinstance(data, dict):
         raise ValueError(f"{file}: a model config must be a JSON object")
 
@@ -653,9 +663,5 @@ def get_profile(name_or_path: str) -> EngineProfile:
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
             raise ValueError(f"{path}: no such profile file")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc.msg})") from None
-        return EngineProfile.from_dict(data, origin=str(path))
+        return EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))
     raise ValueError(f"unknown profile {name_or_path!r}; known: {', '.join(PROFILES)}")

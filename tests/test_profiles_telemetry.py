@@ -53,6 +53,12 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         get_profile(str(path))
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(ValueError, match=r"p.json: the profile is not UTF-8 text"):
+        get_profile(str(path))
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"p.json: the profile nests too deeply"):
+        get_profile(str(path))
     path.write_text(json.dumps({"name": "x"}))
     with pytest.raises(ValueError, match="not an engine profile"):
         get_profile(str(path))
