@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-
 CV_RANGE = (0.01, 100.0)
 """Gamma arrivals' coefficients of variation that can be drawn (gap shape 1/CV^2)."""
 

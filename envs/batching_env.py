@@ -92,6 +92,9 @@ class WorkloadSpec:
         return w.scaled(p, g, max_model_len)
 
 
+CONTROL_INTERVAL_S = 0.5
+"""One env step's length (s) unless `control_interval_s` or `control_interval_iters` is given."""
+
 ScaleRanges = tuple[float, float] | dict[str, tuple[float, float]]
 """A (lo, hi) range of scale factors, or a mapping of profile names to such ranges."""
 
@@ -116,6 +119,21 @@ def draw_weight(w: object, what: str) -> float:
     if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
         raise ValueError(f"{what}: weight must be a number > 0, got {w!r}")
     return float(w)
+
+
+def check_interval(seconds: float | None, iterations: int | None) -> None:
+    """Refuse a control interval that never advances the engine: `seconds` must be a finite
+    number > 0, `iterations` a whole number >= 1 (None: not given)."""
+    if seconds is not None:
+        real = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+        if not real or not 0 < seconds < np.inf:
+            raise ValueError(f"control_interval_s must be a number of seconds > 0, got {seconds!r}")
+    if iterations is not None:
+        whole = isinstance(iterations, int | np.integer) and not isinstance(iterations, bool)
+        if not whole or iterations < 1:
+            raise ValueError(
+                f"control_interval_iters must be a whole number >= 1, got {iterations!r}"
+            )
 
 
 def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, float]:
@@ -222,7 +240,8 @@ class BatchingEnv(gym.Env):
       `WorkloadSpec` fields, or a list of them to draw from per episode (among those whose
       ``profiles`` include the episode's profile).
     - `slo`: goodput SLOs (ms); default `DEFAULT_SLO`, `"ttft:2000,tpot:50"`.
-    - `control_interval_s` or `control_interval_iters`: one env step's length.
+    - `control_interval_s` or `control_interval_iters`: one env step's length, seconds > 0
+      (default `CONTROL_INTERVAL_S`) or engine iterations >= 1.
     - `step_time_scale`, `kv_scale`: (lo, hi) ranges of factors drawn log-uniformly per
       episode that multiply the profile's step times and its KV cache blocks
       (`EngineProfile.scaled`): GPUs and memory budgets no profile describes, for a policy
@@ -258,7 +277,7 @@ class BatchingEnv(gym.Env):
         profile: str | list[str] | dict[str, float] = DEFAULT_PROFILE,
         workload: str | dict | list[str | dict] = DEFAULT_SOURCE,
         slo: str = str(DEFAULT_SLO),
-        control_interval_s: float | None = 0.5,
+        control_interval_s: float | None = CONTROL_INTERVAL_S,
         control_interval_iters: int | None = None,
         action_mode: str = "grid",
         w_lost: float = 0.0,
@@ -276,6 +295,7 @@ class BatchingEnv(gym.Env):
             raise ValueError("engine='vllm' needs model=DIR (a model directory vLLM can load)")
         if (control_interval_s is None) == (control_interval_iters is None):
             raise ValueError("set exactly one of control_interval_s and control_interval_iters")
+        check_interval(control_interval_s, control_interval_iters)
         for name, w in (("w_lost", w_lost), ("w_recompute", w_recompute)):
             if not 0 <= w < np.inf:
                 raise ValueError(f"{name} must be >= 0, got {w}")
@@ -314,6 +334,11 @@ class BatchingEnv(gym.Env):
         self.w_recompute = w_recompute
         self.model = model
         self.engine_kwargs = engine_kwargs or {}
+        if engine == "sim":  # bad engine keywords fail here, not at the first reset
+            try:
+                self._make_engine(self._profile_objs[0])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"engine_kwargs: {exc}") from None
         self.observer = Observer(self.slo, observation_fields)
         self.action_space = spaces.MultiDiscrete(list(self.grid.nvec))
         clip = SCALES["clip"]

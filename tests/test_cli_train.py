@@ -71,6 +71,23 @@ BASE = {
         ({"policy_kwargs": {"activation_fn": "nn.ReLU"}}, "policy_kwargs.activation_fn: 'nn.ReLU'"),
         ({"policy_kwargs": {"netarch": [8]}}, "did you mean 'net_arch'"),
         ({"n_steps": 1}, "n_steps x n_envs is 1"),
+        ({"env_kwargs": {"control_interval_s": 0}}, "env_kwargs: control_interval_s must be a number of seconds > 0, got 0"),
+        ({"env_kwargs": {"control_interval_s": -1}}, "env_kwargs: control_interval_s must be a number of seconds > 0, got -1"),
+        ({"env_kwargs": {"control_interval_s": float("inf")}}, "env_kwargs.control_interval_s: inf is not of type float"),
+        ({"env_kwargs": {"control_interval_s": None, "control_interval_iters": 0}}, "env_kwargs: control_interval_iters must be a whole number >= 1, got 0"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": []}}, "eval.seeds: needs at least one seed"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": [1000, -1]}}, "eval.seeds: an entry: -1 is outside"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": [True]}}, "eval.seeds: an entry: True is not of type int"),
+        ({"env_kwargs": {"engine_kwargs": {"foo": 1}}}, "env_kwargs: engine_kwargs: .*unexpected keyword argument 'foo'"),
+        ({"env_kwargs": {"engine_kwargs": {"scheduler": "v9"}}}, "env_kwargs: engine_kwargs: scheduler must be one of"),
+        ({"imitation": {"teacher": "foo"}}, "imitation.teacher: unknown controller 'foo'"),
+        ({"imitation": {"teacher": "mpc:horizon=8"}}, "imitation.teacher: mpc: bad argument 'horizon=8'"),
+        ({"report": {"suites": ["nonexistent-suite"]}}, "report.suites: unknown suite .*nonexistent-suite"),
+        ({"report": {"suites": ["steady", "missing.yml"]}}, "report.suites: .*missing.yml: no such suite file"),
+        ({"report": {"suites": ["steady", "other/steady.yml"]}}, r"report.suites: two suites share a name \(steady, steady\)"),
+        ({"report": {"seeds": 3}}, "report.suites: needs at least one suite"),
+        ({"report": {"suites": ["steady"], "controllers": "foo"}}, "report.controllers: unknown controller 'foo'"),
+        ({"report": {"suites": ["steady"], "controllers": " , "}}, "report.controllers: name at least one controller"),
     ],
 )
 def test_bad_config_is_refused_by_key_and_file(tmp_path: Path, capsys, change, message) -> None:
@@ -83,6 +100,15 @@ def test_bad_config_is_refused_by_key_and_file(tmp_path: Path, capsys, change, m
     assert re.search(message, err), err
     assert "Traceback" not in err
     assert not out.exists()  # nothing written: a corrected config starts cleanly
+
+
+def test_the_recorded_interval_is_the_envs_default(tmp_path: Path) -> None:
+    """A config that leaves the control interval to the env records the one it trains at."""
+    from batchpilot.envs.batching_env import BatchingEnv
+
+    path = tmp_path / "default.yml"
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE}))
+    assert load_config(path).control_interval == f"{BatchingEnv().control_interval_s * 1e3:g}ms"
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:

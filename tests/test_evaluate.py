@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def test_capacity_target_parses_and_checks() -> None:
         CapacityTarget.parse("p90_itl_ms=50")
     with pytest.raises(ValueError, match="not a run metric"):
         CapacityTarget.parse("p91_itl_ms:50").met({"unfinished": 0})
+
+
+@pytest.mark.parametrize("bound", ["nan", "inf", "-inf", "0", "-5"])
+def test_capacity_target_refuses_non_finite_or_non_positive_bounds(bound: str) -> None:
+    with pytest.raises(ValueError, match=f"p90_itl_ms bound must be a finite number > 0, got {bound}"):
+        CapacityTarget.parse(f"p90_ttft_ms:2000,p90_itl_ms:{bound}")
+
+
+def test_compare_refuses_a_nan_capacity_slo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["compare", "--capacity", "--capacity-slo", "p90_itl_ms:nan", "--out", str(tmp_path)]
+    assert main(args) == 2
+    assert "batchpilot compare: error: capacity SLO 'p90_itl_ms:nan'" in capsys.readouterr().err
 
 
 def test_capacity_is_bracketed_by_a_failing_rate() -> None:
@@ -270,6 +285,80 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
         assert str(path) in str(err.value) and message in str(err.value), str(err.value)
     with pytest.raises(SuiteError, match="unknown suite 'nope'; known: bursty"):
         load_suite("nope")
+
+
+SCENARIO_A = {"name": "a", "source": "embedded:gsm8k", "arrival": "'poisson:1'"}
+
+
+def _suite_file(tmp_path: Path, top: str = "", **fields: str) -> Path:
+    """A one-scenario suite on llama-2-7b-a100 with `top` lines, `fields` (YAML text) set."""
+    scenario = ", ".join(f"{k}: {v}" for k, v in {**SCENARIO_A, **fields}.items())
+    path = tmp_path / "one.yml"
+    path.write_text(f"profiles: [llama-2-7b-a100]\n{top}scenarios:\n  - {{{scenario}}}\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("source", "5", "'source' must be a string, got 5"),
+        ("arrival", "5", "'arrival' must be a string, got 5"),
+        ("slo", "5", "'slo' must be a string, got 5"),
+        ("interval", "1", "'interval' must be a string, got 1"),
+        ("rate_scale", "[[1], 2]", "'rate_scale' must be [LOW, HIGH] (two numbers)"),
+        ("rate_scale", "[null, 2]", "'rate_scale' must be [LOW, HIGH] (two numbers)"),
+        ("rate_scale", "[x, 1]", "'rate_scale' must be [LOW, HIGH] (two numbers), got ['x', 1]"),
+        ("prompt_scale", "[true, 2]", "'prompt_scale' must be [LOW, HIGH] (two numbers)"),
+        ("output_scale", "[.nan, 2]", "output_scale must be 0 < lo <= hi < inf"),
+        ("num_requests", "x", "'num_requests' must be an integer >= 1, got 'x'"),
+        ("num_requests", "2.5", "'num_requests' must be an integer >= 1, got 2.5"),
+        ("num_requests", "true", "'num_requests' must be an integer >= 1, got True"),
+        ("num_requests", "0", "'num_requests' must be an integer >= 1, got 0"),
+        ("score", "foo", "'score' must be one of output_goodput, output_throughput, got 'foo'"),
+        ("scheduler", "v9", "'scheduler' must be one of v1, v0, got 'v9'"),
+        ("overlong", "foo", "'overlong' must be one of error, drop, truncate, got 'foo'"),
+    ],
+)
+def test_suite_scenario_fields_are_type_checked_at_load(
+    tmp_path: Path, key: str, value: str, message: str
+) -> None:
+    path = _suite_file(tmp_path, **{key: value})
+    where = re.escape(f"{path}: scenarios[0] (a): ")
+    with pytest.raises(SuiteError, match=f"{where}.*{re.escape(message)}"):
+        load_suite(path)
+
+
+@pytest.mark.parametrize(
+    ("top", "message"),
+    [
+        ("controllers: []\n", "'controllers' must be a non-empty list of controller specs"),
+        ("controllers: ' , '\n", "'controllers' must be a non-empty list of controller specs"),
+        ("controllers: [alg1, 3]\n", "'controllers' must be a non-empty list of controller specs"),
+        ("seeds: true\n", "'seeds' must be an integer >= 1, got True"),
+        ("tuning_seeds: 2.5\n", "'tuning_seeds' must be an integer >= 1, got 2.5"),
+        ("description: 5\n", "'description' must be a string, got 5"),
+        ("defaults: []\n", "'defaults' must be a mapping of scenario fields"),
+    ],
+)
+def test_suite_settings_are_type_checked_at_load(tmp_path: Path, top: str, message: str) -> None:
+    path = _suite_file(tmp_path, top=top)
+    with pytest.raises(SuiteError, match=re.escape(f"{path}: {message}")):
+        load_suite(path)
+
+
+def test_suite_takes_every_allowed_value(tmp_path: Path) -> None:
+    path = _suite_file(
+        tmp_path,
+        top="controllers: 'default, alg1'\nseeds: 2\ndefaults: {rate_scale: [1, 1.5]}\n",
+        score="output_throughput", scheduler="v0", overlong="drop", num_requests="40",
+    )
+    suite = load_suite(path)
+    assert (suite.controllers, suite.seeds) == (["default", "alg1"], 2)
+    (sc,) = suite.scenarios
+    assert (sc.score, sc.scheduler, sc.overlong, sc.num_requests) == (
+        "output_throughput", "v0", "drop", 40
+    )
+    assert sc.rate_scale == (1.0, 1.5)
 
 
 def test_every_controller_sees_the_same_draw_per_seed_and_seeds_differ() -> None:

@@ -222,11 +222,16 @@ class CapacityTarget:
         for part in spec.replace(",", " ").split():
             key, _, value = part.partition(":")
             try:
-                bounds.append((key, float(value)))
+                bound = float(value)
             except ValueError:
                 raise ValueError(
                     f"capacity SLO {spec!r}: {part!r} is not METRIC:MAX (e.g. p90_itl_ms:50)"
                 ) from None
+            if not (math.isfinite(bound) and bound > 0):
+                raise ValueError(
+                    f"capacity SLO {spec!r}: {key} bound must be a finite number > 0, got {value}"
+                )
+            bounds.append((key, bound))
         if not bounds:
             raise ValueError(f"capacity SLO {spec!r}: name at least one METRIC:MAX")
         return cls(bounds=tuple(bounds), **kw)

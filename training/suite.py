@@ -18,7 +18,9 @@ A file holds::
 Scenario fields are those of `Scenario` (name, source, arrival, num_requests, slo,
 interval, overlong, score, scheduler, rate_scale, cv, prompt_scale, output_scale, and
 ``profiles`` to override the file's); any value may be a mapping from profile name to the
-value on that profile. Ranges (``[LOW, HIGH]``) are drawn uniformly per seed.
+value on that profile. Ranges (``[LOW, HIGH]``, two numbers) are drawn uniformly per seed;
+``num_requests`` is a whole number and the other fields are strings, ``scheduler``,
+``overlong`` and ``score`` one of the values `CHOICES` lists.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.envs.profiles import DEFAULT_PROFILE
+from batchpilot.envs.sim_engine import SCHEDULERS
+from batchpilot.envs.workload import OverlongPolicy
 from batchpilot.training.evaluate import RANGES, Scenario
+from batchpilot.training.report import METRIC_NAMES
 from batchpilot.training.yaml_files import load_yaml
 
 TOP_KEYS = (
@@ -37,6 +42,12 @@ TOP_KEYS = (
 )  # fmt: skip
 NOT_IN_SUITES = ("profile", "engine", "model", "engine_args", "family")
 SCENARIO_KEYS = (*(f.name for f in fields(Scenario) if f.name not in NOT_IN_SUITES), "profiles")
+CHOICES = {
+    "scheduler": SCHEDULERS,
+    "overlong": tuple(p.value for p in OverlongPolicy),
+    "score": tuple(METRIC_NAMES),  # the metrics the report ranks controllers by
+}
+"""Scenario fields with a fixed set of values."""
 
 
 class SuiteError(ValueError):
@@ -91,10 +102,13 @@ def parse_suite(data: Any, path: Path) -> Suite:
     entries = data.get("scenarios")
     if not isinstance(entries, list) or not entries:
         raise SuiteError(f"{path}: 'scenarios' must be a non-empty list")
-    defaults = data.get("defaults") or {}
+    defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
         raise SuiteError(f"{path}: 'defaults' must be a mapping of scenario fields")
-    profiles = data.get("profiles", [DEFAULT_PROFILE])
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise SuiteError(f"{path}: 'description' must be a string, got {description!r}")
+    profiles = _as_list(data.get("profiles", [DEFAULT_PROFILE]), f"{path}: 'profiles'")
     scenarios = []
     for i, entry in enumerate(entries):
         where = f"{path}: scenarios[{i}]"
@@ -112,25 +126,41 @@ def parse_suite(data: Any, path: Path) -> Suite:
                 raise SuiteError(f"{where}: missing key {key!r}")
         for profile in _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'"):
             scenarios.append(_scenario(path.stem, merged, profile, where))
-    controllers = data.get("controllers")
-    if isinstance(controllers, str):
-        controllers = [c.strip() for c in controllers.split(",") if c.strip()]
-    if controllers is not None and not (
-        isinstance(controllers, list) and all(isinstance(c, str) for c in controllers)
-    ):
-        raise SuiteError(f"{path}: 'controllers' must be a list of controller specs")
     for key in ("seeds", "tuning_seeds"):
         value = data.get(key)
-        if value is not None and (not isinstance(value, int) or value < 1):
+        if value is not None and not _is_count(value):
             raise SuiteError(f"{path}: {key!r} must be an integer >= 1, got {value!r}")
     return Suite(
         name=path.stem,
-        description=str(data.get("description", "")),
+        description=description,
         scenarios=scenarios,
-        controllers=controllers,
+        controllers=_controllers(data.get("controllers"), path),
         seeds=data.get("seeds"),
         tuning_seeds=data.get("tuning_seeds"),
     )
+
+
+def _controllers(value: Any, path: Path) -> list[str] | None:
+    """The suite's controller specs (a list or a comma-separated string), None if not given."""
+    if isinstance(value, str):
+        value = [c.strip() for c in value.split(",") if c.strip()]
+    if value is not None and not (
+        isinstance(value, list) and value and all(isinstance(c, str) and c for c in value)
+    ):
+        raise SuiteError(
+            f"{path}: 'controllers' must be a non-empty list of controller specs, got {value!r}"
+        )
+    return value
+
+
+def _is_count(value: Any) -> bool:
+    """Whether `value` is a whole number >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_number(value: Any) -> bool:
+    """Whether `value` is an int or a float (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _as_list(value: Any, where: str) -> list[str]:
@@ -158,11 +188,7 @@ def _scenario(family: str, fields_: dict[str, Any], profile: str, where: str) ->
                     f"for profile {profile!r}"
                 )
             value = value[profile]
-        if key in RANGES:
-            if not (isinstance(value, list) and len(value) == 2):
-                raise SuiteError(f"{where}: {key!r} must be [LOW, HIGH], got {value!r}")
-            value = (float(value[0]), float(value[1]))
-        kw[key] = value
+        kw[key] = _field(key, value, where)
     kw["name"] = f"{family}/{kw['name']} on {profile}"
     try:
         sc = Scenario(profile=profile, family=family, **kw)
@@ -170,6 +196,25 @@ def _scenario(family: str, fields_: dict[str, Any], profile: str, where: str) ->
     except (TypeError, ValueError) as exc:
         raise SuiteError(f"{where}: {exc}") from None
     return sc
+
+
+def _field(key: str, value: Any, where: str) -> Any:
+    """Scenario field `key`'s `value` on one profile, type (and choice) checked; a range as a
+    tuple (its bounds are checked by `Scenario`)."""
+    if key in RANGES:
+        if not (isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))):
+            raise SuiteError(f"{where}: {key!r} must be [LOW, HIGH] (two numbers), got {value!r}")
+        return (float(value[0]), float(value[1]))
+    if key == "num_requests":
+        if not _is_count(value):
+            raise SuiteError(f"{where}: 'num_requests' must be an integer >= 1, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise SuiteError(f"{where}: {key!r} must be a string, got {value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        known = ", ".join(CHOICES[key])
+        raise SuiteError(f"{where}: {key!r} must be one of {known}, got {value!r}")
+    return value
 
 
 def _check(sc: Scenario) -> None:

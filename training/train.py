@@ -47,6 +47,7 @@ from batchpilot.agents.schema import (
     unknown_key,
 )
 from batchpilot.envs import ENV_ID
+from batchpilot.envs.batching_env import CONTROL_INTERVAL_S
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.observation import checked_fields
 from batchpilot.training.yaml_files import load_yaml
@@ -84,7 +85,7 @@ class TrainConfig:
         iters = self.env_kwargs.get("control_interval_iters")
         if iters is not None:
             return f"{iters}it"
-        return f"{self.env_kwargs.get('control_interval_s', 0.25) * 1e3:g}ms"
+        return f"{self.env_kwargs.get('control_interval_s', CONTROL_INTERVAL_S) * 1e3:g}ms"
 
 
 RUN_KEYS = tuple(f for f in TrainConfig.__dataclass_fields__ if f not in ("env_id", "hyperparams"))
@@ -114,7 +115,17 @@ PPO_RANGES: dict[str, Check] = {
     "stats_window_size": number(1, 1e6, integer=True),
     "verbose": number(0, 2, integer=True),
 }
-EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True)}
+
+
+def _seeds_problem(seeds: list[int]) -> str | None:
+    """``eval.seeds``' range check: at least one seed, each one `seed` may be."""
+    if not seeds:
+        return "needs at least one seed"
+    problems = [RUN_RANGES["seed"](s) for s in seeds]
+    return next((f"an entry: {p}" for p in problems if p), None)
+
+
+EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True), "seeds": _seeds_problem}
 EVAL_WORKLOAD = {"source": str, "arrival": str, "num_requests": int, "profiles": list[str]}
 EVAL_WORKLOAD_RANGES: dict[str, Check] = {"num_requests": number(1, 1e7, integer=True)}
 REPORT_KEYS = {"suites": list[str], "seeds": int, "controllers": str}
@@ -246,10 +257,9 @@ def load_config(path: Path) -> TrainConfig:
 
 
 def _check_values(cfg: TrainConfig, path: Path) -> None:
-    """The env's and the evaluation's own value checks (profiles, workload specs, SLO),
-    run before anything is written; errors name the file."""
-    from batchpilot.envs.profiles import get_profile
-
+    """The env's, the evaluation's, the teacher's and the report's own value checks (profiles,
+    workload specs, SLO, control interval, engine keywords, controller specs, suites), run
+    before anything is written or trained; errors name the file."""
     try:
         if cfg.env_kwargs.get("engine", "sim") == "sim":  # a real engine starts at reset only
             env = _env_class()(**cfg.env_kwargs)
@@ -258,33 +268,88 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
     except (ValueError, TypeError, OSError) as exc:
         raise ValueError(f"{path}: env_kwargs: {exc}") from None
     if cfg.eval:
-        from batchpilot.agents.callbacks import EvalScenario
+        _check_eval(cfg, path)
+    if cfg.imitation is not None:
+        from batchpilot.baselines.specs import make_controller  # as the imitation phase does
 
-        ev = EvalScenario(
-            profile=cfg.eval.get("profile") or [],
-            workload=cfg.eval.get("workload") or [],
-            slo=str(DEFAULT_SLO),
-            interval=cfg.control_interval,
-        )
         try:
-            if not ev.profiles:
-                raise ValueError("needs a profile name or a list of them")
-            for name in ev.profiles:
-                get_profile(name)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"{path}: eval.profile: {exc}") from None
-        if not ev.workloads:
-            raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
-        for w in ev.workloads:
-            if not set(w.get("profiles", ev.profiles)) & set(ev.profiles):
-                raise ValueError(
-                    f"{path}: eval.workload {w['source']}: its profiles {w['profiles']} "
-                    f"name none of eval.profile {ev.profiles}"
-                )
-        try:
-            ev.check()
+            make_controller(cfg.imitation.teacher)
         except ValueError as exc:
-            raise ValueError(f"{path}: eval.{exc}") from None
+            raise ValueError(f"{path}: imitation.teacher: {exc}") from None
+    if cfg.report:
+        _check_report(cfg.report, path)
+
+
+def _check_eval(cfg: TrainConfig, path: Path) -> None:
+    """`cfg.eval`'s profiles and workloads, each workload drawn once."""
+    from batchpilot.envs.profiles import get_profile
+
+    ev = _eval_scenario(cfg, str(DEFAULT_SLO))
+    try:
+        if not ev.profiles:
+            raise ValueError("needs a profile name or a list of them")
+        for name in ev.profiles:
+            get_profile(name)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{path}: eval.profile: {exc}") from None
+    if not ev.workloads:
+        raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
+    for w in ev.workloads:
+        if not set(w.get("profiles", ev.profiles)) & set(ev.profiles):
+            raise ValueError(
+                f"{path}: eval.workload {w['source']}: its profiles {w['profiles']} "
+                f"name none of eval.profile {ev.profiles}"
+            )
+    try:
+        ev.check()
+    except ValueError as exc:
+        raise ValueError(f"{path}: eval.{exc}") from None
+
+
+def _eval_scenario(cfg: TrainConfig, slo: str) -> Any:
+    """The `EvalScenario` of `cfg.eval` (a profile or workload it lacks: an empty list)."""
+    from batchpilot.agents.callbacks import EvalScenario
+
+    given = {k: v for k, v in (cfg.eval or {}).items() if k != "freq"}
+    scenario = {"profile": [], "workload": []} | given
+    return EvalScenario(slo=slo, interval=cfg.control_interval, **scenario)
+
+
+def _check_report(report: dict[str, Any], path: Path) -> None:
+    """`report`'s suites (each file parsed whole) and controller specs, as `write_report`
+    reads them."""
+    from batchpilot.agents.specs import make_controller
+    from batchpilot.training.commands.evaluate import REFERENCES, suite_description
+    from batchpilot.training.evaluate import PSEUDO
+
+    suites = report.get("suites", [])
+    stems = [Path(suite).stem for suite in suites]
+    try:
+        if not suites:
+            raise ValueError("needs at least one suite (a name under training/scenarios or a file)")
+        if len(set(stems)) < len(stems):
+            raise ValueError(f"two suites share a name ({', '.join(stems)})")
+        for suite in suites:
+            suite_description(_suite_path(suite, path))
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{path}: report.suites: {exc}") from None
+    specs = [c.strip() for c in report.get("controllers", REFERENCES).split(",") if c.strip()]
+    try:
+        if not specs:
+            raise ValueError("name at least one controller")
+        for spec in specs:
+            if spec not in PSEUDO:
+                make_controller(spec)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{path}: report.controllers: {exc}") from None
+
+
+def _suite_path(suite: str, config_path: Path) -> str:
+    """A ``report.suites`` entry as `run_suite` takes it: a shipped suite's name as it is,
+    anything else a path relative to the config."""
+    from batchpilot.training.suite import suite_names
+
+    return suite if suite in suite_names() else str((config_path.parent / suite).resolve())
 
 
 def make_env(cfg: TrainConfig) -> Any:
@@ -369,11 +434,7 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
     `_learn` starts), write ``config.yml`` and ``run.json``, set up the callbacks."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from batchpilot.agents.callbacks import (
-        BaselineEvalCallback,
-        DomainMetricsCallback,
-        EvalScenario,
-    )
+    from batchpilot.agents.callbacks import BaselineEvalCallback, DomainMetricsCallback
     from batchpilot.agents.checkpoint import PeriodicCheckpoint, latest_checkpoint, load_checkpoint
     from batchpilot.envs.metrics import SLO
 
@@ -420,14 +481,11 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
         PeriodicCheckpoint(max(1, cfg.checkpoint_freq // cfg.n_envs), out / "checkpoints"),
     ]
     if cfg.eval:
-        ev = dict(cfg.eval)
-        freq = int(ev.pop("freq", 10_000))
-        scenario = EvalScenario(slo=str(slo), interval=cfg.control_interval, **ev)
         evaluator = BaselineEvalCallback(
-            scenario,
+            _eval_scenario(cfg, str(slo)),
             cfg.env_kwargs.get("action_mode", "grid"),
             slo,
-            max(1, freq // cfg.n_envs),
+            max(1, int(cfg.eval.get("freq", 10_000)) // cfg.n_envs),
             out / "best",
             fields=cfg.env_kwargs.get("observation_fields"),
         )
@@ -500,14 +558,13 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
         suite_description,
     )
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
-    from batchpilot.training.suite import suite_names
 
     assert cfg.report is not None
     policy = out / "policy.onnx"
     export([out], policy, "best" if (out / "best").is_dir() else "final")
     sections = []
     for suite in cfg.report.get("suites", []):
-        path = suite if suite in suite_names() else str((config_path.parent / suite).resolve())
+        path = _suite_path(suite, config_path)
         dest = out / "report" / Path(suite).stem
         results = run_suite(
             [policy],
