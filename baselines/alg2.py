@@ -126,9 +126,12 @@ class SLAController:
             raise ValueError(f"need 1 <= B_min <= B_max, got b_min={b_min}, b_max={b_max}")
         if not window_ms >= 0:
             raise ValueError(f"window_ms must be >= 0, got {window_ms}")
+        if sla_ms is not None and not 0 < sla_ms < float("inf"):
+            raise ValueError(f"sla_ms must be > 0, got {sla_ms}")
         self.sla_ms = sla_ms
         self.window_s = window_ms / 1e3
-        self.params = ((sla_ms or DEFAULT_SLO.tpot_ms) / 1e3, eps_ms / 1e3, alpha, delta)
+        sla = DEFAULT_SLO.tpot_ms if sla_ms is None else sla_ms
+        self.params = (sla / 1e3, eps_ms / 1e3, alpha, delta)
         self.b_min, self.b_max_arg = b_min, b_max
         self.chunk = chunk
         self.chunk_params = (chunk_min, chunk_alpha, chunk_delta)

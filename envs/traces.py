@@ -140,6 +140,10 @@ def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str
         handle.close()
         raise _csv_error(path, 1, exc) from None
     reader.fieldnames = header
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:
+        handle.close()
+        raise TraceError(f"{path}:1: the header names column(s) {twice} more than once")
     for fmt in _CSV_FORMATS:
         if fmt.prompt in header and fmt.output in header:
             break

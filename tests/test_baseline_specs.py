@@ -124,7 +124,7 @@ def test_fixed_source_gives_every_request_the_same_lengths() -> None:
         ("alg1:prior_output_mean=nan", "prior_output_mean='nan' is not a finite number"),
         ("alg1:eps=-inf", "eps='-inf' is not a finite number"),
         ("alg1:prior_output_std=1e400", "is not a finite number"),
-        ("alg2:sla_ms=-5", "eps_D < D_SLA"),
+        ("alg2:sla_ms=-5", "sla_ms must be > 0, got -5"),
         ("alg2:eps_ms=-1", "eps_D < D_SLA"),
         ("alg1:prior_output_mean=-3", "prior_output_mean must be > 0"),
         ("alg2:window_ms=-1", "window_ms must be >= 0"),

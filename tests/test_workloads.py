@@ -57,6 +57,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ("num_prefill_tokens,num_decode_tokens\n1e30,6\n", ":2: num_prefill_tokens is '1e30', over 2,147,483,647 tokens"),
         ('{"timestamp": 0, "input_length": 5, "output_length": 1e19}\n', ":1: output_length is 1e+19, over 2,147,483,647"),
         ("a,b\n1,2\n", "unknown trace format"),
+        ("num_prefill_tokens,num_decode_tokens,num_prefill_tokens\n5,6,7\n", ":1: the header names column(s) ['num_prefill_tokens'] more than once"),
         ("num_prefill_tokens,num_decode_tokens\n", "no requests in the file"),
         ('{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"timestamp": 1,\n', ":2: not valid JSON"),
         ('{"timestamp": 0, "input_length": 5}\n', ":1: missing field(s) ['output_length']"),
