@@ -63,6 +63,14 @@ def test_compare_refuses_a_nan_capacity_slo(
     assert "batchpilot compare: error: capacity SLO 'p90_itl_ms:nan'" in capsys.readouterr().err
 
 
+def test_compare_refuses_an_empty_controllers_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Asked for no controllers, it says so rather than running the default set."""
+    assert main(["compare", "--controllers", " , ", "--out", str(tmp_path)]) == 2
+    assert "--controllers ' , ': no controller spec given" in capsys.readouterr().err
+
+
 def test_capacity_is_bracketed_by_a_failing_rate() -> None:
     """Bisection ends with the capacity passing and a rate within rel_tol above it failing."""
     target = CapacityTarget(bounds=(("p90_ttft_ms", 1000.0),), num_requests=150, rel_tol=0.05)

@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     overlong=args.overlong,
                 )
             )
-    spec = args.controllers or default_controllers
+    spec = default_controllers if args.controllers is None else args.controllers
     controllers = [c.strip() for c in spec.split(",") if c.strip()]
     if not controllers:
         raise ValueError(f"--controllers {spec!r}: no controller spec given")
