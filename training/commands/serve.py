@@ -1,9 +1,11 @@
 """Start vLLM's OpenAI-compatible server with a batchpilot controller setting its batch
-limits before every scheduling step (`batchpilot.serving.scheduler.BatchpilotScheduler`).
+limits before every scheduling step, or a learned policy's every control interval (its
+sidecar's, as it was trained) (`batchpilot.serving.scheduler.BatchpilotScheduler`).
 
 Arguments after MODEL that batchpilot does not know go to vLLM's OpenAI server unchanged. The
 controller's limits and decision times appear at ``/metrics`` as ``batchpilot:*`` beside
-vLLM's ``vllm:*``. If the controller fails, vLLM's static limits take over (logged once).
+vLLM's ``vllm:*``. If the controller fails, or cannot start in the engine, vLLM's static
+limits take over (logged once).
 The controller spec and SLOs are checked before vLLM starts. With --skip-tokenizer-init, a
 prompt token id outside the model's vocabulary gets a 400 (vLLM itself would crash).
 
