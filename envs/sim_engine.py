@@ -276,7 +276,7 @@ class SimEngine:
         telemetry, `peak_demand`, and the records of the requests that finish after the
         fork, in `finished_records()`) but no run metrics (latency sketches and counters),
         so its `result()` raises. Its cost is then independent of how long the run has been
-        going, and each of its steps is cheaper (a sixth less, for `mpc`'s horizons).
+        going, and each of its steps is cheaper (about a sixth, in `mpc`'s horizons).
         """
         if self._workload is None:
             raise RuntimeError("call reset(workload, limits) before fork()")
@@ -868,7 +868,9 @@ class _Unmetered:
     def add(self, value: float) -> None:
         pass
 
-    def add_many(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
+    def add_many(
+        self, values: np.ndarray | list[float], counts: np.ndarray | list[int] | None = None
+    ) -> None:
         pass
 
     def add_request(self, record: RequestRecord, good: bool) -> None:
