@@ -71,6 +71,17 @@ def test_compare_refuses_an_empty_controllers_list(
     assert "--controllers '': no controller spec given" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "extra", [["--model", "/models/x"], ["--engine-arg", "num_gpu_blocks=40"]]
+)
+def test_compare_refuses_real_engine_settings_on_the_simulator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    """They would be ignored: the simulator's engine is its --profile."""
+    assert main(["compare", "--num-requests", "20", "--out", str(tmp_path), *extra]) == 2
+    assert "are for --engine vllm; the sim takes a --profile" in capsys.readouterr().err
+
+
 def test_capacity_is_bracketed_by_a_failing_rate() -> None:
     """Bisection ends with the capacity passing and a rate within rel_tol above it failing."""
     target = CapacityTarget(bounds=(("p90_ttft_ms", 1000.0),), num_requests=150, rel_tol=0.05)

@@ -28,8 +28,10 @@ def make_engine(
         from batchpilot.envs.profiles import get_profile
         from batchpilot.envs.sim_engine import SimEngine
 
-        if engine_args:
-            raise ValueError("engine arguments are for --engine vllm; the sim takes a --profile")
+        if engine_args or model:
+            raise ValueError(
+                "--model and engine arguments are for --engine vllm; the sim takes a --profile"
+            )
         return SimEngine(get_profile(profile), slo=slo, scheduler=scheduler)
     if kind == "vllm":
         if scheduler != "v1":
