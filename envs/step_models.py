@@ -253,6 +253,9 @@ class TableStepModel(StepModel):
                 raise ValueError(f"{origin}: step.{f.name} must be >= 0, got {value!r}")
 
 
+MAX_STEP_S = 60.0
+"""The longest one-request decode step a profile may time (anything longer is a unit slip)."""
+
 STEP_MODELS: dict[str, type[StepModel]] = {"linear": LinearStepModel, "table": TableStepModel}
 
 
@@ -294,8 +297,14 @@ def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
             raise ValueError(f"{origin}: step.{name} must be a number, got {value!r}")
     model = cls(**values)
     model.validate(origin)
-    if not model.decode_time(1, 1) > 0:
+    one = model.decode_time(1, 1)
+    if not one > 0:
         raise ValueError(
             f"{origin}: the step model times a one-request decode step at 0 s; a step takes time"
+        )
+    if not one <= MAX_STEP_S:
+        raise ValueError(
+            f"{origin}: the step model times a one-request decode step at {one:g} s, over "
+            f"{MAX_STEP_S:g} s: not an engine step (seconds, not milliseconds?)"
         )
     return model

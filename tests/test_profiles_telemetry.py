@@ -50,6 +50,11 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps(bad))
     with pytest.raises(ValueError, match=r"step.kv_token_s must be a number >= 0"):
         get_profile(str(path))
+    bad["step"]["kv_token_s"] = 0.0
+    bad["step"]["base_s"] = 1e308
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"decode step at 1e\+308 s, over 60 s"):
+        get_profile(str(path))
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         get_profile(str(path))
