@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ FORMAT_VERSION = 4
 (``sidecar_sha256``) and range-checked; 4: both knobs on log grids (no residual), the
 observation's scaling constants recorded and enforced."""
 SEAL = "sidecar_sha256"
+
+logger = logging.getLogger("batchpilot.policy")
 
 
 class PolicyFileError(ValueError):
@@ -128,6 +131,14 @@ class PolicyController:
         self._ready = False
 
     def reset(self, engine: Engine) -> None:
+        if engine.slo != self.slo:
+            logger.warning(
+                "%s was trained for the SLO %s; this run is scored on %s (its observation "
+                "stays scaled by the first)",
+                self.name,
+                self.slo,
+                engine.slo,
+            )
         self.grid.reset(engine.max_num_seqs, engine.max_num_batched_tokens)
         self.observer.reset()
         self._ready = True

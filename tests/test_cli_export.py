@@ -5,6 +5,7 @@ range-checked."""
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import shutil
 from pathlib import Path
@@ -195,6 +196,19 @@ def test_export_writes_a_policy_that_loads(policy: Path) -> None:
     meta = json.loads(sidecar_path(policy).read_text())
     assert meta["sidecar_sha256"] == seal(meta)["sidecar_sha256"]
     assert load_policy(policy).name == f"policy:{policy}"
+
+
+def test_a_policy_run_under_another_slo_says_so(policy: Path, caplog) -> None:
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.profiles import get_profile
+    from batchpilot.envs.sim_engine import SimEngine
+
+    controller = load_policy(policy)
+    with caplog.at_level(logging.WARNING, logger="batchpilot.policy"):
+        controller.reset(SimEngine(get_profile("llama-7b-a100"), slo=controller.slo))
+        assert not caplog.records
+        controller.reset(SimEngine(get_profile("llama-7b-a100"), slo=SLO.parse("tpot:100")))
+    assert "trained for the SLO" in caplog.records[-1].getMessage()
 
 
 def copy(policy: Path, tmp_path: Path) -> Path:
