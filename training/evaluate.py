@@ -27,7 +27,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -595,6 +595,13 @@ def tune_static(
     return {s.sc.name: s.summary() for s in searches}
 
 
+def check_controllers(specs: Sequence[str]) -> None:
+    """Raise ValueError on a controller spec that cannot be built (`PSEUDO` ones pass)."""
+    for spec in specs:
+        if spec not in PSEUDO:
+            make_controller(spec)
+
+
 def evaluate(
     scenarios: list[Scenario],
     controllers: list[str],
@@ -615,9 +622,7 @@ def evaluate(
     tuning_seeds = tuning_seeds or [TUNING_SEED_BASE, TUNING_SEED_BASE + 1]
     if set(tuning_seeds) & set(seeds):
         raise ValueError(f"tuning seeds {tuning_seeds} overlap the evaluation seeds {seeds}")
-    for spec in controllers:  # fail on a bad spec before starting any run
-        if spec not in PSEUDO:
-            make_controller(spec)
+    check_controllers(controllers)  # fail on a bad spec before starting any run
     if any(sc.engine != "sim" for sc in scenarios):
         workers = 1  # one real engine at a time
     workers = workers or default_workers()

@@ -318,9 +318,8 @@ def _eval_scenario(cfg: TrainConfig, slo: str) -> Any:
 def _check_report(report: dict[str, Any], path: Path) -> None:
     """`report`'s suites (each file parsed whole) and controller specs, as `write_report`
     reads them."""
-    from batchpilot.agents.specs import make_controller
     from batchpilot.training.commands.evaluate import REFERENCES, suite_description
-    from batchpilot.training.evaluate import PSEUDO
+    from batchpilot.training.evaluate import check_controllers
 
     suites = report.get("suites", [])
     stems = [Path(suite).stem for suite in suites]
@@ -337,9 +336,7 @@ def _check_report(report: dict[str, Any], path: Path) -> None:
     try:
         if not specs:
             raise ValueError("name at least one controller")
-        for spec in specs:
-            if spec not in PSEUDO:
-                make_controller(spec)
+        check_controllers(specs)
     except (ValueError, OSError) as exc:
         raise ValueError(f"{path}: report.controllers: {exc}") from None
 
@@ -347,9 +344,10 @@ def _check_report(report: dict[str, Any], path: Path) -> None:
 def _suite_path(suite: str, config_path: Path) -> str:
     """A ``report.suites`` entry as `run_suite` takes it: a shipped suite's name as it is,
     anything else a path relative to the config."""
-    from batchpilot.training.suite import suite_names
+    from batchpilot.training.suite import suite_dir
 
-    return suite if suite in suite_names() else str((config_path.parent / suite).resolve())
+    shipped = Path(suite).name == suite and (suite_dir() / f"{suite}.yml").is_file()
+    return suite if shipped else str((config_path.parent / suite).resolve())
 
 
 def make_env(cfg: TrainConfig) -> Any:
