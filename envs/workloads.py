@@ -33,9 +33,9 @@ def make_workload(
 
     `arrival` is an `Arrival` spec; ``replay`` on an embedded table replays its fitted
     Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the
-    first N requests of a trace (all of it by default, or if it holds fewer) or draws N
-    from an embedded table or a fixed source (1,000 by default). `max_model_len` with
-    `overlong` applies the context policy.
+    first N requests of a trace (all of it by default; a trace that holds fewer is an
+    error) or draws N from an embedded table or a fixed source (1,000 by default).
+    `max_model_len` with `overlong` applies the context policy.
     """
     if num_requests is not None and (isinstance(num_requests, bool) or num_requests < 1):
         raise WorkloadError(f"num_requests is {num_requests!r}; need at least 1 (None: default)")
@@ -79,7 +79,12 @@ def make_workload(
         label = f"{name} ({process_label(process)})"
     else:
         trace = load_trace(source)
-        n = min(num_requests or len(trace), len(trace))
+        n = num_requests or len(trace)
+        if n > len(trace):
+            raise WorkloadError(
+                f"{source}: the trace holds {len(trace)} requests, fewer than the "
+                f"{n} asked for; ask for at most {len(trace)} (or none: the whole trace)"
+            )
         prompt, output = trace.prompt_tokens[:n], trace.output_tokens[:n]
         times = process.times(n, rng, trace.arrival_s)
         label = f"{trace.name} ({process_label(process)})"

@@ -86,6 +86,14 @@ def test_skip_bad_rows_counts_them(tmp_path: Path) -> None:
     assert trace.arrival_s.tolist() == [0.0, 2.0]
 
 
+def test_a_trace_shorter_than_the_requests_asked_for_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "short.csv", "num_prefill_tokens,num_decode_tokens\n5,6\n7,8\n")
+    assert len(make_workload(str(path), "poisson:1", num_requests=2).requests) == 2
+    assert len(make_workload(str(path), "poisson:1").requests) == 2
+    with pytest.raises(WorkloadError, match=r"short\.csv: the trace holds 2 requests, fewer than the 3"):
+        make_workload(str(path), "poisson:1", num_requests=3)
+
+
 def test_mooncake_jsonl(tmp_path: Path) -> None:
     rows = [
         {"timestamp": 2000, "input_length": 10, "output_length": 3, "hash_ids": [1]},
