@@ -339,6 +339,10 @@ class BatchingEnv(gym.Env):
                 self._make_engine(self._profile_objs[0])
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"engine_kwargs: {exc}") from None
+        else:  # vLLM starts at the first reset; its model directory is checked now
+            from batchpilot.envs.vllm_engine import check_model_dir
+
+            check_model_dir(model)
         self.observer = Observer(self.slo, observation_fields)
         self.action_space = spaces.MultiDiscrete(list(self.grid.nvec))
         clip = SCALES["clip"]

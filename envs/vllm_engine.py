@@ -26,6 +26,14 @@ from batchpilot.envs.workload import Request, Workload
 SCHEDULER_CLS = "batchpilot.envs.vllm_scheduler.TrackingScheduler"
 
 
+def check_model_dir(model: str | Path) -> Path:
+    """`model` as a path, if it is a model directory vLLM can load (it holds config.json)."""
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{model}: not a model directory (no config.json)")
+    return path
+
+
 class VLLMEngine:
     """The `Engine` protocol on a real vLLM engine (see the module docstring).
 
@@ -52,9 +60,7 @@ Extra keyword arguments go to `vllm.EngineArgs`.
         clock: str = "wall",
         **engine_args: Any,
     ) -> None:
-        path = Path(model)
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{model}: not a model directory (no config.json)")
+        path = check_model_dir(model)
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         if clock not in CLOCKS:

@@ -88,6 +88,7 @@ BASE = {
         ({"report": {"seeds": 3}}, "report.suites: needs at least one suite"),
         ({"report": {"suites": ["steady"], "controllers": "foo"}}, "report.controllers: unknown controller 'foo'"),
         ({"report": {"suites": ["steady"], "controllers": " , "}}, "report.controllers: name at least one controller"),
+        ({"env_kwargs": {"engine": "vllm", "model": "no/such/dir"}}, "env_kwargs: no/such/dir: not a model directory"),
     ],
 )
 def test_bad_config_is_refused_by_key_and_file(tmp_path: Path, capsys, change, message) -> None:
@@ -100,6 +101,20 @@ def test_bad_config_is_refused_by_key_and_file(tmp_path: Path, capsys, change, m
     assert re.search(message, err), err
     assert "Traceback" not in err
     assert not out.exists()  # nothing written: a corrected config starts cleanly
+
+
+def test_a_real_engine_config_is_checked_before_the_engine_starts(tmp_path: Path) -> None:
+    """vLLM starts at the first reset; its config's workloads are drawn at load all the same."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    env = {"engine": "vllm", "model": str(tmp_path / "model")}
+    path = tmp_path / "real.yml"
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"env_kwargs": env}}))
+    assert load_config(path).env_kwargs["engine"] == "vllm"
+    env["workload"] = {"source": "embedded:gsm8k"}
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"env_kwargs": env}}))
+    with pytest.raises(ValueError, match=r"workload 0 \(embedded:gsm8k @ replay\) .*no timestamps"):
+        load_config(path)
 
 
 def test_the_recorded_interval_is_the_envs_default(tmp_path: Path) -> None:

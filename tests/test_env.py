@@ -262,6 +262,7 @@ def test_knee_scale_moves_the_decode_knee_only() -> None:
         ({"engine": "vllm", "model": "m", "kv_scale": [0.5, 1]}, "vary the simulator's profile only"),
         ({"engine": "tpu"}, "engine must be 'sim' or 'vllm'"),
         ({"engine": "vllm"}, "needs model=DIR"),
+        ({"engine": "vllm", "model": "no/such/dir"}, "no/such/dir: not a model directory"),
         ({"action_mode": "jump"}, "action_mode must be"),
         ({"w_recompute": -1}, "w_recompute must be"),
         ({"w_lost": -1}, "w_lost must be >= 0, got -1"),

@@ -261,10 +261,9 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
     workload specs, SLO, control interval, engine keywords, controller specs, suites), run
     before anything is written or trained; errors name the file."""
     try:
-        if cfg.env_kwargs.get("engine", "sim") == "sim":  # a real engine starts at reset only
-            env = _env_class()(**cfg.env_kwargs)
-            env.check_workloads()
-            env.close()
+        env = _env_class()(**cfg.env_kwargs)  # a real engine starts at the first reset only
+        env.check_workloads()
+        env.close()
     except (ValueError, TypeError, OSError) as exc:
         raise ValueError(f"{path}: env_kwargs: {exc}") from None
     if cfg.eval:
