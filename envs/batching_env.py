@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 from batchpilot.envs.action_grid import ActionGrid
 from batchpilot.envs.arrivals import Arrival
+from batchpilot.envs.controller import check_interval_iters, check_interval_s
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
@@ -122,18 +123,13 @@ def draw_weight(w: object, what: str) -> float:
 
 
 def check_interval(seconds: float | None, iterations: int | None) -> None:
-    """Refuse a control interval that never advances the engine: `seconds` must be a finite
-    number > 0, `iterations` a whole number >= 1 (None: not given)."""
+    """Refuse a control interval out of range (`INTERVAL_RANGE_S`, `MAX_INTERVAL_ITERS`):
+    `seconds` must be a number of seconds, `iterations` a whole number (None: not given)."""
     if seconds is not None:
-        real = isinstance(seconds, int | float) and not isinstance(seconds, bool)
-        if not real or not 0 < seconds < np.inf:
-            raise ValueError(f"control_interval_s must be a number of seconds > 0, got {seconds!r}")
+        check_interval_s(seconds, "control_interval_s")
     if iterations is not None:
-        whole = isinstance(iterations, int | np.integer) and not isinstance(iterations, bool)
-        if not whole or iterations < 1:
-            raise ValueError(
-                f"control_interval_iters must be a whole number >= 1, got {iterations!r}"
-            )
+        iters = int(iterations) if isinstance(iterations, np.integer) else iterations
+        check_interval_iters(iters, "control_interval_iters")
 
 
 def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, float]:

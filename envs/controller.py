@@ -25,6 +25,32 @@ class Controller(Protocol):
     def decide(self, telemetry: Telemetry) -> Limits: ...
 
 
+INTERVAL_RANGE_S = (1e-3, 3600.0)
+"""The shortest and longest control interval in seconds: 1 ms (shorter only multiplies
+controller calls over idle time; a step of vLLM takes longer) to an hour."""
+MAX_INTERVAL_ITERS = 1_000_000
+"""The most engine iterations between two decisions."""
+
+
+def check_interval_s(seconds: object, what: str) -> float:
+    """`seconds` as a float, if a number of seconds within `INTERVAL_RANGE_S`."""
+    lo, hi = INTERVAL_RANGE_S
+    real = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    if not real or not lo <= seconds <= hi:
+        raise ValueError(f"{what} must be a number of seconds in [{lo:g}, {hi:g}], got {seconds!r}")
+    return float(seconds)
+
+
+def check_interval_iters(iterations: object, what: str) -> int:
+    """`iterations` as an int, if a whole number in [1, `MAX_INTERVAL_ITERS`]."""
+    whole = isinstance(iterations, int) and not isinstance(iterations, bool)
+    if not whole or not 1 <= iterations <= MAX_INTERVAL_ITERS:
+        raise ValueError(
+            f"{what} must be a whole number in [1, {MAX_INTERVAL_ITERS:,}], got {iterations!r}"
+        )
+    return int(iterations)
+
+
 @dataclass(frozen=True)
 class ControlInterval:
     """How often the controller is consulted: every N engine iterations or every S seconds."""
@@ -39,13 +65,12 @@ class ControlInterval:
         if not m:
             raise ValueError(f"control interval {spec!r}: use e.g. 1it, 16it, 50ms or 1s")
         value, unit = float(m.group(1)), m.group(2)
-        if value <= 0:
-            raise ValueError(f"control interval {spec!r} must be > 0")
+        what = f"control interval {spec!r}"
         if unit == "it":
-            if value != int(value):
-                raise ValueError(f"control interval {spec!r}: iterations must be whole")
-            return cls(iterations=int(value))
-        return cls(iterations=None, seconds=value / 1e3 if unit == "ms" else value)
+            iterations = int(value) if value.is_integer() else value
+            return cls(iterations=check_interval_iters(iterations, what))
+        seconds = check_interval_s(value / 1e3 if unit == "ms" else value, what)
+        return cls(iterations=None, seconds=seconds)
 
     def __str__(self) -> str:
         if self.iterations is not None:
