@@ -35,13 +35,17 @@ class TrackingScheduler(Scheduler):
     """vLLM's V1 scheduler that tracks every step and takes limits for the next one.
 
     `cap_seqs` / `cap_tokens` are the engine's configured ``max_num_seqs`` and
-    ``max_num_batched_tokens``; limits are clamped to them.
+    ``max_num_batched_tokens``; limits are clamped to them. Without chunked prefill a
+    prompt cannot be split, and vLLM stops admitting at a prompt over the step's budget, so
+    the budget is never set below ``max_model_len`` there (vLLM's own rule for the cap).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cap_seqs = self.max_num_active_reqs
         self.cap_tokens = self.max_num_scheduled_tokens
+        chunked = self.scheduler_config.enable_chunked_prefill
+        self.min_tokens = 1 if chunked else min(self.max_model_len, self.cap_tokens)
         self.tracker = StepTracker()
         self.view = EngineView(
             self.block_size,
@@ -62,7 +66,7 @@ class TrackingScheduler(Scheduler):
         """Write limits for the next step, clamped to the engine's configured caps."""
         self.max_num_active_reqs = max(1, min(limits.max_num_seqs, self.cap_seqs))
         budget = limits.max_num_batched_tokens or self.cap_tokens
-        self.max_num_scheduled_tokens = max(1, min(budget, self.cap_tokens))
+        self.max_num_scheduled_tokens = max(self.min_tokens, min(budget, self.cap_tokens))
 
     def telemetry(self) -> Telemetry:
         """The interval's telemetry under the limits now in force; starts a new interval."""

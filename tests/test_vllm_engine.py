@@ -130,6 +130,23 @@ def test_kv_pressure_preempts_and_recomputes(tiny_model: str) -> None:
     assert m["recomputed_tokens"] >= 200 * preemptions
 
 
+def test_without_chunked_prefill_a_small_budget_holds_no_prompt_back(tiny_model: str) -> None:
+    """vLLM cannot split a prompt then, and stops admitting at one over the step's budget:
+    a 64-token budget would hold 200-token prompts (and the queue behind them) for good."""
+    from batchpilot.envs.vllm_engine import make_vllm_engine
+
+    engine = make_vllm_engine(
+        tiny_model, slo=SLO_SPEC, max_num_seqs=8, max_model_len=512,
+        max_num_batched_tokens=512, enable_chunked_prefill=False,
+    )  # fmt: skip
+    engine.reset(fixed(200, 5, 4), Limits(8, 64))
+    for _ in range(100):
+        if engine.done:
+            break
+        engine.advance(max_iterations=5)
+    assert engine.done and engine.result().metrics()["completed"] == 4
+
+
 def test_gymnasium_env_on_vllm_passes_the_checker(
     tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
