@@ -10,6 +10,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,14 +47,26 @@ class _CsvFormat:
     output: str
     time: str | None
     parse_time: Callable[[str], float] | None
+    time_hint: str = ""
+    """What a valid time looks like, for the error message."""
+
+
+_DATE_TIME = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(\.\d+)?(Z|([+-])(\d\d):(\d\d))?")
 
 
 def _azure_time(text: str) -> float:
-    """'2023-11-16 18:17:03.9799600' -> seconds since the epoch (float, ns precision kept)."""
-    stamp = np.datetime64(text.strip().replace(" ", "T"), "ns")
-    if np.isnat(stamp):  # '' and 'NaT' parse as Not-a-Time
+    """'2023-11-16 18:17:03.9799600' -> seconds since the epoch. A 'Z' or '+HH:MM' suffix is
+    applied; anything but a date and time is a `ValueError` (numpy would read '1700000000'
+    as a year)."""
+    match = _DATE_TIME.fullmatch(text.strip())
+    if match is None:
         raise ValueError(text)
-    return float(stamp.astype(np.int64)) * 1e-9
+    whole = np.datetime64(match[1].replace(" ", "T"), "s")  # ns would wrap past 2262
+    seconds = float(whole.astype(np.int64)) + float(match[2] or 0)
+    if match[4]:  # local time = UTC + offset
+        offset = int(match[5]) * 3600 + int(match[6]) * 60
+        seconds -= offset if match[4] == "+" else -offset
+    return seconds
 
 
 def _seconds(text: str) -> float:
@@ -64,8 +78,17 @@ def _seconds(text: str) -> float:
 
 
 _CSV_FORMATS = (
-    _CsvFormat("azure", "ContextTokens", "GeneratedTokens", "TIMESTAMP", _azure_time),
-    _CsvFormat("burstgpt", "Request tokens", "Response tokens", "Timestamp", _seconds),
+    _CsvFormat(
+        "azure",
+        "ContextTokens",
+        "GeneratedTokens",
+        "TIMESTAMP",
+        _azure_time,
+        "a date and time like '2023-11-16 18:17:03.123'",
+    ),
+    _CsvFormat(
+        "burstgpt", "Request tokens", "Response tokens", "Timestamp", _seconds, "seconds >= 0"
+    ),
     _CsvFormat("sharegpt", "num_prefill_tokens", "num_decode_tokens", None, None),
     _CsvFormat("gsm8k", "prompt_tokens_llama2", "output_tokens_llama2", None, None),
 )
@@ -112,7 +135,10 @@ def _json_number(value: Any, what: str, where: str) -> float:
     """A JSON number (not a string, bool or null)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TraceError(f"{where}: {what} is {value!r}, not a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past the float range
+        raise TraceError(f"{where}: {what} is {value!r}, too large: a bad value?") from None
 
 
 def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
@@ -122,12 +148,14 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise TraceError(f"{where}: {what} is {value!r}, not a number") from None
-    if not math.isfinite(number) or number != int(number):
+    except OverflowError:  # an int past the float range, as a long digit string reads
+        number = math.inf if value > 0 else -math.inf  # type: ignore[operator]
+    if number > MAX_TOKENS:
+        raise TraceError(f"{where}: {what} is {value!r}, over {MAX_TOKENS:,} tokens: a bad value?")
+    if not number.is_integer():
         raise TraceError(f"{where}: {what} is {value!r}, not a whole number")
     if number < 1:
         raise TraceError(f"{where}: {what} is {int(number)}; a request needs at least 1 token")
-    if number > MAX_TOKENS:
-        raise TraceError(f"{where}: {what} is {value!r}, over {MAX_TOKENS:,} tokens: a bad value?")
     return int(number)
 
 
@@ -153,6 +181,12 @@ def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str
             f"{path}: unknown trace format; header {header!r} has none of the known column "
             "pairs (ContextTokens/GeneratedTokens, num_prefill_tokens/num_decode_tokens, "
             "prompt_tokens_llama2/output_tokens_llama2, Request tokens/Response tokens)"
+        )
+    if fmt.time is not None and fmt.time not in header:
+        handle.close()
+        raise TraceError(
+            f"{path}:1: the header has {fmt.prompt}/{fmt.output} ({fmt.name} format) but no "
+            f"{fmt.time} column; header {header!r}"
         )
 
     def rows() -> Iterator[tuple[int, dict[str, str]]]:
@@ -196,7 +230,8 @@ def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
                     t = fmt.parse_time(row[fmt.time])
                 except ValueError:
                     raise TraceError(
-                        f"{where}: {fmt.time} is {row[fmt.time]!r}, not a time"
+                        f"{where}: {fmt.time} is {row[fmt.time]!r}, not a time "
+                        f"({fmt.time_hint})"
                     ) from None
                 times.append(t)
                 lines.append(line)
@@ -229,6 +264,11 @@ def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
                     raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
                 except RecursionError:
                     raise TraceError(f"{where}: JSON nested too deeply") from None
+                except ValueError:  # an int of more digits than Python converts
+                    raise TraceError(
+                        f"{where}: a number has over {sys.get_int_max_str_digits():,} digits: "
+                        "a bad value?"
+                    ) from None
                 if not isinstance(row, dict):
                     raise TraceError(f"{where}: expected a JSON object")
                 missing = {"timestamp", "input_length", "output_length"} - row.keys()
@@ -313,6 +353,8 @@ def load_trace(path: str | Path, *, skip_bad_rows: bool = False) -> Trace:
         )
     with path.open("rb") as handle:
         first = next(_text_lines(path, handle), "").lstrip()
+    if not first:
+        raise TraceError(f"{path}:1: the first line is blank; expected a CSV header or JSON")
     if first.startswith("{"):
         return _read_mooncake(path, skip_bad_rows)
     return _read_csv(path, skip_bad_rows)

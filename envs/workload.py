@@ -122,6 +122,11 @@ class Workload:
             prompt = min(r.prompt_tokens, max_model_len - output)
             kept.append(Request(r.request_id, r.arrival_s, prompt, output))
             truncated += 1
+        if dropped and not kept:
+            raise WorkloadError(
+                f"{self.name}: all {dropped} requests are longer than the model's context of "
+                f"{max_model_len} tokens (overlong=drop)"
+            )
         return Workload(
             self.name,
             kept,

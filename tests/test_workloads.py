@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,16 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ("num_prefill_tokens,num_decode_tokens\n", "no requests in the file"),
         ('{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"timestamp": 1,\n', ":2: not valid JSON"),
         ('{"timestamp": 0, "input_length": 5}\n', ":1: missing field(s) ['output_length']"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n1700000000,10,5\n", ":2: TIMESTAMP is '1700000000', not a time (a date and time like"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n2500-01-01 00:00:00,10,5\n", ":3: this timestamp puts the trace's span at 1.5e+10 s"),
+        ("ContextTokens,GeneratedTokens\n100,20\n", ":1: the header has ContextTokens/GeneratedTokens (azure format) but no TIMESTAMP column"),
+        ("Model,Request tokens,Response tokens\nm,100,20\n", ":1: the header has Request tokens/Response tokens (burstgpt format) but no Timestamp column"),
+        ('{"timestamp": 0, "input_length": ' + "9" * 400 + ', "output_length": 5}\n', ":1: input_length is " + "9" * 400 + ", over 2,147,483,647 tokens"),
+        ("num_prefill_tokens,num_decode_tokens\n" + "9" * 400 + ",6\n", ":2: num_prefill_tokens is '" + "9" * 400 + "', over 2,147,483,647 tokens"),
+        ('{"timestamp": ' + "9" * 400 + ', "input_length": 5, "output_length": 5}\n', ":1: timestamp is " + "9" * 400 + ", too large"),
+        ('{"timestamp": 0, "input_length": ' + "9" * 5000 + ', "output_length": 5}\n', ":1: a number has over 4,300 digits"),
+        ("\nnum_prefill_tokens,num_decode_tokens\n5,6\n", ":1: the first line is blank"),
+        ('\n{"timestamp": 0, "input_length": 5, "output_length": 3}\n', ":1: the first line is blank"),
     ],
 )
 def test_bad_rows_name_file_line_and_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -68,6 +79,23 @@ def test_bad_rows_name_file_line_and_problem(tmp_path: Path, text: str, message:
     with pytest.raises(TraceError) as err:
         load_trace(path)
     assert str(path) in str(err.value) and message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("times", "arrival_s"),
+    [
+        (["2023-11-16 18:00:00", "2023-11-16T18:00:01.25"], [0.0, 1.25]),
+        (["2023-11-16 18:00:00Z", "2023-11-16 19:30:00.5+01:00"], [0.0, 1800.5]),
+        (["2023-11-16 18:00:00-05:30", "2023-11-16 23:30:00Z"], [0.0, 0.0]),
+    ],
+)
+def test_azure_times_with_and_without_a_zone(
+    tmp_path: Path, times: list[str], arrival_s: list[float]
+) -> None:
+    path = write(tmp_path, "t.csv", AZURE + "".join(f"{t},10,5\n" for t in times))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's timezone warning must not leak
+        assert load_trace(path).arrival_s.tolist() == pytest.approx(arrival_s)
 
 
 def test_skip_bad_rows_counts_them(tmp_path: Path) -> None:
@@ -174,6 +202,8 @@ def test_overlong_policy_is_explicit() -> None:
         w.fit_context(64, "error")
     dropped = w.fit_context(64, "drop")
     assert [r.request_id for r in dropped.requests] == ["b"] and dropped.dropped == 1
+    with pytest.raises(WorkloadError, match="all 2 requests are longer than the model's context of 8"):
+        w.fit_context(8, "drop")
     cut = w.fit_context(64, "truncate")
     assert (cut.requests[0].prompt_tokens, cut.requests[0].output_tokens) == (14, 50)
     assert cut.truncated == 1
