@@ -99,7 +99,7 @@ def compile_graph(data: bytes, n_obs: int, choices: Sequence[int] | None = None)
     try:
         model = onnx.load_model_from_string(data)
         onnx.checker.check_model(model)
-    except (DecodeError, onnx.checker.ValidationError) as exc:
+    except (DecodeError, onnx.checker.ValidationError, ValueError) as exc:  # bad bytes decode
         raise GraphError(f"not a loadable ONNX model ({exc})") from None
     return Lowering(model.graph, n_obs).act(choices)
 
@@ -112,7 +112,7 @@ class Lowering:
         from onnx import helper, numpy_helper
 
         self.to_array, self.attribute = numpy_helper.to_array, helper.get_attribute_value
-        self.values: dict[str, Value] = {t.name: self.constant(t) for t in graph.initializer}
+        self.values: dict[str, Value] = {t.name: self.weight(t) for t in graph.initializer}
         inputs = [i for i in graph.input if i.name not in self.values]
         if len(inputs) != 1 or len(graph.output) != 1:
             raise GraphError(
@@ -136,6 +136,14 @@ class Lowering:
             return self.to_array(tensor)
         except ValueError as exc:  # data that does not fit the tensor's type and shape
             raise GraphError(f"tensor {tensor.name!r}: {exc}") from None
+
+    def weight(self, tensor: TensorProto) -> np.ndarray:
+        """An initializer: a constant of finite values (a NaN weight turns every argmax
+        into an arbitrary choice; a Constant node, say a clip bound, may be infinite)."""
+        array = self.constant(tensor)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise GraphError(f"weight {tensor.name!r} holds NaN or infinite values")
+        return array
 
     def in_place(self, fn: np.ufunc, *args: Any) -> Dense:
         """A step ``fn(v, *args, v)`` on the latest vector ``v`` (``out`` given by position:

@@ -217,6 +217,17 @@ def test_other_arrangements_are_refused(replacement: tuple, message: str) -> Non
         compile_graph(model_bytes(nodes, inits), 5)
 
 
+def test_a_nan_weight_is_refused() -> None:
+    """Every argmax over NaN would pick an arbitrary action."""
+    model = onnx.load(COMMITTED)
+    weight = max(model.graph.initializer, key=lambda t: len(t.raw_data))
+    values = numpy_helper.to_array(weight).copy()
+    values.flat[0] = np.nan
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    with pytest.raises(GraphError, match=f"weight {weight.name!r} holds NaN or infinite values"):
+        compile_graph(model.SerializeToString(), COMMITTED_N_OBS)
+
+
 def test_garbage_is_not_a_loadable_model() -> None:
     with pytest.raises(GraphError, match="not a loadable ONNX model"):
         compile_graph(b"not an onnx graph", N_OBS)
