@@ -10,6 +10,7 @@ are the same Python API. On CPU set ``OMP_NUM_THREADS`` (1 or 2) before starting
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import zlib
@@ -61,8 +62,8 @@ Extra keyword arguments go to `vllm.EngineArgs`.
         **engine_args: Any,
     ) -> None:
         path = check_model_dir(model)
-        if time_scale <= 0:
-            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        if not (math.isfinite(time_scale) and time_scale > 0):
+            raise ValueError(f"time_scale must be a finite number > 0, got {time_scale}")
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable

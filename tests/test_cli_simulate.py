@@ -88,6 +88,16 @@ def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
         (["compare", "--workers", "100000"], "--workers"),
         (["compare", "--workers", "0"], "--workers"),
         (["compare", "--seeds", "0"], "--seeds"),
+        (["compare", "--seeds", "1001"], "--seeds"),
+        (["compare", "--seeds", "99999999999"], "--seeds"),
+        (["compare", "--tuning-seeds", "101"], "--tuning-seeds"),
+        (["compare", "--tuning-seeds", "99999999999"], "--tuning-seeds"),
+        (["compare", "--num-requests", "10000001"], "--num-requests"),
+        (["evaluate", "--seeds", "1001"], "--seeds"),
+        (["compare", "--slo", ""], "--slo"),
+        (["compare", "--slo", " , "], "--slo"),
+        (["simulate", "--slo", ""], "--slo"),
+        (["simulate", "--slo", "ttft:0"], "--slo"),
         (["compare", "--seed", "-1"], "--seed"),
         (["compare", "--num-requests", "0"], "--num-requests"),
         (["compare", "--tuning-seeds", "-2"], "--tuning-seeds"),
@@ -135,3 +145,20 @@ def test_library_refuses_non_positive_request_counts() -> None:
             make_workload("embedded:gsm8k", "poisson:1", num_requests=n)
     with pytest.raises(WorkloadError, match="seed"):
         make_workload("embedded:gsm8k", "poisson:1", seed=-1)
+
+
+def test_simulate_checks_json_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import batchpilot.envs.run
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ran")
+
+    monkeypatch.setattr(batchpilot.envs.run, "run", no_run)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    for path, message in ((tmp_path, "is a directory, not a file"),
+                          (taken / "m.json", f"{taken} is a file, not a directory")):  # fmt: skip
+        assert main(["simulate", "--no-progress", "--json", str(path)]) == 2
+        assert f"error: --json {path}: {message}" in capsys.readouterr().err

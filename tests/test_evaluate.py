@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 
@@ -17,13 +18,14 @@ from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.workloads import make_workload
 from batchpilot.training.cli import main
-from batchpilot.training.engines import make_engine
+from batchpilot.training.engines import make_engine, parse_engine_args
 from batchpilot.training.evaluate import (
     CapacityTarget,
     Scenario,
     StaticGrid,
     Task,
     capacity_search,
+    check_controllers,
     evaluate,
     rank_candidates,
     scenario_workload,
@@ -272,7 +274,7 @@ def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
 def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
     names = suite_names()
     assert {"bursty", "shifting", "mixed", "long-prompts", "kv-tight", "paper", "steady", "knee"} <= set(names)
-    for path in ("heldout.yml", "trainset.yml", "families.yml", "unseen.yml"):  # the learned report
+    for path in ("heldout.yml", "trainset.yml", "families.yml"):  # the learned report
         assert load_suite(Path(str(files("batchpilot.training") / "configs" / path))).scenarios
     kv = load_suite("kv-tight")
     assert {sc.profile for sc in kv.scenarios} == {"llama-3-8b-24gb", "llama-2-7b-a40"}
@@ -329,10 +331,14 @@ def _suite_file(tmp_path: Path, top: str = "", **fields: str) -> Path:
         ("rate_scale", "[x, 1]", "'rate_scale' must be [LOW, HIGH] (two numbers), got ['x', 1]"),
         ("prompt_scale", "[true, 2]", "'prompt_scale' must be [LOW, HIGH] (two numbers)"),
         ("output_scale", "[.nan, 2]", "output_scale must be 0 < lo <= hi < inf"),
-        ("num_requests", "x", "'num_requests' must be an integer >= 1, got 'x'"),
-        ("num_requests", "2.5", "'num_requests' must be an integer >= 1, got 2.5"),
-        ("num_requests", "true", "'num_requests' must be an integer >= 1, got True"),
-        ("num_requests", "0", "'num_requests' must be an integer >= 1, got 0"),
+        ("num_requests", "x", "'num_requests' must be an integer in [1, 10000000], got 'x'"),
+        ("num_requests", "2.5", "'num_requests' must be an integer in [1, 10000000], got 2.5"),
+        ("num_requests", "true", "'num_requests' must be an integer in [1, 10000000], got True"),
+        ("num_requests", "0", "'num_requests' must be an integer in [1, 10000000], got 0"),
+        ("num_requests", "2000000000", "'num_requests' must be an integer in [1, 10000000]"),
+        ("num_requests", "100000000000000000000", "'num_requests' must be an integer in [1,"),
+        ("slo", "''", "'slo' names no objective; give at least one, e.g. ttft:2000,tpot:50"),
+        ("source", "no/such/trace.csv", "no trace file 'no/such/trace.csv' (a relative path"),
         ("score", "foo", "'score' must be one of output_goodput, output_throughput, got 'foo'"),
         ("scheduler", "v9", "'scheduler' must be one of v1, v0, got 'v9'"),
         ("overlong", "foo", "'overlong' must be one of error, drop, truncate, got 'foo'"),
@@ -353,8 +359,11 @@ def test_suite_scenario_fields_are_type_checked_at_load(
         ("controllers: []\n", "'controllers' must be a non-empty list of controller specs"),
         ("controllers: ' , '\n", "'controllers' must be a non-empty list of controller specs"),
         ("controllers: [alg1, 3]\n", "'controllers' must be a non-empty list of controller specs"),
-        ("seeds: true\n", "'seeds' must be an integer >= 1, got True"),
-        ("tuning_seeds: 2.5\n", "'tuning_seeds' must be an integer >= 1, got 2.5"),
+        ("controllers: [alg1, static:8, alg1]\n", "'controllers' gives alg1 twice"),
+        ("seeds: true\n", "'seeds' must be an integer in [1, 1000], got True"),
+        ("seeds: 1001\n", "'seeds' must be an integer in [1, 1000], got 1001"),
+        ("tuning_seeds: 2.5\n", "'tuning_seeds' must be an integer in [1, 100], got 2.5"),
+        ("tuning_seeds: 101\n", "'tuning_seeds' must be an integer in [1, 100], got 101"),
         ("description: 5\n", "'description' must be a string, got 5"),
         ("defaults: []\n", "'defaults' must be a mapping of scenario fields"),
     ],
@@ -492,3 +501,151 @@ def test_suite_run_takes_command_line_overrides(tmp_path: Path) -> None:
     assert sc["name"] == "tiny/a on llama-2-7b-a100" and sc["scenario"]["family"] == "tiny"
     assert (sc["scenario"]["interval"], sc["scenario"]["slo"]) == ("4it", "ttft:500")
     assert sc["results"]["alg1"]["mean"]["completed"] == 30
+
+
+def test_unseen_suite_loads_from_the_project_root(traces: Path, monkeypatch) -> None:
+    """Its trace paths are relative to the project root, with ../shared/traces beside it."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert load_suite(Path(str(files("batchpilot.training") / "configs" / "unseen.yml"))).scenarios
+
+
+@pytest.mark.parametrize(("policy", "fate"), [("drop", "dropped"), ("truncate", "truncated")])
+def test_compare_reports_requests_longer_than_the_context(
+    tmp_path: Path, policy: str, fate: str
+) -> None:
+    """results.json counts them per seed; the report says so under the scenario's header."""
+    trace = tmp_path / "lengths.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n" + "100,20\n" * 4 + "20000,5\n")
+    out = tmp_path / "cmp"
+    code = main(["compare", "--workload", f"{trace}@poisson:5", "--overlong", policy,
+                 "--controllers", "static:256", "--seeds", "1", "--no-capacity", "--no-progress",
+                 "--workers", "1", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    sc = json.loads((out / "results.json").read_text())["scenarios"][0]
+    assert sc["overlong"][f"{fate}_requests"] == [1] and sc["overlong"]["requests"] == [5]
+    assert sc["results"]["static:256"]["mean"]["completed"] == (4 if policy == "drop" else 5)
+    line = (
+        f"1 of 5 requests were longer than the 16,384-token context and {fate} "
+        f"(--overlong {policy})."
+    )
+    assert line in (out / "report.md").read_text() and line in (out / "report.html").read_text()
+
+
+def test_report_says_nothing_of_the_context_when_every_request_fits(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    code = main(["compare", "--workload", "fixed:64:32@poisson:4", "--num-requests", "20",
+                 "--controllers", "static:8", "--seeds", "1", "--no-capacity", "--no-progress",
+                 "--workers", "1", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    fit = json.loads((out / "results.json").read_text())["scenarios"][0]["overlong"]
+    assert (fit["dropped_requests"], fit["truncated_requests"]) == ([0], [0])
+    assert "longer than" not in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--profile", "nonexistent"], ["--scheduler", "v0"], ["--overlong", "drop"],
+     ["--engine", "vllm"], ["--engine-arg", "num_gpu_blocks=4"], ["--model", "/models/x"]],
+)  # fmt: skip
+def test_compare_refuses_engine_options_beside_a_suite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    """The suite file sets them: given, they would be ignored."""
+    assert main(["compare", "--suite", "steady", "--out", str(tmp_path), *extra]) == 2
+    assert f"error: {extra[0]}: not with --suite: a suite runs on the simulator" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("bogus_key=1", "unknown key 'bogus_key'; known: num_gpu_blocks, max_num_seqs"),
+        ("scheduler_cls=x", "unknown key 'scheduler_cls'"),
+        ("time_scale=nan", "time_scale must be a finite number > 0"),
+        ("time_scale=-1", "time_scale must be a finite number > 0"),
+        ("kv_cache_gib=inf", "kv_cache_gib must be a finite number > 0"),
+        ("num_gpu_blocks=2.5", "num_gpu_blocks must be a whole number >= 1"),
+        ("max_num_seqs=0", "max_num_seqs must be a whole number >= 1"),
+        ("clock=gpu", "clock must be one of wall, cpu"),
+        ("max_model_len", "use KEY=VALUE"),
+    ],
+)
+def test_engine_args_are_the_real_engines_settings_checked(item: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"--engine-arg {item!r}: {message}")):
+        parse_engine_args([item])
+
+
+def test_engine_args_parse_to_sorted_typed_pairs() -> None:
+    assert parse_engine_args(["time_scale=0.5", "num_gpu_blocks=17", "clock=cpu"]) == (
+        ("clock", "cpu"), ("num_gpu_blocks", 17), ("time_scale", 0.5)
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="num_gpu_blocks is given twice"):
+        parse_engine_args(["num_gpu_blocks=17", "num_gpu_blocks=18"])
+
+
+def test_compare_refuses_a_bad_engine_arg_before_starting_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    argv = ["compare", "--engine", "vllm", "--model", str(model), "--engine-arg", "bogus_key=1",
+            "--workload", "fixed:8:8@poisson:1", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    assert "--engine-arg 'bogus_key=1': unknown key 'bogus_key'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scale", [math.nan, math.inf, 0.0])
+def test_real_engine_refuses_a_non_finite_or_non_positive_time_scale(
+    tmp_path: Path, scale: float
+) -> None:
+    from batchpilot.envs.vllm_engine import VLLMEngine
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="time_scale must be a finite number > 0"):
+        VLLMEngine(tmp_path, time_scale=scale)  # refused before vLLM is imported
+
+
+def test_engine_settings_are_refused_before_any_run(monkeypatch) -> None:
+    def no_run(task: Task) -> None:
+        raise AssertionError("ran")
+
+    monkeypatch.setattr(ev, "run_task", no_run)
+    sc = replace(SMALL, model="/models/x")
+    with pytest.raises(ValueError, match="are for --engine vllm"):
+        evaluate([sc], ["static:8"], [0], workers=1, progress=False)
+
+
+def test_compare_checks_out_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ran")
+
+    monkeypatch.setattr(ev, "evaluate", no_run)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    for out, message in ((taken, "is a file, not a directory"),
+                         (taken / "sub", f"{taken} is a file, not a directory")):  # fmt: skip
+        argv = ["compare", "--workload", "fixed:8:8@poisson:1", "--out", str(out)]
+        assert main(argv) == 2
+        assert f"error: --out {out}: {message}" in capsys.readouterr().err
+    argv = ["evaluate", "--policy", "p.onnx", "--suite", "steady", "--out", str(taken)]
+    assert main(argv) == 2
+    assert f"error: --out {taken}: is a file" in capsys.readouterr().err
+
+
+def test_duplicate_controllers_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ValueError, match="controller alg1 given twice"):
+        check_controllers(["alg1", "static:8", "alg1"])
+    assert main(["compare", "--controllers", "static:256,static:256", "--out", str(tmp_path)]) == 2
+    assert "controller static:256 given twice" in capsys.readouterr().err
+
+
+def test_compare_refuses_an_empty_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty --interval is an error, not the default."""
+    assert main(["compare", "--interval", "", "--out", str(tmp_path)]) == 2
+    assert "control interval ''" in capsys.readouterr().err

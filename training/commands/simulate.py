@@ -18,6 +18,8 @@ from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.training.commands.common import (
     add_engine_arguments,
     add_workload_arguments,
+    check_output,
+    slo_spec,
     write_json,
 )
 
@@ -38,8 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--slo",
+        type=slo_spec,
         default=str(DEFAULT_SLO),
-        help="goodput SLOs in ms, as for `vllm bench serve --goodput`. Default: %(default)s",
+        help="goodput SLOs in ms, as for `vllm bench serve --goodput`, at least one objective "
+        "(ttft, tpot, e2el). Default: %(default)s",
     )
     parser.add_argument("--json", type=Path, help="write the aggregate metrics to this file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -57,6 +61,8 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.envs.sim_engine import SimEngine
     from batchpilot.envs.workloads import make_workload
 
+    if args.json is not None:
+        check_output(args.json, "--json", directory=False)
     profile = get_profile(args.profile)
     workload = make_workload(
         args.trace,
