@@ -105,6 +105,8 @@ def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
         (["paper", "--workers", "-3"], "--workers"),
         (["paper", "--seeds", "0"], "--seeds"),
         (["quickstart", "--seeds", "-1"], "--seeds"),
+        (["quickstart", "--seeds", "1001"], "--seeds"),
+        (["paper", "--seeds", "1001"], "--seeds"),
         (["calibrate", "--repeats", "0"], "--repeats"),
         (["calibrate", "--max-num-seqs", "-4"], "--max-num-seqs"),
         (["calibrate", "--num-gpu-blocks", "0"], "--num-gpu-blocks"),

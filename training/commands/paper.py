@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from batchpilot.training.commands.common import COUNT, REQUESTS, WORKERS, command_line
+from batchpilot.training.commands.common import REQUESTS, SEEDS, WORKERS, command_line
 
 TABLE1_CONTROLLERS = "static:256,alg1,alg1+alg2,oracle"
 TABLE2_CONTROLLERS = "static:256,alg2,alg1+alg2,oracle"
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GSM8K lengths: the trace CSV or embedded:gsm8k. Default: %(default)s",
     )
     parser.add_argument(
-        "--seeds", type=COUNT, default=3, help="seeds for Table II (Table I is deterministic)"
+        "--seeds", type=SEEDS, default=3, help="seeds for Table II (Table I is deterministic)"
     )
     parser.add_argument(
         "--schedulers",

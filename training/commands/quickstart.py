@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.training.commands.common import COUNT
+from batchpilot.training.commands.common import SEEDS
 
 if TYPE_CHECKING:
     from batchpilot.training.train import TrainConfig
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comparison workload SOURCE@ARRIVAL, repeatable. Default: the config's "
         "evaluation workloads (on fresh seeds), else compare's default workload",
     )
-    parser.add_argument("--seeds", type=COUNT, default=5, help="comparison seeds. Default: 5")
+    parser.add_argument("--seeds", type=SEEDS, default=5, help="comparison seeds. Default: 5")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
