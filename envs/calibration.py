@@ -14,7 +14,9 @@ Two forms, both by non-negative least squares:
   piecewise-linear tables whose knots are powers of two over the measured range, an
   attention cost in prefill tokens, chunk x context and decode contexts; the per-step
   constant lives in the token table (its value at the smallest knot), per-request costs in
-  the request table (zero at one request).
+  the request table (zero at one request). Both tables are fitted non-decreasing, as sums
+  of non-negative rises: more work never takes less time, and no last segment falls
+  towards 0 s past the measured range (where a profile's caps may reach).
 
 `calibration_workloads` are the runs that cover batch sizes, prefill chunk sizes and
 context lengths.
@@ -154,6 +156,12 @@ def _hat(knots: tuple[float, ...], x: np.ndarray) -> np.ndarray:
     return np.column_stack([np.interp(x, knots, eye[j]) for j in range(len(knots))])
 
 
+def _ramps(hat: np.ndarray) -> np.ndarray:
+    """Columns for a table's rises from one knot to the next: column j sums the weights of
+    knots j onwards, so non-negative rises make a non-decreasing table (``cumsum``)."""
+    return np.cumsum(hat[:, ::-1], axis=1)[:, ::-1]
+
+
 def fit_step_model(
     samples: Sequence[Sample], form: str = "linear", source: str = "batchpilot calibrate"
 ) -> Fit:
@@ -168,18 +176,18 @@ def fit_step_model(
         tokens = data[:, 1] + data[:, 4]
         seqs = data[:, 0] + data[:, 4]
         token_knots, seq_knots = _knots(tokens), _knots(seqs)
-        seq_cols = _hat(seq_knots, seqs)[:, 1:]  # zero at one request: the constant is below
+        seq_cols = _ramps(_hat(seq_knots, seqs)[:, 1:])  # zero at one request: constant below
         X = np.column_stack(
-            [_hat(token_knots, tokens), seq_cols, data[:, 1], data[:, 3], data[:, 5]]
+            [_ramps(_hat(token_knots, tokens)), seq_cols, data[:, 1], data[:, 3], data[:, 5]]
         )
         coef = nnls(X, data[:, 6])
         nt = len(token_knots)
         ns = len(seq_knots) - 1
         model = TableStepModel(
             token_knots=token_knots,
-            token_s=tuple(map(float, coef[:nt])),
+            token_s=tuple(map(float, np.cumsum(coef[:nt]))),
             seq_knots=seq_knots,
-            seq_s=(0.0, *map(float, coef[nt : nt + ns])),
+            seq_s=(0.0, *map(float, np.cumsum(coef[nt : nt + ns]))),
             attn_base_s=0.0,
             attn_prefill_token_s=float(coef[nt + ns]),
             attn_pair_s=float(coef[nt + ns + 1]),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -59,10 +60,22 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def _column(path: Path, row: dict[str, str], name: str, line: int) -> float:
+    """Cell `name` of `row` (at `line` of `path`): a finite number >= 0 (counts, sizes, times)."""
     try:
-        return float(row[name])
+        value = float(row[name])
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{path}:{line}: column {name!r} missing or not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{path}:{line}: column {name!r} is {row[name]!r}, not a number >= 0")
+    return value
+
+
+def _time(path: Path, row: dict[str, str], name: str, line: int) -> float:
+    """A measured attention time (ms): > 0, as the fit in relative error divides by it."""
+    value = _column(path, row, name, line)
+    if value == 0:
+        raise ValueError(f"{path}:{line}: column {name!r} is 0; a measured time must be > 0")
+    return value
 
 
 def _isotonic(y: np.ndarray) -> np.ndarray:
@@ -112,10 +125,15 @@ def linear_tables(path: Path) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def _fit(columns: list[np.ndarray], t: np.ndarray) -> tuple[list[float], float, float]:
+def _fit(
+    columns: list[np.ndarray], t: np.ndarray, path: Path
+) -> tuple[list[float], float, float]:
     """Least squares in relative error; coefficients, median and p90 |relative error|."""
     X = np.column_stack(columns)
-    coef = np.linalg.lstsq(X / t[:, None], np.ones_like(t), rcond=None)[0]
+    scaled = X / t[:, None]
+    if not np.isfinite(scaled).all():  # LAPACK fails on them, or never returns
+        raise ValueError(f"{path}: counts too large for their times to fit (a ratio overflows)")
+    coef = np.linalg.lstsq(scaled, np.ones_like(t), rcond=None)[0]
     rel = np.abs(X @ coef / t - 1)
     return coef.tolist(), float(np.median(rel)), float(np.percentile(rel, 90))
 
@@ -127,16 +145,17 @@ def attention_fit(path: Path) -> dict[str, object]:
         kv = _column(path, row, "kv_cache_size", line)
         if row.get("is_prefill") == "True":
             chunk = _column(path, row, "prefill_chunk_size", line)
-            pre.append((chunk, kv, _column(path, row, "time_stats.attn_prefill.median", line)))
+            pre.append((chunk, kv, _time(path, row, "time_stats.attn_prefill.median", line)))
         else:
             batch = _column(path, row, "batch_size", line)
-            dec.append((batch, kv, _column(path, row, "time_stats.attn_decode.median", line)))
+            dec.append((batch, kv, _time(path, row, "time_stats.attn_decode.median", line)))
     if not dec or not pre:
         raise ValueError(f"{path}: needs both decode and prefill rows")
-    b, k, t = np.array(dec).T
-    (d_base, d_kv), d_med, d_p90 = _fit([np.ones_like(b), b * k], t)
-    c, k, t = np.array(pre).T
-    (p_base, p_tok, p_pair), p_med, p_p90 = _fit([np.ones_like(c), c, c * (k + c)], t)
+    with np.errstate(over="ignore"):  # `_fit` names the file where a product overflows
+        b, k, t = np.array(dec).T
+        (d_base, d_kv), d_med, d_p90 = _fit([np.ones_like(b), b * k], t, path)
+        c, k, t = np.array(pre).T
+        (p_base, p_tok, p_pair), p_med, p_p90 = _fit([np.ones_like(c), c, c * (k + c)], t, path)
     return {
         "reference": ATTENTION_SHAPE,
         "decode": {

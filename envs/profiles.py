@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -36,10 +37,24 @@ from batchpilot.envs.step_models import (
     LinearStepModel,
     StepModel,
     TableStepModel,
+    brief,
+    check_step_range,
     step_model_from_dict,
 )
 
 GIB = 1024**3
+
+INT_LIMITS: dict[str, int] = {
+    "block_size": 2**16,
+    "num_gpu_blocks": 2**31,
+    "max_model_len": 2**24,
+    "max_num_seqs": 2**20,
+    "max_num_batched_tokens": 2**24,
+    "tensor_parallel_size": 2**10,
+}
+"""A profile's whole-number fields and their upper bounds: far beyond any deployment (a
+16.7M-token context, a million requests in a batch), low enough that no count built from
+them overflows."""
 
 
 StepTimeModel = LinearStepModel
@@ -109,20 +124,21 @@ class EngineProfile:
                 if not isinstance(data[key], str):
                     raise ValueError(f"{origin}: {key} must be a string")
                 values[key] = data[key]
-        for key in (
-            "block_size",
-            "num_gpu_blocks",
-            "max_model_len",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "tensor_parallel_size",
-        ):
+        for key, high in INT_LIMITS.items():
             if key in data:
                 value = data[key]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ValueError(f"{origin}: {key} must be an integer >= 1, got {value!r}")
+                if value > high:
+                    raise ValueError(f"{origin}: {key} is {brief(value)}, over {high:,}")
                 values[key] = value
-        return cls(**values)
+        profile = cls(**values)
+        seqs, context = profile.max_num_seqs, profile.max_model_len
+        # V0 steps may pass the token budget: a whole prompt alone, or every running decode
+        tokens = max(profile.max_num_batched_tokens, context, seqs)
+        kv = min(seqs * context, profile.kv_capacity_tokens)
+        check_step_range(profile.step, seqs, tokens, context, kv, origin)
+        return profile
 
     def summary(self) -> dict[str, object]:
         """What `batchpilot profiles` lists."""
@@ -284,8 +300,8 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def read_json(file: Path, what: str) -> object:
-    """`file`'s JSON value; an unreadable, non-UTF-8, invalid or absurdly nested file is a
-    ValueError naming it."""
+    """`file`'s JSON value; an unreadable, non-UTF-8, invalid or absurdly nested file, or one
+    with an absurdly long integer, is a ValueError naming it."""
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -294,6 +310,10 @@ def read_json(file: Path, what: str) -> object:
         raise ValueError(f"{file}: {what} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{file}: not valid JSON ({exc.msg})") from None
+    except ValueError:  # json.loads' only other ValueError: an integer too long to convert
+        raise ValueError(
+            f"{file}: {what} holds an integer of over {sys.get_int_max_str_digits()} digits"
+        ) from None
     except RecursionError:
         raise ValueError(f"{file}: {what} nests too deeply to be read") from None
 
@@ -396,6 +416,8 @@ OVERHEAD_SOURCE = (
 RUNTIME_RESERVE_GIB = 1.0
 """Non-torch memory and CUDA graphs, as vLLM's start-up memory report typically shows them
 (0.5-1.5 GiB per GPU); an assumption, set with ``--runtime-reserve-gib``."""
+MAX_GPU_MEMORY_GIB = 2.0**16
+"""The most memory per GPU a profile may assume (64 TiB: far beyond any GPU)."""
 
 
 def _interp(x: float, xs: list[float], ys: list[float]) -> float:
@@ -446,6 +468,10 @@ def measured_profile(
         raise ValueError(f"tensor parallel size must be 1, 2, 4 or 8, got {tp}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    memory = {"gpu_memory_gib": gpu_memory_gib, "runtime_reserve_gib": runtime_reserve_gib}
+    for key, gib in memory.items():
+        if gib is not None and not 0 <= gib <= MAX_GPU_MEMORY_GIB:
+            raise ValueError(f"{key} must be in [0, {MAX_GPU_MEMORY_GIB:g}] GiB, got {gib:g}")
     thw = GPUS[gpu]
     memory_gib = thw.memory_gib if gpu_memory_gib is None else gpu_memory_gib
     key = f"{thw.vidur_compute}/{arch.vidur_name}"
@@ -457,6 +483,11 @@ def measured_profile(
             f"(Vidur compute/{key}/mlp.csv); measured: {', '.join(have)}"
         )
     xs = linear["tokens"]
+    if len(xs) < 2:
+        raise ValueError(
+            f"the linear-layer table for {arch.title} on {thw.title} at TP {tp} (Vidur "
+            f"compute/{key}/mlp.csv) has {len(xs)} token count(s); at least 2 are needed"
+        )
     all_reduce = None
     if tp > 1:
         net = (tables.get("all_reduce", {}).get(thw.vidur_network or "") or {}).get(str(tp))
@@ -665,3 +696,15 @@ def get_profile(name_or_path: str) -> EngineProfile:
             raise ValueError(f"{path}: no such profile file")
         return EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))
     raise ValueError(f"unknown profile {name_or_path!r}; known: {', '.join(PROFILES)}")
+
+
+def write_profile(profile: EngineProfile, path: Path) -> None:
+    """Write `profile` to `path` as JSON once `get_profile` would load it back (the same
+    checks); otherwise a ValueError naming what is wrong, and nothing written."""
+    text = profile.to_json()
+    try:
+        EngineProfile.from_dict(json.loads(text), origin=str(path))
+    except ValueError as exc:
+        raise ValueError(f"{exc}; nothing written") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")

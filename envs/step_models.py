@@ -98,6 +98,14 @@ class StepModel(ABC):
     def describe(self) -> str:
         """One line for listings."""
 
+    def extremes(
+        self, max_seqs: int, max_tokens: int, max_context: int, max_kv: int
+    ) -> tuple[float, float]:
+        """Bounds (least, most seconds) on any step of 1 to `max_seqs` requests and 1 to
+        `max_tokens` tokens, contexts of at most `max_context` and `max_kv` in all (what
+        profile files are checked by; a model never read from one needs none)."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class LinearStepModel(StepModel):
@@ -148,6 +156,16 @@ class LinearStepModel(StepModel):
     def describe(self) -> str:
         return "linear"
 
+    def extremes(self, max_seqs, max_tokens, max_context, max_kv):
+        least = self.base_s + min(self.prefill_token_s, self.decode_seq_s) + self.kv_token_s
+        most = (
+            self.base_s
+            + self.prefill_token_s * max_tokens
+            + self.decode_seq_s * max_seqs
+            + self.kv_token_s * max_kv
+        )
+        return least, most
+
     def validate(self, origin: str) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -161,6 +179,13 @@ def _interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
     i = min(max(i, 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _extent(xs: tuple[float, ...], ys: tuple[float, ...], high: float) -> tuple[float, float]:
+    """Least and most of `_interp` over counts 1 to `high`: at an end or at a knot between."""
+    inner = [y for x, y in zip(xs, ys, strict=True) if 1 < x < high]
+    values = [_interp(xs, ys, 1), _interp(xs, ys, high), *inner]
+    return min(values), max(values)
 
 
 @dataclass(frozen=True)
@@ -236,6 +261,28 @@ class TableStepModel(StepModel):
     def describe(self) -> str:
         return "table (measured)"
 
+    def extremes(self, max_seqs, max_tokens, max_context, max_kv):
+        token_least, token_most = _extent(self.token_knots, self.token_s, max_tokens)
+        seq_least, seq_most = _extent(self.seq_knots, self.seq_s, max_seqs)
+        fixed = self.step_overhead_s + self.attn_base_s
+        least = (
+            fixed
+            + self.seq_overhead_s
+            + token_least
+            + seq_least
+            + min(self.attn_prefill_token_s + self.attn_pair_s, self.attn_decode_kv_s)
+        )
+        most = (
+            fixed
+            + self.seq_overhead_s * max_seqs
+            + token_most
+            + seq_most
+            + self.attn_prefill_token_s * max_tokens
+            + self.attn_pair_s * max_tokens * max_context
+            + self.attn_decode_kv_s * max_kv
+        )
+        return least, most
+
     def validate(self, origin: str) -> None:
         for name in ("token", "seq"):
             xs, ys = getattr(self, f"{name}_knots"), getattr(self, f"{name}_s")
@@ -255,13 +302,39 @@ class TableStepModel(StepModel):
 
 MAX_STEP_S = 60.0
 """The longest one-request decode step a profile may time (anything longer is a unit slip)."""
+MAX_ANY_STEP_S = 3600.0
+"""The longest step a profile may time within its caps: a whole 128k-token prompt in one
+step takes a measured 70B profile 100 s; an hour is no engine step."""
 
 STEP_MODELS: dict[str, type[StepModel]] = {"linear": LinearStepModel, "table": TableStepModel}
 
 
+def brief(value: object) -> str:
+    """`value`'s repr, or where that is long its digits (an integer) or its start."""
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    if isinstance(value, int):
+        return f"a {len(text.lstrip('-'))}-digit integer"
+    return text[:40] + "..."
+
+
+def _finite(value: object, where: str) -> float:
+    """A JSON number as a finite float; anything else is a ValueError naming `where`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where} must be a number, got {brief(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"{where} is {brief(value)}, not a finite number")
+    return number
+
+
 def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
     """A step model from its JSON form; ``kind`` defaults to ``linear`` (older files).
-    Errors name the field."""
+    Errors name the field. `check_step_range` checks its times against a deployment's caps."""
     if not isinstance(data, dict):
         raise ValueError(f"{origin}: step must be an object, got {type(data).__name__}")
     data = dict(data)
@@ -278,33 +351,51 @@ def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
         raise ValueError(f"{origin}: step.{missing[0]} missing ({kind} step model)")
     values: dict[str, object] = {}
     for name, value in data.items():
+        where = f"{origin}: step.{name}"
         if name == "source":
             if not isinstance(value, dict):
-                raise ValueError(f"{origin}: step.source must be an object")
+                raise ValueError(f"{where} must be an object")
             values[name] = {str(k): str(v) for k, v in value.items()}
-        elif isinstance(value, list):
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-                raise ValueError(f"{origin}: step.{name} must be a list of numbers")
-            bad = [v for v in value if not math.isfinite(v)]
-            if bad:
-                raise ValueError(f"{origin}: step.{name} holds {bad[0]!r}, not a finite number")
-            values[name] = tuple(float(v) for v in value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise ValueError(f"{origin}: step.{name} is {value!r}, not a finite number")
-            values[name] = float(value)
+        elif str(names[name].type).startswith("tuple"):
+            if not isinstance(value, list):
+                raise ValueError(f"{where} must be a list of numbers, got {brief(value)}")
+            values[name] = tuple(_finite(v, f"{where}[{i}]") for i, v in enumerate(value))
         else:
-            raise ValueError(f"{origin}: step.{name} must be a number, got {value!r}")
+            values[name] = _finite(value, where)
     model = cls(**values)
     model.validate(origin)
+    return model
+
+
+def check_step_range(
+    model: StepModel, max_seqs: int, max_tokens: int, max_context: int, max_kv: int, origin: str
+) -> None:
+    """A one-request decode step must take more than 0 seconds and at most `MAX_STEP_S`, and
+    no step within a deployment's caps (`StepModel.extremes`) less than 0 or more than
+    `MAX_ANY_STEP_S`."""
     one = model.decode_time(1, 1)
     if not one > 0:
         raise ValueError(
-            f"{origin}: the step model times a one-request decode step at 0 s; a step takes time"
+            f"{origin}: the step model times a one-request decode step at {one:g} s; a step "
+            "takes time"
         )
     if not one <= MAX_STEP_S:
         raise ValueError(
             f"{origin}: the step model times a one-request decode step at {one:g} s, over "
             f"{MAX_STEP_S:g} s: not an engine step (seconds, not milliseconds?)"
         )
-    return model
+    least, most = model.extremes(max_seqs, max_tokens, max_context, max_kv)
+    caps = (
+        f"steps within the profile's caps ({max_seqs:,} requests, {max_tokens:,} tokens, "
+        f"{max_context:,}-token contexts, {max_kv:,} KV tokens)"
+    )
+    if not least >= 0:
+        raise ValueError(
+            f"{origin}: the step model times {caps} at as little as {least:g} s: a table "
+            "extended past its knots falls below 0"
+        )
+    if not most <= MAX_ANY_STEP_S:
+        raise ValueError(
+            f"{origin}: the step model times {caps} at up to {most:g} s, over "
+            f"{MAX_ANY_STEP_S:g} s: not engine steps (seconds, not milliseconds?)"
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from itertools import product
+from itertools import pairwise, product
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +17,9 @@ from batchpilot.envs.calibration import (
     median_samples,
     nnls,
 )
-from batchpilot.envs.profiles import get_profile
+from batchpilot.envs.profiles import EngineProfile, get_profile, write_profile
 from batchpilot.envs.step_models import LinearStepModel, TableStepModel
+from batchpilot.training.cli import main as cli
 
 
 def random_steps(rng: np.random.Generator, n: int) -> list[tuple[int, ...]]:
@@ -72,6 +73,43 @@ def test_table_fit_follows_a_knee_the_linear_fit_cannot() -> None:
     assert linear.median_abs_rel_error > 3 * table.median_abs_rel_error
     for step in [(0, 0, 0, 0, 1, 500), (0, 0, 0, 0, 32, 16_000), (1, 1000, 1000, 10**6, 0, 0)]:
         assert table.model.time(*step) == pytest.approx(truth.time(*step), rel=0.03)
+
+
+def test_table_fit_never_falls_so_its_profile_loads(tmp_path: Path) -> None:
+    """Noise would pull knots of a free fit below their neighbours; profiles refuse tables
+    that fall with more work, so the fit keeps them non-decreasing."""
+    rng = np.random.default_rng(2)
+    truth = LinearStepModel(0.01, 2e-5, 3e-5, 2e-8)
+    samples = [(*s, truth.time(*s) * rng.normal(1, 0.05)) for s in random_steps(rng, 600)]
+    fit = fit_step_model(samples, "table")
+    for table in (fit.model.token_s, fit.model.seq_s):
+        assert all(b >= a for a, b in pairwise(table)), table
+    assert fit.r2 > 0.9
+    profile = EngineProfile("fit", "table fit", 16, 4096, 2048, 64, 2048, fit.model)
+    write_profile(profile, tmp_path / "fit.json")
+    assert get_profile(str(tmp_path / "fit.json")).step == fit.model
+
+
+def test_a_fit_the_loader_would_refuse_is_not_written(tmp_path: Path) -> None:
+    """Steps measured at 0 s fit a model that times them at 0 s: no profile is written."""
+    fit = fit_step_model([(*s, 0.0) for s in random_steps(np.random.default_rng(4), 20)])
+    profile = EngineProfile("zero", "zero fit", 16, 4096, 2048, 64, 2048, fit.model)
+    out = tmp_path / "zero.json"
+    with pytest.raises(ValueError, match=r"zero.json: .* decode step at 0 s.*; nothing written"):
+        write_profile(profile, out)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--samples"])
+def test_calibrate_checks_its_outputs_before_measuring(tmp_path: Path, capsys, option) -> None:
+    """A directory where a file goes fails at once, not after the measurement (here the model
+    does not even exist: no engine is started)."""
+    paths = {"--out": tmp_path / "p.json", "--samples": tmp_path / "s.json", option: tmp_path}
+    argv = ["calibrate", "--model", str(tmp_path / "none")]
+    for flag, path in paths.items():
+        argv += [flag, str(path)]
+    assert cli(argv) == 2
+    assert f"{option} {tmp_path}: is a directory, not a file" in capsys.readouterr().err
 
 
 def test_a_poor_fit_says_so() -> None:

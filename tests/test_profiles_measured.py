@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -228,10 +229,10 @@ def test_scaled_profiles_are_slower_or_smaller_by_their_factors(name: str) -> No
 
 
 def test_profile_files_round_trip(tmp_path: Path) -> None:
-    for name in ("llama-2-70b-h100x4", "llama-3-8b-24gb", "llama-7b-a100"):
+    for name, profile in PROFILES.items():  # every shipped profile passes the file checks
         path = tmp_path / f"{name}.json"
-        path.write_text(PROFILES[name].to_json())
-        assert get_profile(str(path)) == PROFILES[name]
+        path.write_text(profile.to_json())
+        assert get_profile(str(path)) == profile
     old = tmp_path / "old.json"  # files without step.kind (older calibrate output): linear
     data = json.loads(PROFILES["cpu-tiny-llama"].to_json())
     del data["step"]["kind"], data["model"], data["gpu"], data["tensor_parallel_size"]
@@ -257,7 +258,7 @@ def zero_times(step: dict) -> dict:
         (lambda d: d["step"].update(token_s=[0.1]), "step.token_knots and step.token_s"),
         (lambda d: d["step"].update(attn_pair_s=-1.0), "step.attn_pair_s must be >= 0"),
         (lambda d: d["step"].update(attn_pair_s="fast"), "step.attn_pair_s must be a number"),
-        (lambda d: d["step"]["token_s"].__setitem__(2, math.nan), "step.token_s holds nan, not a finite"),
+        (lambda d: d["step"]["token_s"].__setitem__(2, math.nan), r"step.token_s\[2\] is nan, not a finite"),
         (lambda d: d["step"].update(attn_pair_s=math.inf), "step.attn_pair_s is inf, not a finite"),
         (lambda d: d["step"].update(zero_times(d["step"])), "times a one-request decode step at 0 s"),
         (lambda d: d["step"].pop("seq_s"), "step.seq_s missing"),
@@ -266,6 +267,28 @@ def zero_times(step: dict) -> dict:
         (lambda d: d.update(tensor_parallel_size=1.5), "tensor_parallel_size must be an integer"),
         (lambda d: d.update(colour="red"), "colour is not an engine profile field"),
         (lambda d: d.pop("block_size"), "block_size missing"),
+        # a list where a number goes, a number where a list goes, integers past a float
+        (lambda d: d["step"].update(token_knots=5), "step.token_knots must be a list of numbers, got 5"),
+        (lambda d: d["step"].update(attn_base_s=[1e-3, 2e-3]), r"step.attn_base_s must be a number, got \[0.001"),
+        (lambda d: d["step"].update(attn_base_s=10**400), "step.attn_base_s is a 401-digit integer, not a finite"),
+        (lambda d: d["step"]["token_knots"].__setitem__(0, 10**400), r"step.token_knots\[0\] is a 401-digit integer"),
+        (lambda d: d["step"]["token_knots"].__setitem__(0, True), r"step.token_knots\[0\] must be a number, got True"),
+        # tables extended below 0 s within the profile's caps
+        (lambda d: d["step"].update(token_knots=[100, 200], token_s=[0.0, 0.05]), r"times a one-request decode step at -0\.0"),
+        (lambda d: d["step"].update(token_knots=[1, 2], token_s=[0.02, 0.0]), r"\(1,024 requests, 8,192 tokens, 4,096-token contexts, 52,160 KV tokens\) at as little as -163\.\d+ s: a table"),
+        # steps within the profile's caps over an hour, not just the one-request decode step
+        (lambda d: d["step"].update(attn_prefill_token_s=1e308), r"times steps within the profile's caps .* at up to inf s, over 3600 s"),
+        (lambda d: d["step"].update(attn_pair_s=1e-3), r"times steps within the profile's caps .* at up to 33\d\d\d\.\d+ s, over 3600 s"),
+        (lambda d: d["step"].update(attn_decode_kv_s=1e-1), r"times steps within the profile's caps .* at up to 52\d\d\.\d+ s, over 3600 s"),
+        (lambda d: d["step"].update(token_knots=[1, 1 + 1e-15], token_s=[0.01, 0.02]), r"at up to 7\.\d+e\+16 s, over 3600 s"),
+        (lambda d: d["step"]["token_s"].__setitem__(20, 10000.0), r"at up to 100\d\d\.\d+ s, over 3600 s"),  # a spike between knots
+        # integers past any deployment
+        (lambda d: d.update(block_size=10**30), "block_size is 1000000000000000000000000000000, over 65,536"),
+        (lambda d: d.update(num_gpu_blocks=2**31 + 1), "num_gpu_blocks is 2147483649, over 2,147,483,648"),
+        (lambda d: d.update(max_model_len=10**400), "max_model_len is a 401-digit integer, over 16,777,216"),
+        (lambda d: d.update(max_num_seqs=2**20 + 1), "max_num_seqs is 1048577, over 1,048,576"),
+        (lambda d: d.update(max_num_batched_tokens=10**30), "max_num_batched_tokens is 1000000000000000000000000000000, over"),
+        (lambda d: d.update(tensor_parallel_size=10**30), "tensor_parallel_size is 1000000000000000000000000000000, over 1,024"),
     ],
 )
 def test_bad_profile_files_are_rejected_naming_the_field(tmp_path: Path, edit, message) -> None:
@@ -276,6 +299,13 @@ def test_bad_profile_files_are_rejected_naming_the_field(tmp_path: Path, edit, m
     with pytest.raises(ValueError, match=message) as info:
         get_profile(str(path))
     assert str(path) in str(info.value)
+
+
+def test_a_long_context_profile_is_no_unit_slip() -> None:
+    """A whole 128k-token prompt in one step takes a 70B profile about 100 s: over the
+    one-request decode bound, within the bound on any step."""
+    data = json.loads(get_profile("llama-2-70b-a100x4").to_json()) | {"max_model_len": 131072}
+    assert EngineProfile.from_dict(data, "long").max_model_len == 131072
 
 
 def test_profiles_cli_lists_and_prints_json(capsys) -> None:
@@ -310,6 +340,70 @@ def test_profiles_build_from_the_vidur_directory(tmp_path: Path, capsys) -> None
     capsys.readouterr()
     assert cli([*args, "--vidur", str(tmp_path / "none"), "--out", str(small)]) == 2
     assert "no such Vidur profiling directory" in capsys.readouterr().err
+
+
+def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: int = 14) -> Path:
+    """A Vidur directory of Llama-2-7B on A100 at TP 1 (`tokens` token counts, 1 to 2^13) and
+    the attention table; `cell` (file, column, value) overwrites that column's first row."""
+    ops = [f"time_stats.{op}.median" for op in (*dict.fromkeys(LAYER_OPS), "emb")]
+    mlp = [{"num_tensor_parallel_workers": "1", "num_tokens": str(2**i)} for i in range(tokens)]
+    for row in mlp:
+        row.update({op: str(0.01 + int(row["num_tokens"]) * 1e-5) for op in ops})
+    attention = []
+    for k in (128, 512, 2048):
+        for c in (64, 256, 1024):
+            t = 0.01 + c * 1e-5 + c * (k + c) * 1e-9
+            attention.append({"is_prefill": "True", "kv_cache_size": str(k), "prefill_chunk_size": str(c), "time_stats.attn_prefill.median": str(t)})
+        for b in (1, 8, 64):
+            attention.append({"is_prefill": "False", "kv_cache_size": str(k), "batch_size": str(b), "time_stats.attn_decode.median": str(0.005 + b * k * 1e-8)})
+    files = {"mlp.csv": ("compute/a100/meta-llama/Llama-2-7b-hf", mlp), "attention.csv": ("compute/a100/attention-70b-shape-tp2", attention)}
+    for name, (folder, rows) in files.items():
+        if cell and cell[0] == name:
+            rows[0][cell[1]] = cell[2]
+        (root / folder).mkdir(parents=True)
+        with (root / folder / name).open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+            writer.writeheader()
+            writer.writerows(rows)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("cell", "tokens", "options", "message"),
+    [
+        (("mlp.csv", "time_stats.mlp_act.median", "nan"), 14, [], r"mlp.csv:2: column 'time_stats.mlp_act.median' is 'nan', not a number >= 0"),
+        (("mlp.csv", "time_stats.emb.median", "-1.0"), 14, [], r"mlp.csv:2: column 'time_stats.emb.median' is '-1.0', not a number >= 0"),
+        (("mlp.csv", "num_tensor_parallel_workers", "inf"), 14, [], r"mlp.csv:2: column 'num_tensor_parallel_workers' is 'inf'"),
+        (("attention.csv", "time_stats.attn_prefill.median", "0"), 14, [], r"attention.csv:2: column 'time_stats.attn_prefill.median' is 0; a measured time must be > 0"),
+        (("attention.csv", "prefill_chunk_size", "1e200"), 14, [], r"attention.csv: counts too large for their times to fit \(a ratio overflows\)"),
+        (None, 1, [], r"compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv\) has 1 token count\(s\); at least 2"),
+        (("mlp.csv", "time_stats.mlp_up_proj.median", "1e300"), 14, [], r"out.json: the step model times a one-request decode step at [\d.]+e\+\d+ s, over 60 s.*; nothing written"),
+        (None, 14, ["--step-overhead-ms", "1e9"], r"out.json: the step model times a one-request decode step at 1e\+06 s.*; nothing written"),
+        (None, 14, ["--gpu-memory-gib", "1e300"], r"gpu_memory_gib must be in \[0, 65536\] GiB, got 1e\+300"),
+        (None, 14, ["--runtime-reserve-gib", "1e300"], r"runtime_reserve_gib must be in \[0, 65536\] GiB"),
+    ],
+)
+def test_profiles_build_writes_no_profile_it_would_refuse(tmp_path: Path, capsys, cell, tokens, options, message) -> None:
+    """Bad Vidur cells are named by file and line; a profile the loader would refuse is never
+    written."""
+    vidur = _small_vidur(tmp_path / "vidur", cell, tokens)
+    out = tmp_path / "out.json"
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, *options, "--out", str(out)]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_profiles_build_checks_its_output_first(tmp_path: Path, capsys) -> None:
+    vidur = _small_vidur(tmp_path / "vidur")
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "fine.json")]) == 0  # the unedited tables build
+    assert get_profile(str(tmp_path / "fine.json")).step.decode_time(1, 1) > 0
+    assert cli([*args, "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path}: is a directory, not a file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: a cap past any deployment
+        cli([*args, "--max-num-seqs", str(2**20 + 1), "--out", str(tmp_path / "p.json")])
+    assert "--max-num-seqs: 1048577 is out of range" in capsys.readouterr().err
 
 
 LLAMA_2_7B_CONFIG = {  # the keys of meta-llama/Llama-2-7b-hf's config.json that matter

@@ -64,11 +64,35 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match=r"p.json: the profile nests too deeply"):
         get_profile(str(path))
+    path.write_text('{"block_size": ' + "1" * 5000 + "}")
+    with pytest.raises(ValueError, match=r"p.json: the profile holds an integer of over 4300 digits"):
+        get_profile(str(path))
     path.write_text(json.dumps({"name": "x"}))
     with pytest.raises(ValueError, match="not an engine profile"):
         get_profile(str(path))
     with pytest.raises(ValueError, match="no such profile file"):
         get_profile(str(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["step"].update(base_s=10**400), "step.base_s is a 401-digit integer, not a finite number"),
+        (lambda d: d["step"].update(kv_token_s=[1e-7]), r"step.kv_token_s must be a number, got \[1e-07\]"),
+        (lambda d: d["step"].update(prefill_token_s=1e308), r"\(256 requests, 2,048 tokens, 2,048-token contexts, 262,144 KV tokens\) at up to inf s, over 3600 s"),
+        (lambda d: d["step"].update(prefill_token_s=2.0), r"at up to 409\d\.\d+ s, over 3600 s"),
+        (lambda d: d["step"].update(decode_seq_s=20.0), r"at up to 51\d\d\.\d+ s, over 3600 s"),
+        (lambda d: d.update(block_size=10**30), "block_size is 1000000000000000000000000000000, over 65,536"),
+    ],
+)
+def test_bad_linear_profiles_are_rejected(tmp_path: Path, edit, message: str) -> None:
+    data = json.loads(PROFILES["cpu-tiny-llama"].to_json())
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message) as info:
+        get_profile(str(path))
+    assert str(path) in str(info.value)
 
 
 def test_telemetry_reports_engine_state_and_estimates() -> None:

@@ -25,7 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from batchpilot.training.commands.common import COUNT
+from batchpilot.envs.profiles import INT_LIMITS
+from batchpilot.training.commands.common import COUNT, check_output, whole
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,15 +40,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="step-time model written to the profile (both are fitted and reported). "
         "Default: %(default)s",
     )
-    parser.add_argument("--max-num-seqs", type=COUNT, default=64, help="largest batch. Default: 64")
     parser.add_argument(
-        "--max-model-len", type=COUNT, default=2048, help="context length. Default: 2048"
+        "--max-num-seqs",
+        type=whole(1, INT_LIMITS["max_num_seqs"]),
+        default=64,
+        help="largest batch. Default: 64",
     )
     parser.add_argument(
-        "--max-num-batched-tokens", type=COUNT, default=2048, help="token budget. Default: 2048"
+        "--max-model-len",
+        type=whole(1, INT_LIMITS["max_model_len"]),
+        default=2048,
+        help="context length. Default: 2048",
     )
     parser.add_argument(
-        "--num-gpu-blocks", type=COUNT, help="KV blocks (default: what vLLM allocates)"
+        "--max-num-batched-tokens",
+        type=whole(1, INT_LIMITS["max_num_batched_tokens"]),
+        default=2048,
+        help="token budget. Default: 2048",
+    )
+    parser.add_argument(
+        "--num-gpu-blocks",
+        type=whole(1, INT_LIMITS["num_gpu_blocks"]),
+        help="KV blocks (default: what vLLM allocates)",
     )
     parser.add_argument(
         "--repeats",
@@ -83,12 +97,15 @@ def main(args: argparse.Namespace) -> int:
         fit_step_model,
         group_repeats,
     )
-    from batchpilot.envs.profiles import EngineProfile
+    from batchpilot.envs.profiles import EngineProfile, write_profile
     from batchpilot.envs.telemetry import Limits
     from batchpilot.envs.vllm_engine import make_vllm_engine
 
     if args.repeats < 1:
         raise ValueError("--repeats must be >= 1")
+    check_output(args.out, "--out", directory=False)
+    if args.samples:
+        check_output(args.samples, "--samples", directory=False)
     engine = make_vllm_engine(
         args.model,
         max_num_seqs=args.max_num_seqs,
@@ -148,8 +165,7 @@ def main(args: argparse.Namespace) -> int:
         max_num_batched_tokens=engine.max_num_batched_tokens,
         step=fit.model,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(profile.to_json() + "\n")
+    write_profile(profile, args.out)
     m = fits["linear"].model
     print(
         f"linear: base {m.base_s * 1e3:.3f} ms + {m.prefill_token_s * 1e6:.3f} us/prefill token "

@@ -26,7 +26,15 @@ import argparse
 import json
 from pathlib import Path
 
-from batchpilot.training.commands.common import COUNT, fraction, non_negative, positive
+from batchpilot.envs.profiles import INT_LIMITS
+from batchpilot.training.commands.common import (
+    COUNT,
+    check_output,
+    fraction,
+    non_negative,
+    positive,
+    whole,
+)
 
 DEFAULT_VIDUR = Path("..") / "shared" / "profiling" / "vidur"
 
@@ -65,11 +73,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument(
         "--gpu-memory-utilization", type=fraction, default=0.9, help="vLLM's. Default: %(default)s"
     )
-    build.add_argument("--max-num-seqs", type=COUNT, default=1024, help="Default: %(default)s")
-    build.add_argument(
-        "--max-num-batched-tokens", type=COUNT, default=8192, help="Default: %(default)s"
-    )
-    build.add_argument("--block-size", type=COUNT, default=16, help="Default: %(default)s")
+    for option, default in (
+        ("max_num_seqs", 1024),
+        ("max_num_batched_tokens", 8192),
+        ("block_size", 16),
+    ):
+        build.add_argument(
+            f"--{option.replace('_', '-')}",
+            type=whole(1, INT_LIMITS[option]),
+            default=default,
+            help="Default: %(default)s",
+        )
     build.add_argument(
         "--step-overhead-ms", type=non_negative, help="CPU time per step on the critical path (1)"
     )
@@ -137,10 +151,11 @@ def main(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from batchpilot.envs.profile_tables import derive
-    from batchpilot.envs.profiles import architecture, measured_profile
+    from batchpilot.envs.profiles import architecture, measured_profile, write_profile
 
     if not args.vidur.is_dir():
         raise ValueError(f"{args.vidur}: no such Vidur profiling directory (--vidur)")
+    check_output(args.out, "--out", directory=False)
     optional = {
         "gpu_memory_gib": args.gpu_memory_gib,
         "step_overhead_s": None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
@@ -160,7 +175,6 @@ def _build(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         **{k: v for k, v in optional.items() if v is not None},
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(profile.to_json() + "\n")
+    write_profile(profile, args.out)
     print(f"wrote {args.out}: {profile.description}")
     return 0
