@@ -6,7 +6,9 @@ into a few numpy calls per decision (one observation, preallocated buffers):
 
 - a chain of dense steps on the observation: ``Sub``/``Add``/``Div``/``Mul`` by a
   constant, ``Clip`` by constants, ``Tanh``, ``Relu``, and ``Gemm``/``MatMul`` with
-  constant weights (the bias is a column of the weights, each vector ends in a 1);
+  constant weights (the bias is a column of the weights, each vector ends in a 1; weights
+  that are blocks along the diagonal, an ensemble's layers side by side, run as one batched
+  product of the blocks);
   ``Cast`` to float, ``Flatten``, ``Identity`` and exact no-ops (``Sub 0``, ``Div 1``,
   ``Clip`` to +-inf) cost nothing;
 - ``Split`` of the last vector into one segment per knob, and ``ArgMax`` of each, after
@@ -24,6 +26,7 @@ compare the two on random observations.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -50,6 +53,20 @@ SUPPORTED_OPS = frozenset(
 FLOAT = 1  # onnx.TensorProto.FLOAT
 EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
 LAST_AXIS = (-1, 1)  # the feature axis of a (batch, n) tensor
+
+
+def diagonal_blocks(w: np.ndarray) -> int:
+    """The most equal blocks `w` (out, in) splits into along its diagonal with exact zeros
+    elsewhere (1: none), as an exported ensemble's hidden layers do."""
+    rows, cols = w.shape
+    for k in range(math.gcd(rows, cols), 1, -1):
+        if rows % k or cols % k:
+            continue
+        r, c = rows // k, cols // k
+        mask = np.kron(np.eye(k, dtype=bool), np.ones((r, c), dtype=bool))
+        if not w[~mask].any():
+            return k
+    return 1
 
 
 class GraphError(ValueError):
@@ -312,12 +329,19 @@ class Lowering:
             raise GraphError(f"weights of shape {w.shape} (out, in) do not take {n} inputs")
         c = args[1] if len(args) > 1 else None
         bias = np.zeros(len(w), np.float32) if c is None else self.vector(c, len(w))
-        weights = np.ascontiguousarray(
-            np.column_stack([w, np.broadcast_to(np.float32(attrs.get("beta", 1.0)) * bias, len(w))])
-        )
+        bias = np.float32(attrs.get("beta", 1.0)) * np.broadcast_to(bias, len(w))
         source, out = self.vectors[-1], np.ones(len(w) + 1, np.float32)
         self.vectors.append(out)
-        self.steps.append(partial(np.dot, weights, source, out[:-1]))
+        k = diagonal_blocks(w)
+        if k > 1:  # an ensemble's layers side by side: k products of one block each
+            r, c = len(w) // k, n // k
+            blocks = np.stack([w[i * r : (i + 1) * r, i * c : (i + 1) * c] for i in range(k)])
+            x, y = source[:-1].reshape(k, c, 1), out[:-1]
+            self.steps.append(partial(np.matmul, blocks, x, y.reshape(k, r, 1)))
+            self.steps.append(partial(np.add, y, np.ascontiguousarray(bias), y))
+        else:
+            weights = np.ascontiguousarray(np.column_stack([w, bias]))
+            self.steps.append(partial(np.dot, weights, source, out[:-1]))
         return Dense(len(self.steps))
 
     def split(self, n: int, args: list[Value | None], attrs: dict[str, Any]) -> list[Value]:

@@ -17,7 +17,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from telemetry_builder import make_telemetry  # noqa: E402
 
-from batchpilot.agents.onnx_numpy import GraphError, compile_graph  # noqa: E402
+from batchpilot.agents.onnx_numpy import GraphError, compile_graph, diagonal_blocks  # noqa: E402
 from batchpilot.agents.policy import PolicyFileError, load_policy, seal, sidecar_path  # noqa: E402
 from batchpilot.envs.metrics import SLO  # noqa: E402
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer  # noqa: E402
@@ -81,6 +81,23 @@ def test_committed_policy_acts_as_onnxruntime() -> None:
             a, b = int(got[i, k]), int(expected[i, k])
             assert a < size and b < size
             assert abs(logits[k][row, a] - logits[k][row, b]) < 1e-5, "not a near-tie"
+
+
+def test_an_ensembles_side_by_side_layers_run_as_blocks() -> None:
+    """The committed graph's second hidden layer is its six members' side by side: six
+    64 x 64 products, not one 384 x 384 with five sixths zeros."""
+    rng = np.random.default_rng(0)
+    blocks = [rng.normal(size=(4, 3)) for _ in range(6)]
+    w = np.zeros((24, 18))
+    for i, b in enumerate(blocks):
+        w[4 * i : 4 * i + 4, 3 * i : 3 * i + 3] = b
+    assert diagonal_blocks(w) == 6
+    w[0, 17] = 1e-30  # one entry off the blocks: the whole matrix is one block
+    assert diagonal_blocks(w) == 1
+    assert diagonal_blocks(np.kron(np.eye(2), np.ones((3, 5)))) == 2
+    model = onnx.load(COMMITTED)
+    layer = next(t for t in model.graph.initializer if numpy_helper.to_array(t).shape == (384, 384))
+    assert diagonal_blocks(numpy_helper.to_array(layer)) == 6
 
 
 def test_loaded_network_reuses_its_buffers_soundly() -> None:
