@@ -649,3 +649,16 @@ def test_compare_refuses_an_empty_interval(
     """An empty --interval is an error, not the default."""
     assert main(["compare", "--interval", "", "--out", str(tmp_path)]) == 2
     assert "control interval ''" in capsys.readouterr().err
+
+
+def test_compare_takes_fresh_seeds_below_the_tuning_seeds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--first-seed scores on seeds no earlier choice saw; they never reach the tuning seeds."""
+    argv = ["compare", "--workload", "fixed:64:32@poisson:4", "--num-requests", "10",
+            "--controllers", "static:8", "--no-capacity", "--no-progress", "--workers", "1"]  # fmt: skip
+    assert main([*argv, "--seeds", "2", "--first-seed", "5", "--out", str(tmp_path / "a")]) == 0
+    results = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert results["scenarios"][0]["seeds"] == [5, 6]
+    assert main([*argv, "--seeds", "2", "--first-seed", "999", "--out", str(tmp_path / "b")]) == 2
+    assert "--first-seed 999 with 2 seeds reaches seed 1000" in capsys.readouterr().err

@@ -86,6 +86,8 @@ REQUESTS = whole(1, MAX_REQUESTS)
 MAX_SEEDS = 1000
 """Evaluation seeds 0..N-1 (below 1000, where the tuning seeds start)."""
 SEEDS = whole(1, MAX_SEEDS)
+FIRST_SEED = whole(0, MAX_SEEDS - 1)
+"""The first evaluation seed (``--first-seed``)."""
 MAX_TUNING_SEEDS = 100
 """best-static's tuning seeds (each one runs the whole candidate grid)."""
 TUNING_SEEDS = whole(1, MAX_TUNING_SEEDS)

@@ -33,6 +33,7 @@ from typing import Any
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.commands.common import (
+    FIRST_SEED,
     REQUESTS,
     SEEDS,
     TUNING_SEEDS,
@@ -117,7 +118,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--interval", help="control interval. Default: 1it, or each suite scenario's"
     )
     parser.add_argument(
-        "--seeds", type=SEEDS, help="evaluation seeds 0..N-1. Default: 3, or the suite's"
+        "--seeds", type=SEEDS, help="evaluation seeds 0..N-1 (or from --first-seed). Default: 3, "
+        "or the suite's"
+    )
+    parser.add_argument(
+        "--first-seed",
+        type=FIRST_SEED,
+        default=0,
+        help="evaluation seeds FIRST..FIRST+N-1 instead, all below 1000 (the tuning seeds): "
+        "seeds no earlier choice was made on. Default: %(default)s",
     )
     parser.add_argument(
         "--capacity-slo",
@@ -240,13 +249,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tuning = args.tuning_seeds or tuning
     if seeds < 1 or tuning < 1:
         raise ValueError("--seeds and --tuning-seeds must be >= 1")
+    if args.first_seed + seeds > TUNING_SEED_BASE:
+        raise ValueError(
+            f"--first-seed {args.first_seed} with {seeds} seeds reaches seed "
+            f"{args.first_seed + seeds - 1}; evaluation seeds stay below {TUNING_SEED_BASE}, "
+            "where the tuning seeds start"
+        )
     capacity = None
     if args.capacity or (args.capacity is None and engine == "sim"):
         capacity = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
     results = evaluate(
         scenarios,
         controllers,
-        list(range(seeds)),
+        list(range(args.first_seed, args.first_seed + seeds)),
         tuning_seeds=[TUNING_SEED_BASE + i for i in range(tuning)],
         capacity=capacity,
         workers=args.workers,

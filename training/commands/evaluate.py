@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from batchpilot.training.commands.common import SEEDS, check_output, command_line
+from batchpilot.training.commands.common import FIRST_SEED, SEEDS, check_output, command_line
 
 REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
 """The controllers a policy is compared with by default: vLLM's default limits, the tuned
@@ -51,7 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "%(default)s",
     )
     parser.add_argument(
-        "--seeds", type=SEEDS, help="evaluation seeds 0..N-1. Default: each suite's, or 3"
+        "--seeds",
+        type=SEEDS,
+        help="evaluation seeds 0..N-1 (or from --first-seed). Default: each suite's, or 3",
+    )
+    parser.add_argument(
+        "--first-seed",
+        type=FIRST_SEED,
+        default=0,
+        help="evaluation seeds FIRST..FIRST+N-1 instead (below 1000): to score a policy chosen "
+        "on the report's seeds on seeds its choice never saw. Default: %(default)s",
     )
     parser.add_argument("--title", default=TITLE, help="the report's title")
     parser.add_argument("--out", type=Path, required=True, help="report directory")
@@ -88,6 +97,7 @@ def main(args: argparse.Namespace) -> int:
             references=args.references,
             interval=next(iter(intervals.values())),
             seeds=args.seeds,
+            first_seed=args.first_seed,
             progress=not args.no_progress,
         )
         sections.append(SuiteSection(stem, description, results, args.out / stem))
@@ -113,6 +123,7 @@ def run_suite(
     references: str,
     interval: str,
     seeds: int | None,
+    first_seed: int = 0,
     progress: bool,
 ) -> dict[str, Any]:
     """`batchpilot compare` of `policies` with `references` on `suite` into `dest`, its
@@ -125,6 +136,7 @@ def run_suite(
         "--controllers", ",".join([references, *labels]),
         "--interval", interval,
         *(["--seeds", str(seeds)] if seeds else []),
+        "--first-seed", str(first_seed),
         "--no-capacity",
         "--out", str(dest),
         *([] if progress else ["--no-progress"]),
