@@ -662,3 +662,10 @@ def test_compare_takes_fresh_seeds_below_the_tuning_seeds(
     assert results["scenarios"][0]["seeds"] == [5, 6]
     assert main([*argv, "--seeds", "2", "--first-seed", "999", "--out", str(tmp_path / "b")]) == 2
     assert "--first-seed 999 with 2 seeds reaches seed 1000" in capsys.readouterr().err
+
+
+def test_evaluation_seeds_never_reach_the_tuning_seeds() -> None:
+    from batchpilot.training.evaluate import TUNING_SEED_BASE
+    from batchpilot.training.limits import MAX_SEEDS
+
+    assert MAX_SEEDS <= TUNING_SEED_BASE

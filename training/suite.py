@@ -34,8 +34,8 @@ from typing import Any
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.workload import OverlongPolicy
-from batchpilot.training.commands.common import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 from batchpilot.training.evaluate import RANGES, Scenario
+from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 from batchpilot.training.report import METRIC_NAMES
 from batchpilot.training.yaml_files import load_yaml
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
+from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
 def whole(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -80,17 +81,14 @@ COUNT = whole(1)
 """At least one (requests, seeds, workers, repeats, sizes)."""
 SEED = whole(0, 2**32 - 1)
 """A random seed (numpy's range)."""
-MAX_REQUESTS = 10_000_000
-"""Requests in a run (a run's memory is bounded, its workload is not)."""
 REQUESTS = whole(1, MAX_REQUESTS)
-MAX_SEEDS = 1000
-"""Evaluation seeds 0..N-1 (below 1000, where the tuning seeds start)."""
+"""Requests in a run."""
 SEEDS = whole(1, MAX_SEEDS)
+"""Evaluation seeds."""
 FIRST_SEED = whole(0, MAX_SEEDS - 1)
 """The first evaluation seed (``--first-seed``)."""
-MAX_TUNING_SEEDS = 100
-"""best-static's tuning seeds (each one runs the whole candidate grid)."""
 TUNING_SEEDS = whole(1, MAX_TUNING_SEEDS)
+"""best-static's tuning seeds."""
 WORKERS = whole(1, 256)
 """Worker processes."""
 
