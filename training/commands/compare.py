@@ -115,7 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_SLO}, or each suite scenario's",
     )
     parser.add_argument(
-        "--interval", help="control interval. Default: 1it, or each suite scenario's"
+        "--interval",
+        help="control interval: Nit (1 to 1,000,000) or Nms / Ns (1ms to 3600s). Default: 1it, "
+        "or each suite scenario's",
     )
     parser.add_argument(
         "--seeds", type=SEEDS, help="evaluation seeds 0..N-1 (or from --first-seed). Default: 3, "

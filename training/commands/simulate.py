@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval",
         default="1it",
-        help="how often the controller decides: Nit (engine iterations) or Nms / Ns "
-        "(engine time). Default: %(default)s",
+        help="how often the controller decides: Nit (engine iterations, 1 to 1,000,000) or "
+        "Nms / Ns (engine time, 1ms to 3600s). Default: %(default)s",
     )
     parser.add_argument(
         "--slo",
