@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from batchpilot.envs.profiles import EngineProfile, StepTimeModel
+import pytest
+
+from batchpilot.envs.profiles import PROFILES, EngineProfile, StepTimeModel, get_profile
 from batchpilot.envs.step_models import StepModel
 
 
@@ -36,3 +41,17 @@ def profile_like(engine: Any, step: StepModel, name: str, description: str) -> E
         max_num_batched_tokens=engine.max_num_batched_tokens,
         step=step,
     )
+
+
+def assert_profile_file_refused(
+    tmp_path: Path, name: str, edit: Callable[[dict], object], message: str
+) -> None:
+    """Shipped profile `name` as a file, changed by `edit`, is refused with `message`
+    (a regex) and the file's path."""
+    data = json.loads(PROFILES[name].to_json())
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message) as info:
+        get_profile(str(path))
+    assert str(path) in str(info.value)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_profile_file_refused
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -292,13 +293,7 @@ def zero_times(step: dict) -> dict:
     ],
 )
 def test_bad_profile_files_are_rejected_naming_the_field(tmp_path: Path, edit, message) -> None:
-    data = json.loads(PROFILES["llama-2-7b-a40"].to_json())
-    edit(data)
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=message) as info:
-        get_profile(str(path))
-    assert str(path) in str(info.value)
+    assert_profile_file_refused(tmp_path, "llama-2-7b-a40", edit, message)
 
 
 def test_a_long_context_profile_is_no_unit_slip() -> None:

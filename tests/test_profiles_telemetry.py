@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import assert_profile_file_refused
 
 from batchpilot.envs.profiles import (
     A100_80G,
@@ -86,13 +87,7 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     ],
 )
 def test_bad_linear_profiles_are_rejected(tmp_path: Path, edit, message: str) -> None:
-    data = json.loads(PROFILES["cpu-tiny-llama"].to_json())
-    edit(data)
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=message) as info:
-        get_profile(str(path))
-    assert str(path) in str(info.value)
+    assert_profile_file_refused(tmp_path, "cpu-tiny-llama", edit, message)
 
 
 def test_telemetry_reports_engine_state_and_estimates() -> None:
