@@ -122,16 +122,6 @@ def draw_weight(w: object, what: str) -> float:
     return float(w)
 
 
-def check_interval(seconds: float | None, iterations: int | None) -> None:
-    """Refuse a control interval out of range (`INTERVAL_RANGE_S`, `MAX_INTERVAL_ITERS`):
-    `seconds` must be a number of seconds, `iterations` a whole number (None: not given)."""
-    if seconds is not None:
-        check_interval_s(seconds, "control_interval_s")
-    if iterations is not None:
-        iters = int(iterations) if isinstance(iterations, np.integer) else iterations
-        check_interval_iters(iters, "control_interval_iters")
-
-
 def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, float]:
     """Profile name -> draw weight, from one name, a list (equal weights) or a mapping of
     names to positive weights."""
@@ -291,7 +281,10 @@ class BatchingEnv(gym.Env):
             raise ValueError("engine='vllm' needs model=DIR (a model directory vLLM can load)")
         if (control_interval_s is None) == (control_interval_iters is None):
             raise ValueError("set exactly one of control_interval_s and control_interval_iters")
-        check_interval(control_interval_s, control_interval_iters)
+        if control_interval_s is not None:
+            check_interval_s(control_interval_s, "control_interval_s")
+        else:
+            check_interval_iters(control_interval_iters, "control_interval_iters")
         for name, w in (("w_lost", w_lost), ("w_recompute", w_recompute)):
             if not 0 <= w < np.inf:
                 raise ValueError(f"{name} must be >= 0, got {w}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -43,7 +44,7 @@ def check_interval_s(seconds: object, what: str) -> float:
 
 def check_interval_iters(iterations: object, what: str) -> int:
     """`iterations` as an int, if a whole number in [1, `MAX_INTERVAL_ITERS`]."""
-    whole = isinstance(iterations, int) and not isinstance(iterations, bool)
+    whole = isinstance(iterations, numbers.Integral) and not isinstance(iterations, bool)
     if not whole or not 1 <= iterations <= MAX_INTERVAL_ITERS:
         raise ValueError(
             f"{what} must be a whole number in [1, {MAX_INTERVAL_ITERS:,}], got {iterations!r}"
