@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from batchpilot.envs.traces import MAX_SPAN_S
+
 CV_RANGE = (0.01, 100.0)
 """Gamma arrivals' coefficients of variation that can be drawn (gap shape 1/CV^2)."""
 
@@ -105,7 +107,19 @@ class Arrival:
     def times(
         self, n: int, rng: np.random.Generator, trace_times: np.ndarray | None = None
     ) -> np.ndarray:
-        """`n` arrival times in seconds, starting at 0 and non-decreasing."""
+        """`n` arrival times in seconds, starting at 0 and non-decreasing; an
+        `ArrivalSpecError` if they span more than `MAX_SPAN_S` (a rate near 0)."""
+        times = self._times(n, rng, trace_times)
+        if n and not times[-1] <= MAX_SPAN_S:
+            raise ArrivalSpecError(
+                f"{self.kind} arrivals: {n} requests arrive over {times[-1]:.3g} s, more than "
+                f"{MAX_SPAN_S:.0e} s (3 years); is a rate (or a replay's scale) near 0?"
+            )
+        return times
+
+    def _times(
+        self, n: int, rng: np.random.Generator, trace_times: np.ndarray | None
+    ) -> np.ndarray:
         if self.kind == "all-at-once":
             return np.zeros(n)
         if self.kind == "replay":

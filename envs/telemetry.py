@@ -229,7 +229,11 @@ class ArrivalRate:
         self._times: deque[float] = deque()
 
     def add(self, t: float) -> None:
+        """An arrival at `t`; arrivals past the window are dropped here too, so memory stays
+        bounded where no one asks for the rate (a server without a controller)."""
         self._times.append(t)
+        while self._times[0] < t - self.window_s:
+            self._times.popleft()
 
     def copy(self) -> ArrivalRate:
         other = copy.copy(self)

@@ -64,6 +64,8 @@ def _azure_time(text: str) -> float:
     whole = np.datetime64(match[1].replace(" ", "T"), "s")  # ns would wrap past 2262
     seconds = float(whole.astype(np.int64)) + float(match[2] or 0)
     if match[4]:  # local time = UTC + offset
+        if int(match[5]) > 23 or int(match[6]) > 59:
+            raise ValueError(text)
         offset = int(match[5]) * 3600 + int(match[6]) * 60
         seconds -= offset if match[4] == "+" else -offset
     return seconds
@@ -129,6 +131,19 @@ def _text_lines(path: Path, handle: BinaryIO) -> Iterator[str]:
                 f"{path}:{number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
                 f"{exc.start + 1}); save the file as UTF-8"
             ) from None
+
+
+class _DuplicateKeys(Exception):
+    """A JSON object that gives a key twice (`json` would keep the last silently)."""
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; `_DuplicateKeys` naming any key given twice."""
+    row = dict(pairs)
+    if len(row) < len(pairs):
+        keys = [k for k, _ in pairs]
+        raise _DuplicateKeys(sorted({k for k in keys if keys.count(k) > 1}))
+    return row
 
 
 def _json_number(value: Any, what: str, where: str) -> float:
@@ -259,9 +274,11 @@ def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
             where = f"{path}:{line}"
             try:
                 try:
-                    row = json.loads(text)
+                    row = json.loads(text, object_pairs_hook=_unique_object)
                 except json.JSONDecodeError as exc:
                     raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+                except _DuplicateKeys as exc:
+                    raise TraceError(f"{where}: field(s) {exc} given twice") from None
                 except RecursionError:
                     raise TraceError(f"{where}: JSON nested too deeply") from None
                 except ValueError:  # an int of more digits than Python converts
@@ -343,6 +360,8 @@ def load_trace(path: str | Path, *, skip_bad_rows: bool = False) -> Trace:
     path = Path(path)
     if path.is_dir():
         raise TraceError(f"{path}: a directory, not a trace file")
+    if path.exists() and not path.is_file():
+        raise TraceError(f"{path}: not a regular file (a pipe, device or socket?)")
     if path.is_file() and path.stat().st_size == 0:
         raise TraceError(f"{path}: the file is empty")
     if not path.is_file():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from numbers import Real
 
 import numpy as np
 
@@ -139,10 +140,16 @@ class Workload:
 def scale_range(value: object, what: str) -> tuple[float, float]:
     """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf, else an error
     naming `what`."""
+    if not (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, Real) and not isinstance(v, bool) for v in value)
+    ):
+        raise ValueError(f"{what} must be [lo, hi] (two numbers), got {value!r}")
     try:
-        lo, hi = (float(v) for v in value)  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be [lo, hi], got {value!r}") from None
+        lo, hi = float(value[0]), float(value[1])
+    except OverflowError:  # an int past the float range
+        lo = hi = np.inf
     if not 0 < lo <= hi < np.inf:
         raise ValueError(f"{what} must be 0 < lo <= hi < inf, got {value!r}")
     return lo, hi

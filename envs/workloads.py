@@ -6,7 +6,7 @@ import numpy as np
 
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
-from batchpilot.envs.traces import load_trace
+from batchpilot.envs.traces import MAX_TOKENS, load_trace
 from batchpilot.envs.workload import OverlongPolicy, Request, Workload, WorkloadError
 
 FIXED_PREFIX = "fixed:"
@@ -120,8 +120,8 @@ def fixed_lengths(source: str) -> tuple[int, int]:
         raise WorkloadError(
             f"workload {source!r}: use fixed:PROMPT:OUTPUT with whole token counts"
         ) from None
-    if prompt < 1 or output < 1:
-        raise WorkloadError(f"workload {source!r}: both token counts must be >= 1")
+    if not (1 <= prompt <= MAX_TOKENS and 1 <= output <= MAX_TOKENS):
+        raise WorkloadError(f"workload {source!r}: token counts must be in [1, {MAX_TOKENS:,}]")
     return prompt, output
 
 
@@ -144,7 +144,8 @@ def mix_components(source: str) -> tuple[list[str], np.ndarray]:
         embedded_lengths(name)  # names the known tables if unknown
         names.append(name)
         weights.append(weight)
-    return names, np.asarray(weights) / sum(weights)
+    relative = np.asarray(weights) / max(weights)  # a sum of huge weights would overflow
+    return names, relative / relative.sum()
 
 
 def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:

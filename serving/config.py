@@ -11,10 +11,14 @@ before vLLM starts.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 from batchpilot.agents.specs import make_controller
 from batchpilot.baselines.specs import simulator_only
 from batchpilot.envs import metrics
 from batchpilot.envs.controller import Controller
+from batchpilot.envs.metrics import SLO
 
 CONTROLLER_ENV = "BATCHPILOT_CONTROLLER"
 SLO_ENV = "BATCHPILOT_SLO"
@@ -33,3 +37,23 @@ def serving_controller(controller: Controller | str) -> Controller:
             f"{controller.name}: reads the simulator's future (oracle); it cannot serve"
         )
     return controller
+
+
+def engine_settings(environ: Mapping[str, str]) -> tuple[SLO, float]:
+    """The SLO and decision budget (s) that `environ` sets, defaults where unset; a
+    ValueError names the variable that is bad."""
+    text = environ.get(SLO_ENV, DEFAULT_SLO)
+    try:
+        slo = SLO.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{SLO_ENV}={text!r}: {exc}") from None
+    if slo == SLO():
+        raise ValueError(f"{SLO_ENV}={text!r}: names no objective; give at least one")
+    text = environ.get(BUDGET_ENV, str(DEFAULT_BUDGET_MS))
+    try:
+        budget_ms = float(text)
+    except ValueError:
+        budget_ms = math.nan
+    if not 0 < budget_ms < math.inf:
+        raise ValueError(f"{BUDGET_ENV}={text!r}: need a finite number of milliseconds > 0")
+    return slo, budget_ms / 1e3

@@ -9,10 +9,10 @@ and its limits are written to ``max_num_active_reqs`` / ``max_num_scheduled_toke
 controller with a ``control_interval`` (a learned policy: the interval its sidecar says it
 was trained at) is due once that many seconds or steps have passed since its last decision,
 as in simulation (`batchpilot.envs.run.run`); any other, before every step. If it cannot
-start (its ``reset`` refuses the engine or the SLO), raises, returns something that is not
-valid limits, sees NaN telemetry, or is too slow, the scheduler logs the reason once and
-falls back for good to static batching at the engine's configured ``max_num_seqs`` and
-token budget: serving never stops for it.
+start (its ``reset`` refuses the engine or the SLO, or the SLO or budget setting is bad),
+raises, returns something that is not valid limits, sees NaN telemetry, or is too slow, the
+scheduler logs the reason once and falls back for good to static batching at the engine's
+configured ``max_num_seqs`` and token budget: serving never stops for it.
 Decisions, and the limits in force after a fallback, are exported as Prometheus metrics
 ``batchpilot:*`` beside vLLM's own.
 """
@@ -29,11 +29,10 @@ from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.vllm_scheduler import TrackingScheduler
 from batchpilot.serving.config import (
-    BUDGET_ENV,
     CONTROLLER_ENV,
     DEFAULT_BUDGET_MS,
     DEFAULT_SLO,
-    SLO_ENV,
+    engine_settings,
     serving_controller,
 )
 from batchpilot.serving.metrics import DecisionMetrics
@@ -53,15 +52,25 @@ class BatchpilotScheduler(TrackingScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.set_slo(SLO.parse(os.environ.get(SLO_ENV, DEFAULT_SLO)))
         self.controller: Controller | None = None
         self.fallback_reason: str | None = None
-        self.budget_s = float(os.environ.get(BUDGET_ENV, DEFAULT_BUDGET_MS)) / 1e3
+        self.budget_s = DEFAULT_BUDGET_MS / 1e3
         self._slow = 0
         self.metrics: DecisionMetrics | None = None
         self.interval = ControlInterval()
         self._last: tuple[float, int] | None = None  # (engine s, step) of the last decision
         spec = os.environ.get(CONTROLLER_ENV)
+        try:
+            slo, self.budget_s = engine_settings(os.environ)
+        except ValueError as exc:  # no controller can start on them; the engine serves on
+            self.set_slo(SLO.parse(DEFAULT_SLO))
+            if spec:
+                self.metrics = DecisionMetrics.get(spec)
+                self._fall_back(str(exc), spec)
+            else:
+                logger.error("batchpilot: %s (ignored: no controller)", exc)
+            return
+        self.set_slo(slo)
         if spec:
             self.start_controller(spec)
 

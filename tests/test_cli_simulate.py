@@ -112,6 +112,8 @@ def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
         (["calibrate", "--num-gpu-blocks", "0"], "--num-gpu-blocks"),
         (["serve", "--decision-budget-ms", "nan"], "--decision-budget-ms"),
         (["serve", "--decision-budget-ms", "-1"], "--decision-budget-ms"),
+        (["serve", "--slo", ""], "--slo"),
+        (["serve", "--slo", "ttft:-1"], "--slo"),
     ],
 )
 def test_bad_numbers_are_refused_naming_the_option(argv, option, capsys) -> None:

@@ -89,6 +89,12 @@ BASE = {
         ({"report": {"suites": ["steady"], "controllers": "foo"}}, "report.controllers: unknown controller 'foo'"),
         ({"report": {"suites": ["steady"], "controllers": " , "}}, "report.controllers: name at least one controller"),
         ({"env_kwargs": {"engine": "vllm", "model": "no/such/dir"}}, "env_kwargs: no/such/dir: not a model directory"),
+        ({"env_kwargs": {"workload": {"source": "embedded:gsm8k", "num_requests": 10**12}}}, r"env_kwargs.workload.num_requests: 1000000000000 is outside \[1, 1e\+07\]"),
+        ({"env_kwargs": {"workload": ["embedded:gsm8k", {"source": "embedded:gsm8k", "num_requests": "600"}]}}, r"env_kwargs.workload\[1\].num_requests: '600' is not a whole number"),
+        ({"env_kwargs": {"workload": {"source": "embedded:gsm8k", "num_requests": 60.5}}}, "env_kwargs.workload.num_requests: 60.5 is not a whole number"),
+        ({"env_kwargs": {"workload": {"source": "embedded:gsm8k", "arrival": "poisson:2", "rate_scale": "15"}}}, r"env_kwargs: workload spec: rate_scale must be \[lo, hi\] \(two numbers\), got '15'"),
+        ({"env_kwargs": {"workload": {"source": "embedded:gsm8k", "arrival": "poisson:2", "length_scale": [True, True]}}}, r"workload spec: length_scale must be \[lo, hi\] \(two numbers\)"),
+        ({"env_kwargs": {"workload": {"source": "embedded:gsm8k", "arrival": "poisson:1e-300"}}}, r"env_kwargs: workload 0 .*poisson arrivals: 400 requests arrive over .* s"),
     ],
 )
 def test_bad_config_is_refused_by_key_and_file(tmp_path: Path, capsys, change, message) -> None:

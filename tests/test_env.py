@@ -255,7 +255,7 @@ def test_knee_scale_moves_the_decode_knee_only() -> None:
         ({"knee_scale": [0, 2]}, r"knee_scale must be 0 < lo <= hi"),
         ({"engine": "vllm", "model": "m", "knee_scale": [1, 2]}, "vary the simulator's profile only"),
         ({"kv_scale": [0.5, 0.2]}, r"kv_scale must be 0 < lo <= hi < inf, got \[0.5, 0.2\]"),
-        ({"step_time_scale": "fast"}, "step_time_scale must be \\[lo, hi\\], got 'fast'"),
+        ({"step_time_scale": "fast"}, "step_time_scale must be \\[lo, hi\\] \\(two numbers\\), got 'fast'"),
         ({"kv_scale": {"llama-2-7b-a40": [0.5, 1]}}, "kv_scale: 'llama-2-7b-a40' is not one of the env's profiles"),
         ({"kv_scale": {"llama-7b-a100": [2, 1]}}, "kv_scale 'llama-7b-a100' must be 0 < lo <= hi"),
         ({"workload": SMALL | {"prompt_scale": [0, 2]}}, "workload spec: prompt_scale must be 0 < lo"),

@@ -102,3 +102,20 @@ def test_timeline_memory_is_bounded() -> None:
     assert 50 <= len(times) <= 100
     assert np.all(np.diff(times) == tl.stride) and times[0] == 0
     assert set(cols["max_num_batched_tokens"]) == {256, 2048}  # None: the engine's cap
+
+
+def test_a_tracker_nobody_asks_for_telemetry_keeps_bounded_memory() -> None:
+    """A server without a controller (or after a fallback) never asks for telemetry; the
+    arrival times kept for the arrival rate once grew by one per request, for ever."""
+    from batchpilot.envs.vllm_tracker import StepTracker
+
+    tracker = StepTracker()
+    now = [0.0]
+    tracker.clock = lambda: now[0]
+    tracker.start()
+    for i in range(20_000):
+        now[0] = i * 0.01  # 100 requests a second for 200 s
+        tracker.on_arrival(f"r{i}", 10, 5)
+        tracker.on_abort([f"r{i}"])
+    assert len(tracker.tele.arrivals._times) <= 100 * 31
+    assert tracker.tele.arrivals.rate(now[0]) == pytest.approx(100, rel=0.01)

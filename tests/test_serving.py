@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
-from batchpilot.serving.config import CONTROLLER_ENV
+from batchpilot.serving.config import BUDGET_ENV, CONTROLLER_ENV, SLO_ENV, engine_settings
 from batchpilot.serving.scheduler import BatchpilotScheduler
 
 pytestmark = pytest.mark.vllm
@@ -23,17 +24,26 @@ CAP = 16
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory):
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from batchpilot.envs.vllm_models import tiny_llama
+
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def llm(model: Path):
     """An LLMEngine whose scheduler vLLM loads by name, controller from the environment."""
+    return start_engine(model, {CONTROLLER_ENV: "static:3"})
+
+
+def start_engine(model: Path, settings: dict[str, str]):
+    """An LLMEngine loading the scheduler by name, with these batchpilot environment settings."""
     from vllm import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from batchpilot.envs.vllm_models import tiny_llama
-
-    model = tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ[CONTROLLER_ENV] = "static:3"
+    os.environ.update(settings)
     try:
         engine = LLMEngine.from_engine_args(
             EngineArgs(
@@ -49,7 +59,8 @@ def llm(tmp_path_factory: pytest.TempPathFactory):
             )
         )
     finally:
-        del os.environ[CONTROLLER_ENV]
+        for name in settings:
+            del os.environ[name]
     return engine
 
 
@@ -220,3 +231,33 @@ def test_aborted_requests_are_forgotten(llm) -> None:
         llm.step()
     assert s.tracker.tracks == {}
     assert s.tracker.records == []  # a server keeps no per-request history
+
+
+def test_bad_settings_are_a_controller_that_cannot_start(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A decision budget that is not a number once stopped the engine from starting (or,
+    as NaN, switched the budget off): now the engine serves at its caps, the log names it."""
+    with caplog.at_level(logging.ERROR, logger="batchpilot.serving"):
+        llm = start_engine(model, {CONTROLLER_ENV: "static:3", BUDGET_ENV: "nan"})
+    s = scheduler(llm)
+    assert s.controller is None and BUDGET_ENV in s.fallback_reason
+    assert BUDGET_ENV in caplog.records[-1].getMessage()
+    assert max(serve(llm, 6)) == 6 and s.max_num_active_reqs == CAP
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({BUDGET_ENV: "abc"}, f"{BUDGET_ENV}='abc': need a finite number of milliseconds > 0"),
+        ({BUDGET_ENV: "-1"}, f"{BUDGET_ENV}='-1'"),
+        ({BUDGET_ENV: "inf"}, f"{BUDGET_ENV}='inf'"),
+        ({SLO_ENV: "ttft:-1"}, f"{SLO_ENV}='ttft:-1': SLO 'ttft:-1'"),
+        ({SLO_ENV: ""}, f"{SLO_ENV}='': names no objective"),
+    ],
+)
+def test_engine_settings_name_the_bad_variable(settings: dict[str, str], problem: str) -> None:
+    with pytest.raises(ValueError) as err:
+        engine_settings(settings)
+    assert problem in str(err.value)
+    assert engine_settings({}) == (SLO.parse("ttft:2000,tpot:50"), 0.005)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
 from batchpilot.envs.embedded import derive, embedded_lengths, embedded_names
 from batchpilot.envs.traces import TraceError, load_trace
-from batchpilot.envs.workload import Request, Workload, WorkloadError
+from batchpilot.envs.workload import Request, Workload, WorkloadError, scale_range
 from batchpilot.envs.workloads import make_workload
 
 
@@ -71,6 +72,8 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ('{"timestamp": ' + "9" * 400 + ', "input_length": 5, "output_length": 5}\n', ":1: timestamp is " + "9" * 400 + ", too large"),
         ('{"timestamp": 0, "input_length": ' + "9" * 5000 + ', "output_length": 5}\n', ":1: a number has over 4,300 digits"),
         ("\nnum_prefill_tokens,num_decode_tokens\n5,6\n", ":1: the first line is blank"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+99:99,10,5\n", ":2: TIMESTAMP is '2023-11-16 18:15:46+99:99', not a time"),
+        ('{"timestamp": 0, "input_length": 5, "input_length": -5, "output_length": 3}\n', ":1: field(s) ['input_length'] given twice"),
         ('\n{"timestamp": 0, "input_length": 5, "output_length": 3}\n', ":1: the first line is blank"),
     ],
 )
@@ -155,6 +158,33 @@ def test_missing_file() -> None:
 def test_bad_arrival_specs(spec: str, message: str) -> None:
     with pytest.raises(ArrivalSpecError, match=message):
         Arrival.parse(spec)
+
+
+@pytest.mark.parametrize("arrival", ["poisson:1e-300", "gamma:1e-300:2", "steps:1@0,1e-300@1", "replay:1e-300"])
+def test_arrivals_spanning_centuries_are_refused(tmp_path: Path, arrival: str) -> None:
+    """A rate near 0 parses, but its run would span 1e300 s and score nothing."""
+    rows = "".join(f"2023-11-16 18:00:{s:02d},10,5\n" for s in range(20))
+    path = write(tmp_path, "t.csv", AZURE + rows)
+    with pytest.raises(ArrivalSpecError, match=r"20 requests arrive over .* s, more than 1e\+08 s"):
+        make_workload(str(path), arrival, num_requests=20)
+
+
+def test_fixed_lengths_past_a_traces_ceiling_are_refused() -> None:
+    with pytest.raises(WorkloadError, match=r"token counts must be in \[1, 2,147,483,647\]"):
+        make_workload("fixed:99999999999:5", "poisson:1", num_requests=2)
+
+
+def test_mix_weights_are_relative_however_large() -> None:
+    w = make_workload("mix:gsm8k=1e308,sharegpt=1e308", "poisson:1", num_requests=50)
+    assert len(w.requests) == 50
+
+
+@pytest.mark.parametrize("value", ["15", [True, True], ["0.5", "2"], [1, 2, 3], 2, [1, 10**400]])
+def test_scale_ranges_are_two_numbers(value: object) -> None:
+    """'15' once read as (1, 5): every value was passed to float()."""
+    with pytest.raises(ValueError, match="rate_scale must be"):
+        scale_range(value, "rate_scale")
+    assert scale_range([1, 2.5], "rate_scale") == (1.0, 2.5)
 
 
 def test_arrival_processes_have_their_rates_and_cv() -> None:
@@ -288,6 +318,9 @@ def test_missing_trace_suggests_the_embedded_workloads(tmp_path: Path) -> None:
 def test_a_directory_or_an_empty_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="a directory, not a trace file"):
         load_trace(tmp_path)
+    os.mkfifo(tmp_path / "pipe.csv")
+    with pytest.raises(TraceError, match=r"pipe\.csv: not a regular file"):
+        load_trace(tmp_path / "pipe.csv")
     (tmp_path / "empty.csv").write_bytes(b"")
     with pytest.raises(TraceError, match=r"empty\.csv: the file is empty"):
         load_trace(tmp_path / "empty.csv")

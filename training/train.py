@@ -50,6 +50,7 @@ from batchpilot.envs import ENV_ID
 from batchpilot.envs.batching_env import CONTROL_INTERVAL_S
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.observation import checked_fields
+from batchpilot.training.limits import MAX_REQUESTS
 from batchpilot.training.yaml_files import load_yaml
 
 ALGOS = ("ppo",)
@@ -127,7 +128,7 @@ def _seeds_problem(seeds: list[int]) -> str | None:
 
 EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True), "seeds": _seeds_problem}
 EVAL_WORKLOAD = {"source": str, "arrival": str, "num_requests": int, "profiles": list[str]}
-EVAL_WORKLOAD_RANGES: dict[str, Check] = {"num_requests": number(1, 1e7, integer=True)}
+WORKLOAD_RANGES: dict[str, Check] = {"num_requests": number(1, MAX_REQUESTS, integer=True)}
 REPORT_KEYS = {"suites": list[str], "seeds": int, "controllers": str}
 REPORT_RANGES: dict[str, Check] = {"seeds": number(1, 1000, integer=True)}
 IMITATION_RANGES: dict[str, Check] = {
@@ -193,6 +194,14 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     problems += mapping_problems(
         env_kwargs, _env_hints(), prefix="env_kwargs.", what=f"a keyword of {ENV_ID}"
     )
+    specs = env_kwargs.get("workload")
+    specs = specs if isinstance(specs, list) else [specs]
+    for i, spec in enumerate(specs):
+        # `WorkloadSpec` takes it as given: a huge count would exhaust memory at the first draw
+        if isinstance(spec, dict) and "num_requests" in spec:
+            where = "env_kwargs.workload" if len(specs) == 1 else f"env_kwargs.workload[{i}]"
+            if problem := WORKLOAD_RANGES["num_requests"](spec["num_requests"]):
+                problems.append(f"{where}.num_requests: {problem}")
     eval_hints = dataclass_hints(EvalScenario) | {"freq": int}
     eval_hints = {k: v for k, v in eval_hints.items() if k not in ("slo", "interval")}
     problems += mapping_problems(
@@ -204,7 +213,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
         # what `EvalScenario.score` passes to `make_workload`
         where = "eval.workload" if len(workloads) == 1 else f"eval.workload[{i}]"
         problems += mapping_problems(
-            workload, EVAL_WORKLOAD, EVAL_WORKLOAD_RANGES, prefix=f"{where}.", what="it"
+            workload, EVAL_WORKLOAD, WORKLOAD_RANGES, prefix=f"{where}.", what="it"
         )
         if "source" not in workload:
             problems.append(f"{where}: needs a source (e.g. embedded:azure-conv)")

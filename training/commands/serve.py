@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 from batchpilot.serving.config import DEFAULT_BUDGET_MS, DEFAULT_SLO
-from batchpilot.training.commands.common import positive
+from batchpilot.training.commands.common import positive, slo_spec
 
 SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
 
@@ -44,6 +44,7 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
     )
     parser.add_argument(
         "--slo",
+        type=slo_spec,
         default=DEFAULT_SLO,
         help="goodput SLOs (ms) the controller's telemetry counts against. Default: %(default)s",
     )
@@ -72,11 +73,17 @@ def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
 
 def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """vLLM's OpenAI server command line and environment for `args` (imports no vLLM)."""
-    from batchpilot.envs.metrics import SLO
-    from batchpilot.serving.config import BUDGET_ENV, CONTROLLER_ENV, SLO_ENV, serving_controller
+    from batchpilot.serving.config import (
+        BUDGET_ENV,
+        CONTROLLER_ENV,
+        SLO_ENV,
+        engine_settings,
+        serving_controller,
+    )
 
     serving_controller(args.controller)  # a bad spec or policy file fails here, in seconds
-    SLO.parse(args.slo)
+    settings = {SLO_ENV: args.slo, BUDGET_ENV: str(args.decision_budget_ms)}
+    engine_settings(settings)  # as the engine will read them
     extra = list(args.vllm_args)
     if "--scheduler-cls" in extra:
         raise ValueError("--scheduler-cls is batchpilot's; drop it")
@@ -87,11 +94,7 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     cmd = [sys.executable, "-m", "batchpilot.serving.api_server", "--model", args.model]
     cmd += ["--scheduler-cls", SCHEDULER, *extra]
     env = dict(os.environ)
-    env |= {
-        CONTROLLER_ENV: args.controller,
-        SLO_ENV: args.slo,
-        BUDGET_ENV: str(args.decision_budget_ms),
-    }
+    env |= {CONTROLLER_ENV: args.controller, **settings}
     # metrics written in vLLM's engine-core process reach the API server's /metrics
     env.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="batchpilot-prom-"))
     return cmd, env
