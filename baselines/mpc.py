@@ -74,7 +74,7 @@ import numpy as np
 from batchpilot.baselines.oracle import OracleController, largest_fitting, peak_blocks
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.sim_engine import NULL_BLOCKS
+from batchpilot.envs.sim_engine import NULL_BLOCKS, SimEngine
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Request
 
@@ -387,10 +387,12 @@ class MPCController:
         return outputs
 
     def _lost(self, telemetry: Telemetry) -> set[str]:
-        """Ids of the admitted unfinished requests already off pace at the re-plan."""
+        """Ids of the admitted unfinished requests already off pace at the re-plan: off pace
+        even at the fastest step any candidate allows from here (`recoverable_step_s`)."""
         engine = self._engine
-        now, tbt = telemetry.time_s, telemetry.recent_tbt_s
+        now = telemetry.time_s
         entries = engine.unfinished_requests()  # type: ignore[union-attr]
+        tbt = recoverable_step_s(engine, entries[: telemetry.num_requests_running], telemetry)
         outputs = [e[5] for e in entries] if self._outputs is None else self._outputs
         return {
             rid
@@ -446,6 +448,20 @@ def _same_horizon(
 
 def _clip(grid: tuple[int, ...], cap: int) -> tuple[int, ...]:
     return tuple(sorted({min(v, cap) for v in grid} | {cap}))
+
+
+def recoverable_step_s(engine: SimEngine, running: list[tuple], telemetry: Telemetry) -> float:
+    """The step time the running requests can decode at from here: the recent one, or, if
+    that is slower, a pure-decode step of these requests (no candidate can remove a running
+    request, but one that admits nothing and prefills nothing leaves just their decodes).
+    Judged at the recent step time alone, a batch a little past the TPOT target is written
+    off whole, every candidate then ties on it, and the ties go to the largest limits: the
+    batch only grows (a teacher's collapse under sustained overload)."""
+    recent = telemetry.recent_tbt_s
+    if not running:
+        return recent
+    kv = sum(prompt + generated for *_, generated, _, prompt in running)
+    return min(recent, engine.profile.step.decode_time(len(running), kv))
 
 
 def on_pace(

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from helpers import unit_profile
 
+from batchpilot.baselines.mpc import on_pace, recoverable_step_s
 from batchpilot.baselines.specs import ControllerSpecError, make_controller, simulator_only
 from batchpilot.baselines.static import StaticController
 from batchpilot.envs.metrics import SLO
@@ -210,6 +211,31 @@ def test_mpc_recompute_debit_prices_preemption() -> None:
     dropped = fork.advance(until_s=10000).interval_recomputed_tokens
     assert dropped > 0
     assert scores[0.5][8, 100] == pytest.approx(scores[0.0][8, 100] - 0.5 * dropped)
+
+
+def test_mpc_does_not_write_off_a_batch_it_can_still_speed_up() -> None:
+    """A batch whose recent steps ran past the TPOT target (prefill chunks in them) but whose
+    decodes alone would meet it is not lost at the re-plan: a candidate that admits nothing
+    can still save it. Judged at the recent step, every candidate would tie on it."""
+    profile = get_profile("llama-7b-a100")
+    engine = SimEngine(profile, slo=SLO_)
+    workload = make_workload("fixed:200:400", "all-at-once", num_requests=40, seed=0)
+    engine.reset(workload, Limits(40, 8192))
+    telemetry = engine.advance(max_iterations=20)
+    assert telemetry.num_requests_running == 40
+    slow = dataclasses.replace(telemetry, recent_tbt_s=0.5)  # 10x the 50 ms target
+    running = engine.unfinished_requests()[:40]
+    step = recoverable_step_s(engine, running, slow)
+    kv = sum(prompt + generated for *_, generated, _, prompt in running)
+    assert step == profile.step.decode_time(40, kv) < 0.05
+    now = slow.time_s
+    for _, arrival, first, last, generated, output, _ in running:
+        assert on_pace(SLO_, now, arrival, first, last, generated, output, step)
+        assert not on_pace(SLO_, now, arrival, first, last, generated, output, 0.5)
+    mpc = make_controller("mpc:horizon_s=4")
+    mpc.reset(engine)
+    assert mpc._lost(slow) == set()
+    assert recoverable_step_s(engine, running, telemetry) == min(telemetry.recent_tbt_s, step)
 
 
 def test_mpc_refuses_an_engine_it_cannot_fork() -> None:
