@@ -9,8 +9,9 @@ engine or serve.
 
 The score of a horizon [t0, t0 + H], in output tokens (the units of goodput), counts
 requests that were not already off pace at t0 (`on_pace`: TTFT met or its deadline
-ahead, and the mean TPOT projected with the remaining tokens (true length) at the recent
-decode step time within target):
+ahead, and the mean TPOT projected with the remaining tokens (true length) within target
+at the faster of the recent decode step time and a pure-decode step of the running batch,
+`recoverable_step_s`):
 
 - **+ output** of each request that finishes in the horizon meeting the SLOs;
 - **+ generated so far** of each started, unfinished request still on pace at t0 + H
