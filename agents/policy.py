@@ -153,6 +153,11 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
     """The sidecar of `onnx_path`, checked against the file and this version's layout."""
     side = sidecar_path(onnx_path)
     for p in (onnx_path, side):
+        if p.is_dir():
+            raise PolicyFileError(
+                f"policy file {p} is a directory; name the .onnx file `batchpilot export` "
+                "wrote (e.g. DIR/policy.onnx)"
+            )
         if not p.is_file():
             raise PolicyFileError(f"policy file {p} does not exist (write it: batchpilot export)")
     try:

@@ -223,6 +223,11 @@ def _csv_error(path: Path, line: int, exc: Exception) -> TraceError:
             f"{path}:{line}: a field is longer than {MAX_FIELD:,} characters; not a trace "
             "(or a quote is never closed)"
         )
+    if "new-line character seen in unquoted field" in str(exc):
+        return TraceError(
+            f"{path}:{line}: lines end in a bare carriage return (old Mac line endings); "
+            "convert them to \\n or \\r\\n"
+        )
     return TraceError(f"{path}:{line}: not readable as CSV ({exc})")
 
 

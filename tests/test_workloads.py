@@ -75,6 +75,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+99:99,10,5\n", ":2: TIMESTAMP is '2023-11-16 18:15:46+99:99', not a time"),
         ('{"timestamp": 0, "input_length": 5, "input_length": -5, "output_length": 3}\n', ":1: field(s) ['input_length'] given twice"),
         ('\n{"timestamp": 0, "input_length": 5, "output_length": 3}\n', ":1: the first line is blank"),
+        ("ContextTokens,GeneratedTokens\r100,20\r200,30\r", ":1: lines end in a bare carriage return"),
     ],
 )
 def test_bad_rows_name_file_line_and_problem(tmp_path: Path, text: str, message: str) -> None:

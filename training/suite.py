@@ -128,6 +128,9 @@ def parse_suite(data: Any, path: Path) -> Suite:
                 raise SuiteError(f"{where}: missing key {key!r}")
         for profile in _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'"):
             scenarios.append(_scenario(path.stem, merged, profile, where))
+    names = [sc.name for sc in scenarios]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise SuiteError(f"{path}: scenario names must be unique; given twice: {twice}")
     for key, high in (("seeds", MAX_SEEDS), ("tuning_seeds", MAX_TUNING_SEEDS)):
         value = data.get(key)
         if value is not None and not _is_count(value, high):
