@@ -213,10 +213,10 @@ def test_mpc_recompute_debit_prices_preemption() -> None:
     assert scores[0.5][8, 100] == pytest.approx(scores[0.0][8, 100] - 0.5 * dropped)
 
 
-def test_mpc_does_not_write_off_a_batch_it_can_still_speed_up() -> None:
-    """A batch whose recent steps ran past the TPOT target (prefill chunks in them) but whose
-    decodes alone would meet it is not lost at the re-plan: a candidate that admits nothing
-    can still save it. Judged at the recent step, every candidate would tie on it."""
+def test_mpc_recoverable_pace_does_not_write_off_a_batch_it_can_still_speed_up() -> None:
+    """With ``pace=recoverable``, a batch whose recent steps ran past the TPOT target (prefill
+    chunks in them) but whose decodes alone would meet it is not lost at the re-plan: a
+    candidate that admits nothing can still save it. At the recent pace (the default) it is."""
     profile = get_profile("llama-7b-a100")
     engine = SimEngine(profile, slo=SLO_)
     workload = make_workload("fixed:200:400", "all-at-once", num_requests=40, seed=0)
@@ -232,9 +232,10 @@ def test_mpc_does_not_write_off_a_batch_it_can_still_speed_up() -> None:
     for _, arrival, first, last, generated, output, _ in running:
         assert on_pace(SLO_, now, arrival, first, last, generated, output, step)
         assert not on_pace(SLO_, now, arrival, first, last, generated, output, 0.5)
-    mpc = make_controller("mpc:horizon_s=4")
-    mpc.reset(engine)
-    assert mpc._lost(slow) == set()
+    for spec, lost in (("mpc:horizon_s=4:pace=recoverable", set()), ("mpc:horizon_s=4", None)):
+        mpc = make_controller(spec)
+        mpc.reset(engine)
+        assert mpc._lost(slow) == (lost if lost is not None else {r[0] for r in running})
     assert recoverable_step_s(engine, running, telemetry) == min(telemetry.recent_tbt_s, step)
 
 
@@ -263,6 +264,7 @@ def test_mpc_refuses_to_serve() -> None:
         "mpc:recompute=-1",
         "mpc:recompute=nan",
         "mpc:lengths=guessed",
+        "mpc:pace=hopeful",
     ],
 )
 def test_mpc_spec_errors_name_the_problem(spec: str) -> None:
