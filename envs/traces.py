@@ -13,6 +13,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -238,30 +239,31 @@ def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
     times: list[float] = []
     lines: list[int] = []
     skipped = 0
-    for line, row in rows:
-        where = f"{path}:{line}"
-        try:
-            if None in row or any(v is None for v in row.values()):
-                raise TraceError(f"{where}: row has the wrong number of fields")
-            p = _parse_int(row[fmt.prompt], fmt.prompt, where)
-            o = _parse_int(row[fmt.output], fmt.output, where)
-            if fmt.time is not None and fmt.parse_time is not None:
-                try:
-                    t = fmt.parse_time(row[fmt.time])
-                except ValueError:
-                    raise TraceError(
-                        f"{where}: {fmt.time} is {row[fmt.time]!r}, not a time "
-                        f"({fmt.time_hint})"
-                    ) from None
-                times.append(t)
-                lines.append(line)
-        except TraceError:
-            if not skip_bad_rows:
-                raise
-            skipped += 1
-            continue
-        prompts.append(p)
-        outputs.append(o)
+    with closing(rows):  # a bad row's error closes the file now, not at garbage collection
+        for line, row in rows:
+            where = f"{path}:{line}"
+            try:
+                if None in row or any(v is None for v in row.values()):
+                    raise TraceError(f"{where}: row has the wrong number of fields")
+                p = _parse_int(row[fmt.prompt], fmt.prompt, where)
+                o = _parse_int(row[fmt.output], fmt.output, where)
+                if fmt.time is not None and fmt.parse_time is not None:
+                    try:
+                        t = fmt.parse_time(row[fmt.time])
+                    except ValueError:
+                        raise TraceError(
+                            f"{where}: {fmt.time} is {row[fmt.time]!r}, not a time "
+                            f"({fmt.time_hint})"
+                        ) from None
+                    times.append(t)
+                    lines.append(line)
+            except TraceError:
+                if not skip_bad_rows:
+                    raise
+                skipped += 1
+                continue
+            prompts.append(p)
+            outputs.append(o)
     timed = (times, lines) if fmt.time else None
     return _finish(path, fmt.name, prompts, outputs, timed, skipped)
 
