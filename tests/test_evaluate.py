@@ -569,6 +569,7 @@ def test_compare_refuses_engine_options_beside_a_suite(
         ("num_gpu_blocks=2.5", "num_gpu_blocks must be a whole number >= 1"),
         ("max_num_seqs=0", "max_num_seqs must be a whole number >= 1"),
         ("clock=gpu", "clock must be one of wall, cpu"),
+        ("enable_chunked_prefill=1", "enable_chunked_prefill must be true or false"),
         ("max_model_len", "use KEY=VALUE"),
     ],
 )
@@ -581,6 +582,7 @@ def test_engine_args_parse_to_sorted_typed_pairs() -> None:
     assert parse_engine_args(["time_scale=0.5", "num_gpu_blocks=17", "clock=cpu"]) == (
         ("clock", "cpu"), ("num_gpu_blocks", 17), ("time_scale", 0.5)
     )  # fmt: skip
+    assert parse_engine_args(["enable_chunked_prefill=false"]) == (("enable_chunked_prefill", False),)
     with pytest.raises(ValueError, match="num_gpu_blocks is given twice"):
         parse_engine_args(["num_gpu_blocks=17", "num_gpu_blocks=18"])
 

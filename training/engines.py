@@ -12,9 +12,11 @@ from batchpilot.envs.vllm_tracker import CLOCKS
 ENGINES = ("sim", "vllm")
 WHOLE_ARGS = ("num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
 POSITIVE_ARGS = ("time_scale", "kv_cache_gib")
-ENGINE_ARGS = (*WHOLE_ARGS, *POSITIVE_ARGS, "clock")
+SWITCH_ARGS = ("enable_chunked_prefill",)
+SWITCHES = {"true": True, "false": False}
+ENGINE_ARGS = (*WHOLE_ARGS, *POSITIVE_ARGS, *SWITCH_ARGS, "clock")
 """The `VLLMEngine` settings ``--engine-arg`` takes (whole numbers >= 1, finite numbers > 0,
-and the clock's name)."""
+true/false, and the clock's name)."""
 _VLLM: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
 """Real engines of this process by (model, engine args): start-up costs seconds."""
 
@@ -86,7 +88,9 @@ def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
             raise ValueError(f"{where}: {key} must be a finite number > 0")
         if key == "clock" and text not in CLOCKS:
             raise ValueError(f"{where}: clock must be one of {', '.join(CLOCKS)}")
-        out[key] = text if key == "clock" else value
+        if key in SWITCH_ARGS and text not in SWITCHES:
+            raise ValueError(f"{where}: {key} must be true or false")
+        out[key] = text if key == "clock" else SWITCHES[text] if key in SWITCH_ARGS else value
     return tuple(sorted(out.items()))
 
 

@@ -105,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="real-engine setting, repeatable: num_gpu_blocks (KV pressure), max_num_seqs, "
         "max_model_len, max_num_batched_tokens (whole numbers), time_scale, kv_cache_gib "
-        "(numbers > 0), clock (wall or cpu)",
+        "(numbers > 0), enable_chunked_prefill (true or false), clock (wall or cpu)",
     )
     add_engine_arguments(parser, unset=True)
     parser.add_argument(
