@@ -8,11 +8,12 @@ raises a `TraceError` naming the file, the line and the problem.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,91 +233,101 @@ def _csv_error(path: Path, line: int, exc: Exception) -> TraceError:
     return TraceError(f"{path}:{line}: not readable as CSV ({exc})")
 
 
+_Row = tuple[int, int, float | None]
+"""A request's prompt and output tokens, and its arrival time (s) where the trace has one."""
+
+
 def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
     fmt, rows = _rows_csv(path)
-    prompts: list[int] = []
-    outputs: list[int] = []
-    times: list[float] = []
-    lines: list[int] = []
-    skipped = 0
     with closing(rows):  # a bad row's error closes the file now, not at garbage collection
-        for line, row in rows:
-            where = f"{path}:{line}"
-            try:
-                if None in row or any(v is None for v in row.values()):
-                    raise TraceError(f"{where}: row has the wrong number of fields")
-                p = _parse_int(row[fmt.prompt], fmt.prompt, where)
-                o = _parse_int(row[fmt.output], fmt.output, where)
-                if fmt.time is not None and fmt.parse_time is not None:
-                    try:
-                        t = fmt.parse_time(row[fmt.time])
-                    except ValueError:
-                        raise TraceError(
-                            f"{where}: {fmt.time} is {row[fmt.time]!r}, not a time "
-                            f"({fmt.time_hint})"
-                        ) from None
-                    times.append(t)
-                    lines.append(line)
-            except TraceError:
-                if not skip_bad_rows:
-                    raise
-                skipped += 1
-                continue
-            prompts.append(p)
-            outputs.append(o)
-    timed = (times, lines) if fmt.time else None
-    return _finish(path, fmt.name, prompts, outputs, timed, skipped)
+        return _collect(
+            path, fmt.name, rows, functools.partial(_csv_row, fmt), fmt.time is not None,
+            skip_bad_rows,
+        )  # fmt: skip
+
+
+def _csv_row(fmt: _CsvFormat, row: dict[str, str], where: str) -> _Row:
+    if None in row or any(v is None for v in row.values()):
+        raise TraceError(f"{where}: row has the wrong number of fields")
+    p = _parse_int(row[fmt.prompt], fmt.prompt, where)
+    o = _parse_int(row[fmt.output], fmt.output, where)
+    if fmt.time is None or fmt.parse_time is None:
+        return p, o, None
+    try:
+        return p, o, fmt.parse_time(row[fmt.time])
+    except ValueError:
+        raise TraceError(
+            f"{where}: {fmt.time} is {row[fmt.time]!r}, not a time ({fmt.time_hint})"
+        ) from None
 
 
 def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
+    with path.open("rb") as handle:
+        rows = (
+            (line, text)
+            for line, text in enumerate(_text_lines(path, handle), start=1)
+            if text.strip()
+        )
+        return _collect(path, "mooncake", rows, _mooncake_row, True, skip_bad_rows)
+
+
+def _mooncake_row(text: str, where: str) -> _Row:
+    try:
+        row = json.loads(text, object_pairs_hook=_unique_object)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+    except _DuplicateKeys as exc:
+        raise TraceError(f"{where}: field(s) {exc} given twice") from None
+    except RecursionError:
+        raise TraceError(f"{where}: JSON nested too deeply") from None
+    except ValueError:  # an int of more digits than Python converts
+        raise TraceError(
+            f"{where}: a number has over {sys.get_int_max_str_digits():,} digits: a bad value?"
+        ) from None
+    if not isinstance(row, dict):
+        raise TraceError(f"{where}: expected a JSON object")
+    missing = {"timestamp", "input_length", "output_length"} - row.keys()
+    if missing:
+        raise TraceError(f"{where}: missing field(s) {sorted(missing)}")
+    p = _parse_int(row["input_length"], "input_length", where)
+    o = _parse_int(row["output_length"], "output_length", where)
+    for key in ("input_length", "output_length"):
+        _json_number(row[key], key, where)
+    t = _json_number(row["timestamp"], "timestamp", where)
+    if not math.isfinite(t) or t < 0:
+        raise TraceError(f"{where}: timestamp is {row['timestamp']!r}; need a time >= 0 (ms)")
+    return p, o, t / 1000.0
+
+
+def _collect(
+    path: Path,
+    fmt: str,
+    rows: Iterable[tuple[int, Any]],
+    parse: Callable[[Any, str], _Row],
+    timed: bool,
+    skip_bad_rows: bool,
+) -> Trace:
+    """The trace of `rows` (line number, raw row), each read by `parse`; a bad row raises its
+    `TraceError`, or with `skip_bad_rows` is counted and left out."""
     prompts: list[int] = []
     outputs: list[int] = []
     times: list[float] = []
     lines: list[int] = []
     skipped = 0
-    with path.open("rb") as handle:
-        for line, text in enumerate(_text_lines(path, handle), start=1):
-            if not text.strip():
-                continue
-            where = f"{path}:{line}"
-            try:
-                try:
-                    row = json.loads(text, object_pairs_hook=_unique_object)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
-                except _DuplicateKeys as exc:
-                    raise TraceError(f"{where}: field(s) {exc} given twice") from None
-                except RecursionError:
-                    raise TraceError(f"{where}: JSON nested too deeply") from None
-                except ValueError:  # an int of more digits than Python converts
-                    raise TraceError(
-                        f"{where}: a number has over {sys.get_int_max_str_digits():,} digits: "
-                        "a bad value?"
-                    ) from None
-                if not isinstance(row, dict):
-                    raise TraceError(f"{where}: expected a JSON object")
-                missing = {"timestamp", "input_length", "output_length"} - row.keys()
-                if missing:
-                    raise TraceError(f"{where}: missing field(s) {sorted(missing)}")
-                p = _parse_int(row["input_length"], "input_length", where)
-                o = _parse_int(row["output_length"], "output_length", where)
-                for key in ("input_length", "output_length"):
-                    _json_number(row[key], key, where)
-                t = _json_number(row["timestamp"], "timestamp", where)
-                if not math.isfinite(t) or t < 0:
-                    raise TraceError(
-                        f"{where}: timestamp is {row['timestamp']!r}; need a time >= 0 (ms)"
-                    )
-            except TraceError:
-                if not skip_bad_rows:
-                    raise
-                skipped += 1
-                continue
-            prompts.append(p)
-            outputs.append(o)
-            times.append(t / 1000.0)
+    for line, row in rows:
+        try:
+            p, o, t = parse(row, f"{path}:{line}")
+        except TraceError:
+            if not skip_bad_rows:
+                raise
+            skipped += 1
+            continue
+        prompts.append(p)
+        outputs.append(o)
+        if t is not None:
+            times.append(t)
             lines.append(line)
-    return _finish(path, "mooncake", prompts, outputs, (times, lines), skipped)
+    return _finish(path, fmt, prompts, outputs, (times, lines) if timed else None, skipped)
 
 
 def _finish(
