@@ -40,29 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="step-time model written to the profile (both are fitted and reported). "
         "Default: %(default)s",
     )
-    parser.add_argument(
-        "--max-num-seqs",
-        type=whole(1, INT_LIMITS["max_num_seqs"]),
-        default=64,
-        help="largest batch. Default: 64",
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=whole(1, INT_LIMITS["max_model_len"]),
-        default=2048,
-        help="context length. Default: 2048",
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=whole(1, INT_LIMITS["max_num_batched_tokens"]),
-        default=2048,
-        help="token budget. Default: 2048",
-    )
-    parser.add_argument(
-        "--num-gpu-blocks",
-        type=whole(1, INT_LIMITS["num_gpu_blocks"]),
-        help="KV blocks (default: what vLLM allocates)",
-    )
+    for option, default, what in (
+        ("max_num_seqs", 64, "largest batch"),
+        ("max_model_len", 2048, "context length"),
+        ("max_num_batched_tokens", 2048, "token budget"),
+        ("num_gpu_blocks", None, "KV blocks"),
+    ):
+        parser.add_argument(
+            f"--{option.replace('_', '-')}",
+            type=whole(1, INT_LIMITS[option]),
+            default=default,
+            help=f"{what}. Default: " + ("%(default)s" if default else "what vLLM allocates"),
+        )
     parser.add_argument(
         "--repeats",
         type=COUNT,
