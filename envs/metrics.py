@@ -68,6 +68,14 @@ server: a 2 s first token and the paper's 50 ms per output token. Algorithm 2 ta
 D_SLA from the run's TPOT target, so by default it aims at the same 50 ms."""
 
 
+def goodput_slo(slo: SLO, what: str) -> SLO:
+    """`slo`, refused if it names no objective (goodput needs one); `what` names it in that
+    error."""
+    if slo == SLO():
+        raise ValueError(f"{what} names no objective; give at least one, e.g. {DEFAULT_SLO}")
+    return slo
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """Latencies of one finished request (times in s on the engine clock)."""

@@ -18,7 +18,7 @@ from batchpilot.agents.specs import make_controller
 from batchpilot.baselines.specs import simulator_only
 from batchpilot.envs import metrics
 from batchpilot.envs.controller import Controller
-from batchpilot.envs.metrics import SLO
+from batchpilot.envs.metrics import SLO, goodput_slo
 
 CONTROLLER_ENV = "BATCHPILOT_CONTROLLER"
 SLO_ENV = "BATCHPILOT_SLO"
@@ -47,8 +47,7 @@ def engine_settings(environ: Mapping[str, str]) -> tuple[SLO, float]:
         slo = SLO.parse(text)
     except ValueError as exc:
         raise ValueError(f"{SLO_ENV}={text!r}: {exc}") from None
-    if slo == SLO():
-        raise ValueError(f"{SLO_ENV}={text!r}: names no objective; give at least one")
+    goodput_slo(slo, f"{SLO_ENV}={text!r}:")
     text = environ.get(BUDGET_ENV, str(DEFAULT_BUDGET_MS))
     try:
         budget_ms = float(text)

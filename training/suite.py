@@ -230,11 +230,10 @@ def _field(key: str, value: Any, where: str) -> Any:
 def _check(sc: Scenario) -> None:
     """Parse what a run would parse, so a bad value fails at load time."""
     from batchpilot.envs.controller import ControlInterval
-    from batchpilot.envs.metrics import DEFAULT_SLO, SLO
+    from batchpilot.envs.metrics import SLO, goodput_slo
     from batchpilot.envs.workloads import make_workload
 
-    if SLO.parse(sc.slo) == SLO():
-        raise ValueError(f"'slo' names no objective; give at least one, e.g. {DEFAULT_SLO}")
+    goodput_slo(SLO.parse(sc.slo), "'slo'")
     ControlInterval.parse(sc.interval)
     if not sc.is_trace_file:
         make_workload(sc.source, sc.arrival, num_requests=2, seed=0)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
-from batchpilot.envs.metrics import DEFAULT_SLO, SLO
+from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
@@ -67,13 +67,9 @@ def fraction(text: str) -> float:
 def slo_spec(text: str) -> str:
     """An argparse ``type=``: goodput SLOs as `SLO.parse` takes them, at least one objective."""
     try:
-        slo = SLO.parse(text)
+        goodput_slo(SLO.parse(text), repr(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if slo == SLO():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} names no objective; give at least one, e.g. {DEFAULT_SLO}"
-        )
     return text
 
 
