@@ -81,16 +81,23 @@ def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
             raise ValueError(f"{where}: unknown key {key!r}; known: {', '.join(ENGINE_ARGS)}")
         if key in out:
             raise ValueError(f"{where}: {key} is given twice")
-        value = _number(text)
-        if key in WHOLE_ARGS and not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"{where}: {key} must be a whole number >= 1")
-        if key in POSITIVE_ARGS and not (value is not None and math.isfinite(value) and value > 0):
-            raise ValueError(f"{where}: {key} must be a finite number > 0")
-        if key == "clock" and text not in CLOCKS:
-            raise ValueError(f"{where}: clock must be one of {', '.join(CLOCKS)}")
-        if key in SWITCH_ARGS and text not in SWITCHES:
-            raise ValueError(f"{where}: {key} must be true or false")
-        out[key] = text if key == "clock" else SWITCHES[text] if key in SWITCH_ARGS else value
+        if key == "clock":
+            if text not in CLOCKS:
+                raise ValueError(f"{where}: clock must be one of {', '.join(CLOCKS)}")
+            out[key] = text
+        elif key in SWITCH_ARGS:
+            if text not in SWITCHES:
+                raise ValueError(f"{where}: {key} must be true or false")
+            out[key] = SWITCHES[text]
+        else:
+            value = _number(text)
+            if key in WHOLE_ARGS and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{where}: {key} must be a whole number >= 1")
+            if key in POSITIVE_ARGS and not (
+                value is not None and math.isfinite(value) and value > 0
+            ):
+                raise ValueError(f"{where}: {key} must be a finite number > 0")
+            out[key] = value
     return tuple(sorted(out.items()))
 
 
