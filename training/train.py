@@ -50,7 +50,7 @@ from batchpilot.envs import ENV_ID
 from batchpilot.envs.batching_env import CONTROL_INTERVAL_S
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.observation import checked_fields
-from batchpilot.training.limits import MAX_REQUESTS
+from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS
 from batchpilot.training.yaml_files import load_yaml
 
 ALGOS = ("ppo",)
@@ -130,7 +130,7 @@ EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True), "seeds":
 EVAL_WORKLOAD = {"source": str, "arrival": str, "num_requests": int, "profiles": list[str]}
 WORKLOAD_RANGES: dict[str, Check] = {"num_requests": number(1, MAX_REQUESTS, integer=True)}
 REPORT_KEYS = {"suites": list[str], "seeds": int, "controllers": str}
-REPORT_RANGES: dict[str, Check] = {"seeds": number(1, 1000, integer=True)}
+REPORT_RANGES: dict[str, Check] = {"seeds": number(1, MAX_SEEDS, integer=True)}
 IMITATION_RANGES: dict[str, Check] = {
     "rounds": number(1, 1000, integer=True),
     "episodes": number(1, 1e6, integer=True),
