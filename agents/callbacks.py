@@ -79,7 +79,8 @@ class EvalScenario:
 
     profile: str | list[str]
     workload: dict[str, Any] | list[dict[str, Any]]
-    """`make_workload` arguments (source, arrival, num_requests), and optional ``profiles``."""
+    """`make_workload` arguments (source, arrival, num_requests, bad_rows), and optional
+    ``profiles``."""
     slo: str
     interval: str
     seeds: list[int] = field(default_factory=lambda: [1000, 1001])
@@ -117,6 +118,7 @@ class EvalScenario:
             seed=seed,
             max_model_len=max_model_len,
             overlong="truncate",
+            bad_rows=spec.get("bad_rows", "error"),
         )
 
     def score(self, make: Any) -> dict[str, Any]:

@@ -44,6 +44,8 @@ class WorkloadSpec:
     prompt_scale: tuple[float, float] = (1.0, 1.0)
     profiles: tuple[str, ...] = ()
     weight: float = 1.0
+    bad_rows: str = "error"
+    """A trace file's bad rows: stop with their error, or ``skip`` (`load_trace`)."""
 
     @classmethod
     def coerce(cls, value: str | dict | WorkloadSpec) -> WorkloadSpec:
@@ -86,6 +88,7 @@ class WorkloadSpec:
             seed=int(rng.integers(2**31)),
             max_model_len=max_model_len,
             overlong="truncate",
+            bad_rows=self.bad_rows,
         )
         g = rng.uniform(*self.length_scale)
         # drawn only when asked for, so the specs without it keep their random streams

@@ -37,6 +37,9 @@ class Trace:
     output_tokens: np.ndarray
     arrival_s: np.ndarray | None
     skipped_rows: int = 0
+    """Bad rows left out (``bad_rows="skip"``)."""
+    first_skipped: str = ""
+    """The first left-out row's error (file, line and problem); empty if none."""
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -109,6 +112,10 @@ MAX_SPAN_S = 1e8
 """Longest first-to-last arrival span accepted (about 3 years): more is a bad timestamp."""
 MAX_TOKENS = 2**31 - 1
 """Most tokens a request's prompt or output may claim: more is a bad value."""
+BAD_ROWS = ("error", "skip")
+"""What a trace's bad rows do: stop the read with their error, or be left out and counted."""
+SKIP_HINT = "--bad-rows skip, or a scenario's bad_rows: skip, leaves bad rows out and counts them"
+"""How to read a trace past its bad rows, appended to a bad row's error."""
 MAX_FIELD = csv.field_size_limit()
 """Longest CSV field read (the csv module's limit, 131,072 characters)."""
 
@@ -314,20 +321,23 @@ def _collect(
     times: list[float] = []
     lines: list[int] = []
     skipped = 0
+    first_skipped = ""
     for line, row in rows:
         try:
             p, o, t = parse(row, f"{path}:{line}")
-        except TraceError:
+        except TraceError as exc:
             if not skip_bad_rows:
-                raise
+                raise TraceError(f"{exc} ({SKIP_HINT})") from None
             skipped += 1
+            first_skipped = first_skipped or str(exc)
             continue
         prompts.append(p)
         outputs.append(o)
         if t is not None:
             times.append(t)
             lines.append(line)
-    return _finish(path, fmt, prompts, outputs, (times, lines) if timed else None, skipped)
+    timed_rows = (times, lines) if timed else None
+    return _finish(path, fmt, prompts, outputs, timed_rows, (skipped, first_skipped))
 
 
 def _finish(
@@ -336,10 +346,13 @@ def _finish(
     prompts: list[int],
     outputs: list[int],
     timed: tuple[list[float], list[int]] | None,
-    skipped: int,
+    skipped: tuple[int, str],
 ) -> Trace:
-    """The trace, time-ordered; `timed` is (times, their lines) for a trace with times."""
+    """The trace, time-ordered; `timed` is (times, their lines) for a trace with times;
+    `skipped`: the bad rows left out and the first one's error."""
     if not prompts:
+        if skipped[0]:
+            raise TraceError(f"{path}: all {skipped[0]:,} rows are bad; the first: {skipped[1]}")
         raise TraceError(f"{path}: no requests in the file")
     arrival = None
     if timed is not None:
@@ -363,16 +376,21 @@ def _finish(
         prompt_tokens=np.asarray(prompts, dtype=np.int64),
         output_tokens=np.asarray(outputs, dtype=np.int64),
         arrival_s=arrival,
-        skipped_rows=skipped,
+        skipped_rows=skipped[0],
+        first_skipped=skipped[1],
     )
 
 
-def load_trace(path: str | Path, *, skip_bad_rows: bool = False) -> Trace:
+def load_trace(path: str | Path, *, bad_rows: str = "error") -> Trace:
     """Read a trace file, detecting its format from the header.
 
-    With `skip_bad_rows`, rows that would raise are counted in `Trace.skipped_rows` instead
-    (BurstGPT, for one, logs failed requests with zero response tokens).
+    `bad_rows` (`BAD_ROWS`): a row that cannot be a request raises ``error``, or with
+    ``skip`` is left out and counted in `Trace.skipped_rows` (BurstGPT, for one, logs failed
+    requests with zero response tokens). A file with no good row raises either way.
     """
+    if bad_rows not in BAD_ROWS:
+        raise ValueError(f"bad_rows is {bad_rows!r}; one of {', '.join(BAD_ROWS)}")
+    skip_bad_rows = bad_rows == "skip"
     from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_names
 
     path = Path(path)

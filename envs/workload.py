@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from numbers import Real
 
@@ -43,6 +43,10 @@ class Workload:
     dropped: int = 0
     truncated: int = 0
     source: str = field(default="")
+    skipped_rows: int = 0
+    """Bad rows of the trace file left out (``bad_rows="skip"``)."""
+    first_skipped: str = ""
+    """The first left-out row's error; empty if none."""
 
     def __post_init__(self) -> None:
         for r in self.requests:
@@ -82,7 +86,7 @@ class Workload:
             prompt = min(max(1, round(r.prompt_tokens * prompt_scale)), cap - 1)
             output = min(max(1, round(r.output_tokens * output_scale)), cap - prompt)
             reqs.append(Request(r.request_id, r.arrival_s, prompt, output))
-        return Workload(self.name, reqs, self.dropped, self.truncated, source=self.source)
+        return self.with_requests(reqs)
 
     def check_fits(self, max_model_len: int, kv_tokens: int | None = None) -> None:
         """Raise `WorkloadError` for the first request longer than the engine's context
@@ -128,13 +132,12 @@ class Workload:
                 f"{self.name}: all {dropped} requests are longer than the model's context of "
                 f"{max_model_len} tokens (overlong=drop)"
             )
-        return Workload(
-            self.name,
-            kept,
-            dropped=self.dropped + dropped,
-            truncated=self.truncated + truncated,
-            source=self.source,
-        )
+        counts = {"dropped": self.dropped + dropped, "truncated": self.truncated + truncated}
+        return replace(self, requests=kept, **counts)
+
+    def with_requests(self, requests: list[Request], name: str | None = None) -> Workload:
+        """This workload (its source and counts) with other requests, and optionally name."""
+        return replace(self, name=self.name if name is None else name, requests=requests)
 
 
 def scale_range(value: object, what: str) -> tuple[float, float]:

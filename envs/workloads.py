@@ -6,7 +6,7 @@ import numpy as np
 
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
-from batchpilot.envs.traces import MAX_TOKENS, load_trace
+from batchpilot.envs.traces import BAD_ROWS, MAX_TOKENS, load_trace
 from batchpilot.envs.workload import OverlongPolicy, Request, Workload, WorkloadError
 
 FIXED_PREFIX = "fixed:"
@@ -28,6 +28,7 @@ def make_workload(
     seed: int = 0,
     max_model_len: int | None = None,
     overlong: OverlongPolicy | str = OverlongPolicy.ERROR,
+    bad_rows: str = "error",
 ) -> Workload:
     """A workload from `source`: a trace path, ``embedded:NAME`` or ``fixed:PROMPT:OUTPUT``.
 
@@ -35,14 +36,19 @@ def make_workload(
     Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the
     first N requests of a trace (all of it by default; a trace that holds fewer is an
     error) or draws N from an embedded table or a fixed source (1,000 by default).
-    `max_model_len` with `overlong` applies the context policy.
+    `max_model_len` with `overlong` applies the context policy. `bad_rows` (`BAD_ROWS`)
+    says what a trace file's bad rows do (`load_trace`); those left out are counted in the
+    workload.
     """
     if num_requests is not None and (isinstance(num_requests, bool) or num_requests < 1):
         raise WorkloadError(f"num_requests is {num_requests!r}; need at least 1 (None: default)")
+    if bad_rows not in BAD_ROWS:
+        raise WorkloadError(f"bad_rows is {bad_rows!r}; one of {', '.join(BAD_ROWS)}")
     if isinstance(seed, bool) or not 0 <= seed < 2**32:
         raise WorkloadError(f"seed is {seed!r}; need a whole number in [0, 2**32)")
     process = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
     rng = np.random.default_rng(seed)
+    skipped = 0, ""
     if source.startswith(FIXED_PREFIX):
         n = num_requests or 1000
         prompt_len, output_len = fixed_lengths(source)
@@ -78,7 +84,8 @@ def make_workload(
         times = process.times(n, rng)
         label = f"{name} ({process_label(process)})"
     else:
-        trace = load_trace(source)
+        trace = load_trace(source, bad_rows=bad_rows)
+        skipped = trace.skipped_rows, trace.first_skipped
         n = num_requests or len(trace)
         if n > len(trace):
             raise WorkloadError(
@@ -92,7 +99,9 @@ def make_workload(
         Request(f"{i}", float(t), int(p), int(o))
         for i, (t, p, o) in enumerate(zip(times, prompt, output, strict=True))
     ]
-    workload = Workload(label, requests, source=source)
+    workload = Workload(
+        label, requests, source=source, skipped_rows=skipped[0], first_skipped=skipped[1]
+    )
     if max_model_len is not None:
         workload = workload.fit_context(max_model_len, overlong)
     return workload

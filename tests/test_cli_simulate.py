@@ -51,6 +51,23 @@ def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:
     assert m["simulated_seconds"] > 0 and m["engine_iterations"] > 200
 
 
+def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "lengths.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n100,20\n100,0\n" + "100,20\n" * 3)
+    argv = ["simulate", "--trace", str(trace), "--arrival", "poisson:4", "--no-progress"]
+    assert main(argv) == 2
+    assert "lengths.csv:3: num_decode_tokens is 0" in capsys.readouterr().err
+    out = tmp_path / "m.json"
+    assert main([*argv, "--bad-rows", "skip", "--json", str(out)]) == 0
+    assert f"bad rows of {trace} left out (--bad-rows skip): 1; the first: {trace}:3:" in (
+        capsys.readouterr().out
+    )
+    metrics = json.loads(out.read_text())["metrics"]
+    assert (metrics["skipped_rows"], metrics["completed"]) == (1, 4)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -343,3 +343,18 @@ def test_observation_is_the_deployed_controllers() -> None:
     np.testing.assert_array_equal(np.array(seen_policy), np.array(seen_env[:-1]))
     with pytest.raises(ValueError, match="trained to decide every 500ms"):
         run(base.workload, SimEngine(base.engine.profile, slo=base.slo), controller, ControlInterval(1))
+
+
+def test_a_training_workload_can_skip_a_traces_bad_rows(tmp_path) -> None:
+    from batchpilot.envs.batching_env import WorkloadSpec
+
+    trace = tmp_path / "burst.csv"
+    rows = "".join(f"{i},ChatGPT,100,{0 if i == 2 else 20},0,API log\n" for i in range(6))
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + rows)
+    spec = {"source": str(trace), "num_requests": 5}
+    with pytest.raises(ValueError, match=r"burst\.csv:4: Response tokens is 0.*--bad-rows skip"):
+        make(workload=[spec]).unwrapped.check_workloads()
+    env = make(workload=[spec | {"bad_rows": "skip"}])
+    env.unwrapped.check_workloads()
+    drawn = WorkloadSpec.coerce(spec | {"bad_rows": "skip"}).draw(np.random.default_rng(0), 4096)
+    assert (len(drawn), drawn.skipped_rows) == (5, 1)

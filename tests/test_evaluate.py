@@ -345,6 +345,7 @@ def _suite_file(tmp_path: Path, top: str = "", **fields: str) -> Path:
         ("score", "foo", "'score' must be one of output_goodput, output_throughput, got 'foo'"),
         ("scheduler", "v9", "'scheduler' must be one of v1, v0, got 'v9'"),
         ("overlong", "foo", "'overlong' must be one of error, drop, truncate, got 'foo'"),
+        ("bad_rows", "drop", "'bad_rows' must be one of error, skip, got 'drop'"),
     ],
 )
 def test_suite_scenario_fields_are_type_checked_at_load(
@@ -382,12 +383,13 @@ def test_suite_takes_every_allowed_value(tmp_path: Path) -> None:
         tmp_path,
         top="controllers: 'default, alg1'\nseeds: 2\ndefaults: {rate_scale: [1, 1.5]}\n",
         score="output_throughput", scheduler="v0", overlong="drop", num_requests="40",
+        bad_rows="skip",
     )
     suite = load_suite(path)
     assert (suite.controllers, suite.seeds) == (["default", "alg1"], 2)
     (sc,) = suite.scenarios
-    assert (sc.score, sc.scheduler, sc.overlong, sc.num_requests) == (
-        "output_throughput", "v0", "drop", 40
+    assert (sc.score, sc.scheduler, sc.overlong, sc.num_requests, sc.bad_rows) == (
+        "output_throughput", "v0", "drop", 40, "skip"
     )
     assert sc.rate_scale == (1.0, 1.5)
 
@@ -534,6 +536,26 @@ def test_compare_reports_requests_longer_than_the_context(
     assert line in (out / "report.md").read_text() and line in (out / "report.html").read_text()
 
 
+def test_bad_trace_rows_stop_compare_or_are_skipped_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BurstGPT logs failed requests with 0 response tokens: a user can replay the rest."""
+    trace = tmp_path / "burst.csv"
+    rows = "".join(f"{i},ChatGPT,{100 + i},{0 if i % 4 == 3 else 20},0,API log\n" for i in range(12))
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + rows)
+    argv = ["compare", "--workload", f"{trace}@replay", "--controllers", "static:8", "--seeds", "1",
+            "--no-capacity", "--no-progress", "--workers", "1"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 2
+    assert ":5: Response tokens is 0; a request needs at least 1 token (--bad-rows skip" in capsys.readouterr().err
+    out = tmp_path / "b"
+    assert main([*argv, "--out", str(out), "--bad-rows", "skip"]) == 0
+    sc = json.loads((out / "results.json").read_text())["scenarios"][0]
+    assert sc["bad_rows"]["skipped_rows"] == 3
+    assert sc["results"]["static:8"]["mean"]["completed"] == 9
+    line = f"Bad rows of the trace left out (--bad-rows skip): 3; the first: {trace}:5: Response"
+    assert line in (out / "report.md").read_text()
+
+
 def test_report_says_nothing_of_the_context_when_every_request_fits(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     code = main(["compare", "--workload", "fixed:64:32@poisson:4", "--num-requests", "20",
@@ -543,12 +565,14 @@ def test_report_says_nothing_of_the_context_when_every_request_fits(tmp_path: Pa
     fit = json.loads((out / "results.json").read_text())["scenarios"][0]["overlong"]
     assert (fit["dropped_requests"], fit["truncated_requests"]) == ([0], [0])
     assert "longer than" not in (out / "report.md").read_text()
+    assert "Bad rows" not in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize(
     "extra",
     [["--profile", "nonexistent"], ["--scheduler", "v0"], ["--overlong", "drop"],
-     ["--engine", "vllm"], ["--engine-arg", "num_gpu_blocks=4"], ["--model", "/models/x"]],
+     ["--engine", "vllm"], ["--engine-arg", "num_gpu_blocks=4"], ["--model", "/models/x"],
+     ["--bad-rows", "skip"]],
 )  # fmt: skip
 def test_compare_refuses_engine_options_beside_a_suite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]

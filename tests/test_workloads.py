@@ -111,11 +111,28 @@ def test_skip_bad_rows_counts_them(tmp_path: Path) -> None:
         "6.5,ChatGPT,50,0,50,Conversation log\n"
         "7.0,GPT-4,30,10,40,API log\n",
     )
-    with pytest.raises(TraceError, match=":3: Response tokens is 0"):
+    with pytest.raises(TraceError, match=r":3: Response tokens is 0.*\(--bad-rows skip"):
         load_trace(path)
-    trace = load_trace(path, skip_bad_rows=True)
+    trace = load_trace(path, bad_rows="skip")
     assert (trace.format, len(trace), trace.skipped_rows) == ("burstgpt", 2, 1)
+    assert trace.first_skipped == f"{path}:3: Response tokens is 0; a request needs at least 1 token"
     assert trace.arrival_s.tolist() == [0.0, 2.0]
+    workload = make_workload(str(path), "replay", bad_rows="skip")
+    assert (len(workload), workload.skipped_rows) == (2, 1)
+    assert workload.fit_context(64, "drop").skipped_rows == 1  # the count stays with it
+    assert make_workload(str(path), "replay", num_requests=1, bad_rows="skip").skipped_rows == 1
+
+
+def test_a_trace_of_only_bad_rows_is_refused_even_when_skipping(tmp_path: Path) -> None:
+    path = write(tmp_path, "bad.csv", "num_prefill_tokens,num_decode_tokens\n5,0\n0,3\n")
+    with pytest.raises(TraceError, match=r"bad\.csv: all 2 rows are bad; the first: .*:2: num_decode"):
+        load_trace(path, bad_rows="skip")
+
+
+@pytest.mark.parametrize("source", ["embedded:gsm8k", "fixed:8:8"])
+def test_bad_rows_takes_error_or_skip(source: str) -> None:
+    with pytest.raises(WorkloadError, match="bad_rows is 'drop'; one of error, skip"):
+        make_workload(source, "poisson:1", num_requests=2, bad_rows="drop")
 
 
 def test_a_trace_shorter_than_the_requests_asked_for_is_refused(tmp_path: Path) -> None:

@@ -120,6 +120,8 @@ class Scenario:
     """Goodput SLOs (``vllm bench serve --goodput``)."""
     interval: str = "1it"
     overlong: str = "truncate"
+    bad_rows: str = "error"
+    """A trace file's bad rows: stop with their error, or ``skip`` (left out, counted)."""
     score: str = "output_goodput"
     """Metric that best-static maximises and the report ranks controllers by."""
     family: str = ""
@@ -169,7 +171,8 @@ class Scenario:
             return False
         if kind not in ("replay", "all-at-once"):
             return False
-        return self.num_requests is None or self.num_requests >= len(load_trace(self.source))
+        trace = load_trace(self.source, bad_rows=self.bad_rows)
+        return self.num_requests is None or self.num_requests >= len(trace)
 
 
 def scenario_workload(
@@ -187,7 +190,11 @@ def scenario_workload(
         process = replace(process, cv=draw["cv"])
     window = sc.is_trace_file and sc.num_requests is not None
     workload = make_workload(
-        sc.source, process, num_requests=None if window else sc.num_requests, seed=seed
+        sc.source,
+        process,
+        num_requests=None if window else sc.num_requests,
+        seed=seed,
+        bad_rows=sc.bad_rows,
     )
     if window and sc.num_requests < len(workload):
         rng = np.random.default_rng([seed, 0x1D0])
@@ -195,7 +202,7 @@ def scenario_workload(
         reqs = workload.requests[start : start + sc.num_requests]
         t0 = reqs[0].arrival_s
         reqs = [replace(r, arrival_s=r.arrival_s - t0) for r in reqs]
-        workload = Workload(f"{workload.name}[{start}:{start + len(reqs)}]", reqs, source=sc.source)
+        workload = workload.with_requests(reqs, f"{workload.name}[{start}:{start + len(reqs)}]")
         draw["window_start"] = start
     workload = workload.scaled(draw.get("prompt_scale", 1.0), draw.get("output_scale", 1.0))
     if max_model_len is not None:
@@ -294,6 +301,7 @@ def run_task(task: Task) -> dict[str, Any]:
             "truncated": workload.truncated,
             "max_model_len": engine.max_model_len,
         },
+        "bad_rows": {"skipped_rows": workload.skipped_rows, "first": workload.first_skipped},
     }
     if task.detail:
         tl = out.timeline.array()
@@ -778,6 +786,7 @@ def evaluate(
                     "dropped_requests": [f["dropped"] for f in fits],
                     "truncated_requests": [f["truncated"] for f in fits],
                 },
+                "bad_rows": {"policy": sc.bad_rows, **first_run["bad_rows"]},
                 "results": results,
                 "timelines": timelines,
                 "itl_ms_quantiles": itls,

