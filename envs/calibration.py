@@ -38,6 +38,9 @@ FORMS = ("linear", "table")
 R2_WARN = 0.9
 """A fit explaining less than this share of the step-time variance is reported as poor."""
 Sample = tuple[int, int, int, int, int, int, float]
+MIN_CONTEXT = 96
+"""The shortest context `calibration_workloads` can cover: its 64-token decode prompts and
+their 32 outputs."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,13 @@ def fit_step_model(
 def calibration_workloads(max_model_len: int, max_batch: int) -> list[tuple[Workload, int]]:
     """(workload, batch limit) pairs: decode batches of 1..max_batch at short, medium and
     long contexts, and prefill-heavy runs of prompts from 128 tokens to the context limit
-    (all requests at t=0, so every repeat schedules the same steps)."""
+    (all requests at t=0, so every repeat schedules the same steps). A context below
+    `MIN_CONTEXT` leaves no decode run: a ValueError."""
+    if max_model_len < MIN_CONTEXT:
+        raise ValueError(
+            f"calibration needs a context (max_model_len) of at least {MIN_CONTEXT} tokens "
+            f"for its shortest decode run (a 64-token prompt, 32 outputs), got {max_model_len}"
+        )
     runs = []
     contexts = [c for c in (64, 512, 1536) if c + 32 <= max_model_len]
     batch = 1

@@ -54,9 +54,34 @@ ATTENTION_SHAPE = {"q_heads_per_gpu": 32, "kv_heads_per_gpu": 4, "head_dim": 128
 GRID_RATIO = 2 ** (1 / 6)
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
+MAX_COUNT = 2**53
+"""The largest count (tokens, workers, bytes) a table may hold: past it floats skip whole
+numbers."""
+
+
+def _rows(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """(line, row) of each data row; an unreadable file, a row with more cells than the
+    header or a file of no data rows is a ValueError naming the file (and the line)."""
+    rows = []
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            for row in reader:
+                if None in row:  # DictReader's key for cells past the header's columns
+                    raise ValueError(
+                        f"{path}:{reader.line_num}: {len(row[None])} cell(s) more than the "
+                        "header has columns"
+                    )
+                rows.append((reader.line_num, row))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (a CSV expected)") from None
+    except csv.Error as exc:
+        raise ValueError(f"{path}: not a readable CSV ({exc})") from None
+    if not rows:
+        raise ValueError(f"{path}: no data rows (empty, or a header only)")
+    return rows
 
 
 def _column(path: Path, row: dict[str, str], name: str, line: int) -> float:
@@ -70,8 +95,20 @@ def _column(path: Path, row: dict[str, str], name: str, line: int) -> float:
     return value
 
 
+def _count(path: Path, row: dict[str, str], name: str, line: int, least: int = 1) -> int:
+    """Cell `name`: a whole number in [`least`, `MAX_COUNT`] (tokens, requests, workers, bytes)."""
+    value = _column(path, row, name, line)
+    if not value.is_integer() or not least <= value <= MAX_COUNT:
+        raise ValueError(
+            f"{path}:{line}: column {name!r} is {row[name]!r}, not a whole number in "
+            f"[{least}, 2^53]"
+        )
+    return int(value)
+
+
 def _time(path: Path, row: dict[str, str], name: str, line: int) -> float:
-    """A measured attention time (ms): > 0, as the fit in relative error divides by it."""
+    """A measured time (ms): > 0 (a kernel takes time; the attention fit in relative error
+    divides by it)."""
     value = _column(path, row, name, line)
     if value == 0:
         raise ValueError(f"{path}:{line}: column {name!r} is 0; a measured time must be > 0")
@@ -104,16 +141,22 @@ def _thin(x: np.ndarray, y: np.ndarray) -> tuple[list[float], list[float]]:
 
 def linear_tables(path: Path) -> dict[str, dict[str, list[float]]]:
     """Per TP degree: token knots, per-layer linear ops (ms), embedding (ms), gate/up (ms)."""
-    by_tp: dict[int, dict[float, list[tuple[float, float, float]]]] = defaultdict(
+    by_tp: dict[int, dict[int, list[tuple[float, float, float]]]] = defaultdict(
         lambda: defaultdict(list)
     )
-    for line, row in enumerate(_rows(path), start=2):
+    for line, row in _rows(path):
         ops = [_column(path, row, f"time_stats.{op}.median", line) for op in LAYER_OPS]
-        tp = int(_column(path, row, "num_tensor_parallel_workers", line))
-        tokens = _column(path, row, "num_tokens", line)
+        tp = _count(path, row, "num_tensor_parallel_workers", line)
+        tokens = _count(path, row, "num_tokens", line)
         emb = _column(path, row, "time_stats.emb.median", line)
         up = _column(path, row, "time_stats.mlp_up_proj.median", line)
-        by_tp[tp][tokens].append((sum(ops), emb, up))
+        layer = sum(ops)
+        if not 0 < layer < math.inf:
+            raise ValueError(
+                f"{path}:{line}: the layer's linear ops sum to {layer:g} ms; a measured time "
+                "must be > 0 and finite"
+            )
+        by_tp[tp][tokens].append((layer, emb, up))
     out = {}
     for tp, points in sorted(by_tp.items()):
         x = np.array(sorted(points))
@@ -141,13 +184,18 @@ def _fit(
 def attention_fit(path: Path) -> dict[str, object]:
     """The analytic FlashAttention cost fitted to the one measured attention table."""
     dec, pre = [], []
-    for line, row in enumerate(_rows(path), start=2):
-        kv = _column(path, row, "kv_cache_size", line)
-        if row.get("is_prefill") == "True":
-            chunk = _column(path, row, "prefill_chunk_size", line)
+    for line, row in _rows(path):
+        kv = _count(path, row, "kv_cache_size", line, least=0)
+        if row.get("is_prefill") not in ("True", "False"):
+            raise ValueError(
+                f"{path}:{line}: column 'is_prefill' is {row.get('is_prefill')!r}, not True "
+                "or False"
+            )
+        if row["is_prefill"] == "True":
+            chunk = _count(path, row, "prefill_chunk_size", line)
             pre.append((chunk, kv, _time(path, row, "time_stats.attn_prefill.median", line)))
         else:
-            batch = _column(path, row, "batch_size", line)
+            batch = _count(path, row, "batch_size", line)
             dec.append((batch, kv, _time(path, row, "time_stats.attn_decode.median", line)))
     if not dec or not pre:
         raise ValueError(f"{path}: needs both decode and prefill rows")
@@ -178,13 +226,13 @@ def attention_fit(path: Path) -> dict[str, object]:
 
 def all_reduce_tables(path: Path) -> dict[str, dict[str, list[float]]]:
     """Per GPU count (all in one node): message bytes and milliseconds."""
-    points: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for line, row in enumerate(_rows(path), start=2):
-        n = int(_column(path, row, "num_workers", line))
-        if int(_column(path, row, "devices_per_node", line)) != n:
+    points: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for line, row in _rows(path):
+        n = _count(path, row, "num_workers", line)
+        if _count(path, row, "devices_per_node", line) != n:
             continue  # spans nodes
-        size = _column(path, row, "size", line)
-        points[n][size].append(_column(path, row, "time_stats.all_reduce.median", line))
+        size = _count(path, row, "size", line)
+        points[n][size].append(_time(path, row, "time_stats.all_reduce.median", line))
     out = {}
     for n, by_size in sorted(points.items()):
         x = np.array(sorted(by_size))
@@ -193,21 +241,30 @@ def all_reduce_tables(path: Path) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def derive(vidur_dir: Path) -> dict[str, object]:
-    """All tables from a Vidur profiling directory."""
+def derive(
+    vidur_dir: Path, model: str | None = None, network: str | None = None
+) -> dict[str, object]:
+    """All tables from a Vidur profiling directory. With `model` (``<gpu>/<org>/<name>``)
+    only its linear layers, if measured, and `network`'s all-reduce (None: none) are read:
+    files of other models and GPUs cannot stop one profile's build."""
     vidur_dir = Path(vidur_dir)
     if not (vidur_dir / "compute").is_dir():
         raise ValueError(f"{vidur_dir}: not a Vidur profiling directory (no compute/)")
-    linear = {}
-    for path in sorted(vidur_dir.glob("compute/*/*/*/mlp.csv")):
-        gpu, org, model = path.parts[-4:-1]
-        linear[f"{gpu}/{org}/{model}"] = linear_tables(path)
+    if model is None:
+        mlp = {"/".join(p.parts[-4:-1]): p for p in vidur_dir.glob("compute/*/*/*/mlp.csv")}
+        nets = [p.parts[-2] for p in vidur_dir.glob("network/*_dgx/all_reduce.csv")]
+    else:
+        mlp = {model: vidur_dir / "compute" / model / "mlp.csv"}
+        nets = [] if network is None else [f"{network}_dgx"]
+    linear = {key: linear_tables(path) for key, path in sorted(mlp.items()) if path.is_file()}
     attention_path = vidur_dir / ATTENTION_TABLE
     if not attention_path.is_file():
         raise ValueError(f"{attention_path}: missing (the measured attention table)")
     all_reduce = {}
-    for path in sorted(vidur_dir.glob("network/*_dgx/all_reduce.csv")):
-        all_reduce[path.parent.name.removesuffix("_dgx")] = all_reduce_tables(path)
+    for name in sorted(nets):
+        path = vidur_dir / "network" / name / "all_reduce.csv"
+        if path.is_file():
+            all_reduce[name.removesuffix("_dgx")] = all_reduce_tables(path)
     return {
         "source": (
             "derived by `python -m batchpilot.envs.profile_tables` from Vidur's operator "
@@ -232,9 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("vidur_dir", type=Path, help="Vidur profiling directory")
     parser.add_argument("--out", type=Path, default=DATA_PATH, help="default: %(default)s")
     args = parser.parse_args(argv)
-    tables = derive(args.vidur_dir)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(tables, separators=(",", ":")) + "\n")
+    try:
+        tables = derive(args.vidur_dir)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(tables, separators=(",", ":")) + "\n")
+    except ValueError as exc:  # bad input: say what is wrong, no traceback
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    except OSError as exc:
+        parser.exit(2, f"{parser.prog}: error: {args.out}: cannot write ({exc.strerror})\n")
     att = tables["attention"]
     print(
         f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB): "

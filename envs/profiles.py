@@ -345,6 +345,12 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
             f"{file}: hidden_size {shape['hidden']}, {shape['heads']} attention heads and "
             f"{kv_heads} KV heads do not divide evenly"
         )
+    head_dim = data.get("head_dim")
+    if head_dim is not None and head_dim != shape["hidden"] // shape["heads"]:
+        raise ValueError(
+            f"{file}: head_dim {brief(head_dim)} is not hidden_size / num_attention_heads "
+            f"({shape['hidden'] // shape['heads']}); only Llama-family shapes are modelled"
+        )
     dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ValueError(f"{file}: torch_dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
@@ -477,10 +483,11 @@ def measured_profile(
     key = f"{thw.vidur_compute}/{arch.vidur_name}"
     linear = tables.get("linear", {}).get(key, {}).get(str(tp))
     if linear is None:
-        have = sorted(tables.get("linear", {}))
+        tps = sorted(tables.get("linear", {}).get(key, {}), key=int)
+        have = f"TP {', '.join(tps)}" if tps else ", ".join(sorted(tables.get("linear", {})))
         raise ValueError(
             f"no linear-layer table for {arch.title} on {thw.title} at TP {tp} "
-            f"(Vidur compute/{key}/mlp.csv); measured: {', '.join(have)}"
+            f"(Vidur compute/{key}/mlp.csv); measured: {have}"
         )
     xs = linear["tokens"]
     if len(xs) < 2:
@@ -493,6 +500,12 @@ def measured_profile(
         net = (tables.get("all_reduce", {}).get(thw.vidur_network or "") or {}).get(str(tp))
         if net is None:
             raise ValueError(f"no all-reduce table for {tp} x {thw.title} in the Vidur tables")
+        if len(net["bytes"]) < 2:
+            raise ValueError(
+                f"the all-reduce table for {tp} x {thw.title} (Vidur network/"
+                f"{thw.vidur_network}_dgx/all_reduce.csv) has {len(net['bytes'])} message "
+                "size(s); at least 2 are needed"
+            )
         all_reduce = net
     token_ms = []
     for x, layer, emb in zip(xs, linear["layer_ms"], linear["emb_ms"], strict=True):

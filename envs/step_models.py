@@ -339,9 +339,11 @@ def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
         raise ValueError(f"{origin}: step must be an object, got {type(data).__name__}")
     data = dict(data)
     kind = data.pop("kind", "linear")
-    cls = STEP_MODELS.get(kind)
+    cls = STEP_MODELS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"{origin}: step.kind {kind!r} unknown; known: {', '.join(STEP_MODELS)}")
+        raise ValueError(
+            f"{origin}: step.kind {brief(kind)} unknown; known: {', '.join(STEP_MODELS)}"
+        )
     names = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(names))
     if unknown:

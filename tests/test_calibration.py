@@ -167,6 +167,20 @@ def test_grid_covers_batches_contexts_and_prefills() -> None:
     assert {64, 128, 512, 1024, 1536, 2032} <= prompts
 
 
+def test_a_context_too_short_to_calibrate_is_refused_before_the_engine(
+    tmp_path: Path, capsys
+) -> None:
+    """Below 96 tokens the grid has no decode run (at 16 it asked for 0-token prompts, up to
+    95 it measured too few steps to fit), said after starting vLLM; now before (the model
+    does not even exist)."""
+    with pytest.raises(ValueError, match="at least 96 tokens"):
+        calibration_workloads(95, 8)
+    assert len(calibration_workloads(96, 1)) == 2
+    argv = ["calibrate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "p.json")]
+    assert cli([*argv, "--max-model-len", "16"]) == 2
+    assert "max_model_len) of at least 96 tokens" in capsys.readouterr().err
+
+
 def test_the_cpu_clock_skips_idle_gaps() -> None:
     from batchpilot.envs.vllm_tracker import StepTracker
 

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchpilot.envs.profile_tables import LAYER_OPS, derive, load_tables
+from batchpilot.envs.profile_tables import main as table_main
 from batchpilot.envs.profiles import (
     ARCHITECTURES,
     GIB,
@@ -255,6 +256,7 @@ def zero_times(step: dict) -> dict:
     ("edit", "message"),
     [
         (lambda d: d["step"].update(kind="cubic"), "step.kind 'cubic' unknown"),
+        (lambda d: d["step"].update(kind=["table"]), r"step.kind \['table'\] unknown"),
         (lambda d: d["step"]["token_knots"].reverse(), "step.token_knots must be strictly"),
         (lambda d: d["step"].update(token_s=[0.1]), "step.token_knots and step.token_s"),
         (lambda d: d["step"].update(attn_pair_s=-1.0), "step.attn_pair_s must be >= 0"),
@@ -370,7 +372,12 @@ def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: i
         (("mlp.csv", "time_stats.emb.median", "-1.0"), 14, [], r"mlp.csv:2: column 'time_stats.emb.median' is '-1.0', not a number >= 0"),
         (("mlp.csv", "num_tensor_parallel_workers", "inf"), 14, [], r"mlp.csv:2: column 'num_tensor_parallel_workers' is 'inf'"),
         (("attention.csv", "time_stats.attn_prefill.median", "0"), 14, [], r"attention.csv:2: column 'time_stats.attn_prefill.median' is 0; a measured time must be > 0"),
-        (("attention.csv", "prefill_chunk_size", "1e200"), 14, [], r"attention.csv: counts too large for their times to fit \(a ratio overflows\)"),
+        (("attention.csv", "prefill_chunk_size", "1e200"), 14, [], r"attention.csv:2: column 'prefill_chunk_size' is '1e200', not a whole number in \[1, 2\^53\]"),
+        (("attention.csv", "time_stats.attn_prefill.median", "5e-324"), 14, [], r"attention.csv: counts too large for their times to fit \(a ratio overflows\)"),
+        (("attention.csv", "is_prefill", "true"), 14, [], r"attention.csv:2: column 'is_prefill' is 'true', not True or False"),
+        # counts: a 0 once looped for ever; a fraction was truncated into another TP's table
+        (("mlp.csv", "num_tokens", "0"), 14, [], r"mlp.csv:2: column 'num_tokens' is '0', not a whole number in \[1, 2\^53\]"),
+        (("mlp.csv", "num_tensor_parallel_workers", "1.5"), 14, [], r"mlp.csv:2: column 'num_tensor_parallel_workers' is '1.5', not a whole"),
         (None, 1, [], r"compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv\) has 1 token count\(s\); at least 2"),
         (("mlp.csv", "time_stats.mlp_up_proj.median", "1e300"), 14, [], r"out.json: the step model times a one-request decode step at [\d.]+e\+\d+ s, over 60 s.*; nothing written"),
         (None, 14, ["--step-overhead-ms", "1e9"], r"out.json: the step model times a one-request decode step at 1e\+06 s.*; nothing written"),
@@ -387,6 +394,65 @@ def test_profiles_build_writes_no_profile_it_would_refuse(tmp_path: Path, capsys
     assert cli([*args, *options, "--out", str(out)]) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not out.exists()
+
+
+def _damage(path: Path, damage: str) -> None:
+    """Rewrite the CSV at `path` as `damage` names."""
+    text = path.read_text()
+    header, first, rest = text.split("\n", 2)
+    path.write_bytes(
+        {
+            "empty": b"",
+            "header only": f"{header}\n".encode(),
+            "extra cells": f"{header}\n{first},1,2\n{rest}".encode(),
+            "latin-1": f"{header}\n{first}\n\xe9,{rest}".encode("latin-1"),
+            "blank lines, bad cell": f"{header}\n\n\n{first}\n\nfast,{rest.split(',', 1)[1]}".encode(),
+            "zero times": re.sub(r"0\.0[\d.e-]*", "0", text).encode(),
+        }[damage]
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("empty", r"mlp.csv: no data rows \(empty, or a header only\)"),
+        ("header only", r"mlp.csv: no data rows \(empty, or a header only\)"),
+        ("extra cells", r"mlp.csv:2: 2 cell\(s\) more than the header has columns"),
+        ("latin-1", r"mlp.csv: not UTF-8 text"),
+        ("blank lines, bad cell", r"mlp.csv:6: column 'num_tensor_parallel_workers' missing or not a number"),
+        ("zero times", r"mlp.csv:2: the layer's linear ops sum to 0 ms; a measured time must be > 0"),
+    ],
+)
+def test_bad_vidur_files_are_named_by_file_and_line(tmp_path: Path, capsys, damage, message) -> None:
+    """Whole-file damage: named with the file and the line (blank lines counted), nothing
+    silently read as no table."""
+    vidur = _small_vidur(tmp_path / "vidur")
+    _damage(vidur / "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", damage)
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "out.json")]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_build_reads_only_the_files_it_uses(tmp_path: Path, capsys) -> None:
+    """Another model's table of another shape (Vidur's phi-2 has no post-attention layernorm)
+    stops no build; deriving every table names it, without a traceback."""
+    vidur = _small_vidur(tmp_path / "vidur")
+    other = vidur / "compute/a100/microsoft/phi-2/mlp.csv"
+    other.parent.mkdir(parents=True)
+    other.write_text("num_tokens,num_tensor_parallel_workers\n1,1\n")
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "out.json")]) == 0
+    with pytest.raises(SystemExit) as info:
+        table_main([str(vidur), "--out", str(tmp_path / "tables.json")])
+    assert info.value.code == 2
+    assert f"{other}:2: column 'time_stats.input_layernorm.median'" in capsys.readouterr().err
+
+
+def test_a_one_size_all_reduce_table_is_refused() -> None:
+    tables = load_tables()
+    tables["all_reduce"]["a100"]["2"] = {"bytes": [2048.0], "ms": [0.01]}
+    with pytest.raises(ValueError, match=r"all-reduce table for 2 x A100.* has 1 message size"):
+        measured_profile(tables, "llama-2-7b", "a100", 2)
 
 
 def test_profiles_build_checks_its_output_first(tmp_path: Path, capsys) -> None:
@@ -456,6 +522,7 @@ def _write(path: Path, data: object) -> Path:
         (lambda c: c.update(torch_dtype="int4"), "torch_dtype 'int4'"),
         (lambda c: c.update(torch_dtype=["bf16"]), "torch_dtype"),
         (lambda c: c.pop("_name_or_path"), "name the model's Vidur directory"),
+        (lambda c: c.update(head_dim=96), "head_dim 96 is not hidden_size / num_attention_heads"),
     ],
 )
 def test_bad_hugging_face_configs_say_why(tmp_path: Path, edit, message) -> None:

@@ -90,11 +90,10 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.envs.telemetry import Limits
     from batchpilot.envs.vllm_engine import make_vllm_engine
 
-    if args.repeats < 1:
-        raise ValueError("--repeats must be >= 1")
     check_output(args.out, "--out", directory=False)
     if args.samples:
         check_output(args.samples, "--samples", directory=False)
+    grid = calibration_workloads(args.max_model_len, args.max_num_seqs)  # before the engine
     engine = make_vllm_engine(
         args.model,
         max_num_seqs=args.max_num_seqs,
@@ -104,7 +103,6 @@ def main(args: argparse.Namespace) -> int:
         clock=args.clock,
     )
     timer = time.process_time if args.clock == "cpu" else time.perf_counter
-    grid = calibration_workloads(engine.max_model_len, engine.max_num_seqs)
     warm = grid[len(grid) // 2][0]
     engine.reset(warm, Limits(engine.max_num_seqs))  # first steps are slow: not measured
     while not engine.done:

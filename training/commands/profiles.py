@@ -26,7 +26,7 @@ import argparse
 import json
 from pathlib import Path
 
-from batchpilot.envs.profiles import INT_LIMITS
+from batchpilot.envs.profiles import GPUS, INT_LIMITS
 from batchpilot.training.commands.common import (
     COUNT,
     check_output,
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with a config.json: the model's directory under the Vidur profiles' "
         "compute/<gpu>/ (default: the config's _name_or_path)",
     )
-    build.add_argument("--gpu", required=True, help="a100 | h100 | a40: whose timings apply")
+    build.add_argument("--gpu", required=True, choices=tuple(GPUS), help="whose timings apply")
     build.add_argument("--tp", type=COUNT, default=1, help="tensor parallel size. Default: 1")
     build.add_argument(
         "--gpu-memory-gib", type=positive, help="memory per GPU (default: the GPU's)"
@@ -163,8 +163,17 @@ def _build(args: argparse.Namespace) -> int:
         "runtime_reserve_gib": args.runtime_reserve_gib,
     }
     model = architecture(args.model, args.vidur_model)
+    gpu = GPUS[args.gpu]
+    key = f"{gpu.vidur_compute}/{model.vidur_name}"
+    tables = derive(args.vidur, key, gpu.vidur_network)  # only the files this profile uses
+    if key not in tables["linear"]:
+        have = sorted("/".join(p.parts[-4:-1]) for p in args.vidur.glob("compute/*/*/*/mlp.csv"))
+        raise ValueError(
+            f"no linear-layer table for {model.title} on {gpu.title} (Vidur compute/{key}/"
+            f"mlp.csv); measured: {', '.join(have) or 'none'}"
+        )
     profile = measured_profile(
-        derive(args.vidur),
+        tables,
         model,
         args.gpu,
         args.tp,
