@@ -388,11 +388,11 @@ def load_trace(path: str | Path, *, bad_rows: str = "error") -> Trace:
     ``skip`` is left out and counted in `Trace.skipped_rows` (BurstGPT, for one, logs failed
     requests with zero response tokens). A file with no good row raises either way.
     """
+    from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_names
+
     if bad_rows not in BAD_ROWS:
         raise ValueError(f"bad_rows is {bad_rows!r}; one of {', '.join(BAD_ROWS)}")
     skip_bad_rows = bad_rows == "skip"
-    from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_names
-
     path = Path(path)
     if path.is_dir():
         raise TraceError(f"{path}: a directory, not a trace file")
