@@ -116,6 +116,8 @@ BAD_ROWS = ("error", "skip")
 """What a trace's bad rows do: stop the read with their error, or be left out and counted."""
 SKIP_HINT = "--bad-rows skip, or a scenario's bad_rows: skip, leaves bad rows out and counts them"
 """How to read a trace past its bad rows, appended to a bad row's error."""
+CACHED_TRACES = 4
+"""Trace files kept read per process (`load_trace`)."""
 MAX_FIELD = csv.field_size_limit()
 """Longest CSV field read (the csv module's limit, 131,072 characters)."""
 
@@ -406,10 +408,23 @@ def load_trace(path: str | Path, *, bad_rows: str = "error") -> Trace:
             f"{path}: no such trace file; the embedded workloads need no file ({names}), "
             "or see the README for where to get the public traces"
         )
+    stat = path.stat()
+    return _read(path, (path.resolve(), stat.st_mtime_ns, stat.st_size), skip_bad_rows)
+
+
+@functools.lru_cache(maxsize=CACHED_TRACES)
+def _read(path: Path, version: tuple[Path, int, int], skip_bad_rows: bool) -> Trace:
+    """The trace in `path`, read once per process while its `version` (the file, its time
+    and size) stays: a comparison draws many runs from one file."""
     with path.open("rb") as handle:
         first = next(_text_lines(path, handle), "").lstrip()
     if not first:
         raise TraceError(f"{path}:1: the first line is blank; expected a CSV header or JSON")
     if first.startswith("{"):
-        return _read_mooncake(path, skip_bad_rows)
-    return _read_csv(path, skip_bad_rows)
+        trace = _read_mooncake(path, skip_bad_rows)
+    else:
+        trace = _read_csv(path, skip_bad_rows)
+    for column in (trace.prompt_tokens, trace.output_tokens, trace.arrival_s):
+        if column is not None:
+            column.flags.writeable = False  # shared by every reader of the cache
+    return trace
