@@ -29,13 +29,16 @@ def make_workload(
     max_model_len: int | None = None,
     overlong: OverlongPolicy | str = OverlongPolicy.ERROR,
     bad_rows: str = "error",
+    window_start: int | None = None,
 ) -> Workload:
     """A workload from `source`: a trace path, ``embedded:NAME`` or ``fixed:PROMPT:OUTPUT``.
 
     `arrival` is an `Arrival` spec; ``replay`` on an embedded table replays its fitted
     Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the
     first N requests of a trace (all of it by default; a trace that holds fewer is an
-    error) or draws N from an embedded table or a fixed source (1,000 by default).
+    error) or draws N from an embedded table or a fixed source (1,000 by default); with
+    `window_start`, a trace's N requests from that one on instead, their arrival times those
+    of the whole trace's draw, shifted to start at 0 (a window of the whole replay).
     `max_model_len` with `overlong` applies the context policy. `bad_rows` (`BAD_ROWS`)
     says what a trace file's bad rows do (`load_trace`); those left out are counted in the
     workload.
@@ -49,6 +52,12 @@ def make_workload(
     process = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
     rng = np.random.default_rng(seed)
     skipped = 0, ""
+    first = 0  # the first request's index in the source
+    if window_start is not None and (
+        source.startswith((FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, EMBEDDED_PREFIX))
+        or num_requests is None
+    ):
+        raise WorkloadError(f"{source}: window_start needs a trace file and num_requests")
     if source.startswith(FIXED_PREFIX):
         n = num_requests or 1000
         prompt_len, output_len = fixed_lengths(source)
@@ -92,11 +101,23 @@ def make_workload(
                 f"{source}: the trace holds {len(trace)} requests, fewer than the "
                 f"{n} asked for; ask for at most {len(trace)} (or none: the whole trace)"
             )
-        prompt, output = trace.prompt_tokens[:n], trace.output_tokens[:n]
-        times = process.times(n, rng, trace.arrival_s)
         label = f"{trace.name} ({process_label(process)})"
+        if window_start is None:
+            times = process.times(n, rng, trace.arrival_s)
+        else:
+            if not 0 <= window_start <= len(trace) - n:
+                raise WorkloadError(
+                    f"{source}: window_start {window_start} with {n} requests runs past the "
+                    f"trace's {len(trace)} requests"
+                )
+            first = window_start
+            times = process.times(len(trace), rng, trace.arrival_s)[first : first + n]
+            times = times - times[0]
+            label += f"[{first}:{first + n}]"
+        prompt = trace.prompt_tokens[first : first + n]
+        output = trace.output_tokens[first : first + n]
     requests = [
-        Request(f"{i}", float(t), int(p), int(o))
+        Request(f"{first + i}", float(t), int(p), int(o))
         for i, (t, p, o) in enumerate(zip(times, prompt, output, strict=True))
     ]
     workload = Workload(

@@ -16,6 +16,7 @@ import pytest
 import batchpilot.training.evaluate as ev
 from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
 from batchpilot.envs.metrics import SLO
+from batchpilot.envs.workload import WorkloadError
 from batchpilot.envs.workloads import make_workload
 from batchpilot.training.cli import main
 from batchpilot.training.engines import make_engine, parse_engine_args
@@ -416,6 +417,24 @@ def test_trace_window_varies_with_the_seed(tmp_path: Path) -> None:
     assert len(a) == len(b) == 50 and da["window_start"] != db["window_start"]
     assert a.requests[0].arrival_s == 0.0 and not sc.seed_free()
     assert Scenario("whole", str(trace), "replay").seed_free()
+
+
+@pytest.mark.parametrize("arrival", ["replay:2", "gamma:3:2"])
+def test_a_trace_window_is_that_part_of_the_whole_traces_draw(tmp_path: Path, arrival: str) -> None:
+    """Only the window's requests are built (a week-long trace holds millions), as they
+    would be cut from the whole trace's."""
+    trace = tmp_path / "t.csv"
+    rows = "\n".join(f"2023-11-16 18:15:{i // 10:02d}.{i % 10}000000,{100 + i},{10 + i}" for i in range(300))
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + "\n")
+    whole = make_workload(str(trace), arrival, seed=4).requests
+    part = make_workload(str(trace), arrival, num_requests=50, seed=4, window_start=120)
+    t0 = whole[120].arrival_s
+    assert part.requests == [replace(r, arrival_s=r.arrival_s - t0) for r in whole[120:170]]
+    assert part.name.endswith("[120:170]")
+    with pytest.raises(WorkloadError, match="window_start 251 with 50 requests runs past the trace's 300 requests"):
+        make_workload(str(trace), arrival, num_requests=50, window_start=251)
+    with pytest.raises(WorkloadError, match="window_start needs a trace file and num_requests"):
+        make_workload("embedded:gsm8k", "poisson:1", num_requests=5, window_start=0)
 
 
 def test_vllm_default_limits_per_gpu(tmp_path: Path) -> None:

@@ -188,22 +188,22 @@ def scenario_workload(
         process = process.scaled(draw["rate_scale"])
     if "cv" in draw:
         process = replace(process, cv=draw["cv"])
-    window = sc.is_trace_file and sc.num_requests is not None
+    num_requests, start = sc.num_requests, None
+    if sc.is_trace_file and num_requests is not None:  # a window of the trace, per seed
+        total = len(load_trace(sc.source, bad_rows=sc.bad_rows))
+        if num_requests < total:
+            rng = np.random.default_rng([seed, 0x1D0])
+            start = draw["window_start"] = int(rng.integers(0, total - num_requests + 1))
+        else:
+            num_requests = None  # the whole trace
     workload = make_workload(
         sc.source,
         process,
-        num_requests=None if window else sc.num_requests,
+        num_requests=num_requests,
         seed=seed,
         bad_rows=sc.bad_rows,
+        window_start=start,
     )
-    if window and sc.num_requests < len(workload):
-        rng = np.random.default_rng([seed, 0x1D0])
-        start = int(rng.integers(0, len(workload) - sc.num_requests + 1))
-        reqs = workload.requests[start : start + sc.num_requests]
-        t0 = reqs[0].arrival_s
-        reqs = [replace(r, arrival_s=r.arrival_s - t0) for r in reqs]
-        workload = workload.with_requests(reqs, f"{workload.name}[{start}:{start + len(reqs)}]")
-        draw["window_start"] = start
     workload = workload.scaled(draw.get("prompt_scale", 1.0), draw.get("output_scale", 1.0))
     if max_model_len is not None:
         workload = workload.fit_context(max_model_len, sc.overlong)
