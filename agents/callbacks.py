@@ -117,7 +117,6 @@ class EvalScenario:
             num_requests=spec.get("num_requests"),
             seed=seed,
             max_model_len=max_model_len,
-            overlong="truncate",
             bad_rows=spec.get("bad_rows", "error"),
         )
 

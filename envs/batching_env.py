@@ -87,7 +87,6 @@ class WorkloadSpec:
             num_requests=self.num_requests,
             seed=int(rng.integers(2**31)),
             max_model_len=max_model_len,
-            overlong="truncate",
             bad_rows=self.bad_rows,
         )
         g = rng.uniform(*self.length_scale)

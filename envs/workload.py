@@ -34,6 +34,11 @@ class OverlongPolicy(StrEnum):
     """Cut the prompt from the left, then the output, until it fits; counted in `truncated`."""
 
 
+DEFAULT_OVERLONG = OverlongPolicy.TRUNCATE
+"""The overlong policy wherever none is given (every command, suite and training workload):
+the requests cut are counted and reported."""
+
+
 @dataclass
 class Workload:
     """A named, time-ordered list of requests."""
@@ -118,7 +123,8 @@ class Workload:
                 raise WorkloadError(
                     f"{self.name}: request {r.request_id} needs {total} tokens "
                     f"(prompt {r.prompt_tokens} + output {r.output_tokens}) but the model's "
-                    f"context is {max_model_len}; choose overlong='drop' or 'truncate'"
+                    f"context is {max_model_len}; drop or truncate such requests (--overlong, "
+                    "a suite's overlong:) or use a profile with a longer context"
                 )
             if policy is OverlongPolicy.DROP:
                 dropped += 1

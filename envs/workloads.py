@@ -7,7 +7,13 @@ import numpy as np
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
 from batchpilot.envs.traces import BAD_ROWS, MAX_TOKENS, load_trace
-from batchpilot.envs.workload import OverlongPolicy, Request, Workload, WorkloadError
+from batchpilot.envs.workload import (
+    DEFAULT_OVERLONG,
+    OverlongPolicy,
+    Request,
+    Workload,
+    WorkloadError,
+)
 
 FIXED_PREFIX = "fixed:"
 """``fixed:PROMPT:OUTPUT``: every request has these lengths (the paper's 128/128 setting)."""
@@ -27,7 +33,7 @@ def make_workload(
     num_requests: int | None = None,
     seed: int = 0,
     max_model_len: int | None = None,
-    overlong: OverlongPolicy | str = OverlongPolicy.ERROR,
+    overlong: OverlongPolicy | str = DEFAULT_OVERLONG,
     bad_rows: str = "error",
     window_start: int | None = None,
 ) -> Workload:

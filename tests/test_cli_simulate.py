@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,18 @@ def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:
     assert m["simulated_seconds"] > 0 and m["engine_iterations"] > 200
 
 
+def test_simulate_truncates_overlong_requests_by_default_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The one default of every command: compare and the suites truncate too."""
+    argv = ["simulate", "--trace", "embedded:azure-conv", "--num-requests", "200",
+            "--profile", "llama-65b-8xa100", "--controller", "static:64", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\d+ of 200 requests were longer than the 2,048-token context and "
+                     r"truncated \(--overlong truncate\)", out)  # fmt: skip
+
+
 def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -76,7 +89,8 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
         (["--arrival", "poisson"], "poisson takes 1 argument"),
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--trace", "/nonexistent.csv"], "no such trace file"),
-        (["--trace", "embedded:azure-conv", "--profile", "llama-65b-8xa100"], "overlong"),
+        (["--trace", "embedded:azure-conv", "--profile", "llama-65b-8xa100", "--overlong", "error"],
+         "drop or truncate such requests (--overlong"),
     ],
 )
 def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:

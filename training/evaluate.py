@@ -44,7 +44,7 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import run
 from batchpilot.envs.traces import load_trace
-from batchpilot.envs.workload import Workload, scale_range
+from batchpilot.envs.workload import DEFAULT_OVERLONG, Workload, scale_range
 from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, make_workload
 from batchpilot.training.engines import check_engine, make_engine
 
@@ -119,7 +119,7 @@ class Scenario:
     slo: str = str(DEFAULT_SLO)
     """Goodput SLOs (``vllm bench serve --goodput``)."""
     interval: str = "1it"
-    overlong: str = "truncate"
+    overlong: str = DEFAULT_OVERLONG.value
     bad_rows: str = "error"
     """A trace file's bad rows: stop with their error, or ``skip`` (left out, counted)."""
     score: str = "output_goodput"

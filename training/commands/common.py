@@ -15,6 +15,7 @@ from batchpilot.envs.embedded import EMBEDDED_PREFIX
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS
+from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
@@ -123,10 +124,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=SEED, default=0, help="seed for sampled lengths and arrivals")
     g.add_argument(
         "--overlong",
-        choices=["error", "drop", "truncate"],
-        default="error",
-        help="requests longer than the model's context: stop with an error (default), drop "
-        "them, or truncate prompt then output",
+        choices=[p.value for p in OverlongPolicy],
+        default=DEFAULT_OVERLONG.value,
+        help="requests longer than the model's context: stop with an error, drop them, or "
+        "truncate prompt then output (counted in the output). Default: %(default)s",
     )
     g.add_argument(
         "--bad-rows",

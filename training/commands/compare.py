@@ -33,6 +33,7 @@ from typing import Any
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS
+from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
 from batchpilot.training.commands.common import (
     BAD_ROWS_HELP,
     FIRST_SEED,
@@ -96,9 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--overlong",
-        choices=["error", "drop", "truncate"],
-        help="requests longer than the model's context (the report counts them). Default: "
-        "truncate",
+        choices=[p.value for p in OverlongPolicy],
+        help="requests longer than the model's context: stop with an error, drop them, or "
+        "truncate prompt then output (the report counts them). Default: "
+        f"{DEFAULT_OVERLONG.value}",
     )
     parser.add_argument("--bad-rows", choices=BAD_ROWS, help=BAD_ROWS_HELP + " Default: error")
     parser.add_argument("--engine", choices=["sim", "vllm"], help="Default: sim")
@@ -245,7 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     scheduler=args.scheduler or "v1",
                     slo=args.slo or str(DEFAULT_SLO),
                     interval=args.interval or "1it",
-                    overlong=args.overlong or "truncate",
+                    overlong=args.overlong or DEFAULT_OVERLONG.value,
                     bad_rows=args.bad_rows or "error",
                 )
             )

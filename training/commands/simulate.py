@@ -94,6 +94,13 @@ def main(args: argparse.Namespace) -> int:
         value = metrics[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
     Console().print(table)
+    if workload.truncated or workload.dropped:
+        fate = "truncated" if workload.truncated else "dropped"
+        count = workload.truncated or workload.dropped
+        print(
+            f"{count:,} of {len(workload) + workload.dropped:,} requests were longer than the "
+            f"{profile.max_model_len:,}-token context and {fate} (--overlong {args.overlong})"
+        )
     if workload.skipped_rows:
         print(
             f"bad rows of {args.trace} left out (--bad-rows skip): {workload.skipped_rows:,}; "
