@@ -82,6 +82,17 @@ class RunOutput:
         return m
 
 
+def check_interval(controller: Controller, interval: ControlInterval) -> None:
+    """Raise ValueError if `controller` (one with a ``control_interval``: a learned policy)
+    was trained to decide at another interval than `interval`."""
+    trained = getattr(controller, "control_interval", None)
+    if trained is not None and trained != interval:
+        raise ValueError(
+            f"{controller.name} was trained to decide every {trained}; run it with that "
+            f"control interval (--interval {trained}), not {interval}"
+        )
+
+
 def run(
     workload: Workload,
     engine: Engine,
@@ -97,12 +108,7 @@ def run(
     Stops when every request has finished, or at `max_engine_s` on the engine clock.
     """
     interval = interval or ControlInterval()
-    trained = getattr(controller, "control_interval", None)
-    if trained is not None and trained != interval:
-        raise ValueError(
-            f"{controller.name} was trained to decide every {trained}; run it with that "
-            f"control interval (--interval {trained}), not {interval}"
-        )
+    check_interval(controller, interval)
     start = time.perf_counter()
     controller.reset(engine)
     telemetry = engine.reset(workload, Limits(engine.max_num_seqs))

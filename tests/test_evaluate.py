@@ -575,6 +575,31 @@ def test_bad_trace_rows_stop_compare_or_are_skipped_and_reported(
     assert line in (out / "report.md").read_text()
 
 
+SHIPPED_POLICY = Path(__file__).resolve().parents[1] / "training/reports/learned/policy.onnx"
+
+
+def test_compare_runs_a_policy_at_its_interval_or_refuses_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new user's first comparison needs no --interval; a suite at another interval fails
+    before best-static's tuning runs, naming the scenario."""
+    policy = f"policy:{SHIPPED_POLICY}"
+    out = tmp_path / "cmp"
+    code = main(["compare", "--workload", "fixed:64:32@poisson:4", "--num-requests", "20",
+                 "--controllers", f"{policy},static:8", "--seeds", "1", "--no-capacity",
+                 "--no-progress", "--workers", "1", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    assert "control interval: 500ms, the learned policy's" in capsys.readouterr().out
+    sc = json.loads((out / "results.json").read_text())["scenarios"][0]
+    assert sc["scenario"]["interval"] == "500ms"
+    code = main(["compare", "--suite", "steady", "--controllers", f"{policy},best-static",
+                 "--no-progress", "--out", str(tmp_path / "suite")])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "error: scenario 'steady/" in err and "trained to decide every 500ms" in err
+    assert not (tmp_path / "suite" / "results.json").exists()
+
+
 def test_report_says_nothing_of_the_context_when_every_request_fits(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     code = main(["compare", "--workload", "fixed:64:32@poisson:4", "--num-requests", "20",

@@ -42,7 +42,7 @@ from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.embedded import EMBEDDED_PREFIX
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.envs.run import run
+from batchpilot.envs.run import check_interval, run
 from batchpilot.envs.traces import load_trace
 from batchpilot.envs.workload import DEFAULT_OVERLONG, Workload, scale_range
 from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, make_workload
@@ -613,15 +613,33 @@ def tune_static(
     return {s.sc.name: s.summary() for s in searches}
 
 
-def check_controllers(specs: Sequence[str]) -> None:
-    """Raise ValueError on a controller spec that cannot be built (`PSEUDO` ones pass) or
-    that is given twice (its rows would be one)."""
+def check_controllers(specs: Sequence[str], scenarios: Sequence[Scenario] = ()) -> None:
+    """Raise ValueError on a controller spec that cannot be built (`PSEUDO` ones pass), that
+    is given twice (its rows would be one), or that cannot run at a scenario's control
+    interval (`check_interval`)."""
     twice = sorted({spec for spec in specs if specs.count(spec) > 1})
     if twice:
         raise ValueError(f"controller {', '.join(twice)} given twice in {','.join(specs)}")
     for spec in specs:
         if spec not in PSEUDO:
-            make_controller(spec)
+            controller = make_controller(spec)
+            for sc in scenarios:
+                try:
+                    check_interval(controller, ControlInterval.parse(sc.interval))
+                except ValueError as exc:
+                    raise ValueError(f"scenario {sc.name!r}: {exc}") from None
+
+
+def trained_interval(specs: Sequence[str]) -> str | None:
+    """The control interval the learned policies among `specs` were trained at, if they all
+    were at one (None: no policy, or policies of different intervals)."""
+    intervals = set()
+    for spec in specs:
+        if spec not in PSEUDO:
+            interval = getattr(make_controller(spec), "control_interval", None)
+            if interval is not None:
+                intervals.add(str(interval))
+    return intervals.pop() if len(intervals) == 1 else None
 
 
 def evaluate(
@@ -644,7 +662,7 @@ def evaluate(
     tuning_seeds = tuning_seeds or [TUNING_SEED_BASE, TUNING_SEED_BASE + 1]
     if set(tuning_seeds) & set(seeds):
         raise ValueError(f"tuning seeds {tuning_seeds} overlap the evaluation seeds {seeds}")
-    check_controllers(controllers)  # fail on a bad spec before starting any run
+    check_controllers(controllers, scenarios)  # fail on a bad spec before starting any run
     for sc in scenarios:
         check_engine(sc.engine, model=sc.model, engine_args=sc.engine_args, scheduler=sc.scheduler)
     if any(sc.engine != "sim" for sc in scenarios):

@@ -116,7 +116,9 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
         return head + f"only {ranked[0]} ran"
     win, second = ranked[0], ranked[1]
     p = paired_vs(sc, win, second, key)
-    if p.n == 1:
+    if p.diff == 0:
+        line = f"{win} and {second} tie on {what}: equal ({p.n} paired seed{'s' * (p.n > 1)})"
+    elif p.n == 1:
         line = f"{win} leads on {what}, {describe(p)} vs {second} (one run: no interval)"
     elif p.decisive:
         line = f"{win} wins on {what}, {describe(p)} vs {second} ({p.n} paired seeds)"

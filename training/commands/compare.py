@@ -123,8 +123,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interval",
-        help="control interval: Nit (1 to 1,000,000) or Nms / Ns (1ms to 3600s). Default: 1it, "
-        "or each suite scenario's",
+        help="control interval: Nit (1 to 1,000,000) or Nms / Ns (1ms to 3600s). Default: the "
+        "learned policy's (policy:PATH) if given, else 1it; or each suite scenario's",
     )
     parser.add_argument(
         "--seeds", type=SEEDS, help="evaluation seeds 0..N-1 (or from --first-seed). Default: 3, "
@@ -191,7 +191,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     the command line that asked for them)."""
     from batchpilot.envs.controller import ControlInterval
     from batchpilot.training.engines import parse_engine_args
-    from batchpilot.training.evaluate import TUNING_SEED_BASE, CapacityTarget, Scenario, evaluate
+    from batchpilot.training.evaluate import (
+        TUNING_SEED_BASE,
+        CapacityTarget,
+        Scenario,
+        evaluate,
+        trained_interval,
+    )
     from batchpilot.training.suite import load_suite, suite_names
 
     if args.interval is not None:
@@ -255,6 +261,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     controllers = [c.strip() for c in spec.split(",") if c.strip()]
     if not controllers:
         raise ValueError(f"--controllers {spec!r}: no controller spec given")
+    if not args.suite and args.interval is None and (trained := trained_interval(controllers)):
+        scenarios = [replace(sc, interval=trained) for sc in scenarios]
+        print(f"control interval: {trained}, the learned policy's (--interval sets another)")
     seeds = args.seeds or seeds
     tuning = args.tuning_seeds or tuning
     if seeds < 1 or tuning < 1:
