@@ -1,18 +1,23 @@
-"""Trace readers: Azure LLM inference CSV, length-only CSVs, Mooncake JSONL, BurstGPT CSV.
+"""Trace readers: Azure LLM inference CSV, BurstGPT CSV, Vidur's timed length CSV, length-only
+CSVs (ShareGPT, GSM8K) and Mooncake JSONL.
 
 The format is detected from the file's header (or first JSON line). Files are read as
-UTF-8 (a byte order mark is skipped); every bad row, and every line that is not UTF-8 text,
-raises a `TraceError` naming the file, the line and the problem.
+UTF-8 (a byte order mark is skipped), gzip-compressed ones through `gzip` line by line;
+blank and whitespace-only lines are skipped; every bad row, and every line that is not UTF-8
+text, raises a `TraceError` naming the file, the line and the problem.
 """
 
 from __future__ import annotations
 
 import csv
 import functools
+import gzip
+import itertools
 import json
 import math
 import re
 import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -96,18 +101,27 @@ _CSV_FORMATS = (
     _CsvFormat(
         "burstgpt", "Request tokens", "Response tokens", "Timestamp", _seconds, "seconds >= 0"
     ),
+    # Vidur's processed traces: ShareGPT's columns with arrival times, so it comes first; a
+    # header without arrived_at is read as the lengths-only sharegpt format
+    _CsvFormat(
+        "vidur", "num_prefill_tokens", "num_decode_tokens", "arrived_at", _seconds, "seconds >= 0"
+    ),
     _CsvFormat("sharegpt", "num_prefill_tokens", "num_decode_tokens", None, None),
     _CsvFormat("gsm8k", "prompt_tokens_llama2", "output_tokens_llama2", None, None),
 )
 
 
+_GZIP = b"\x1f\x8b"
+"""A gzip file's first bytes: such a file is read through `gzip`, streamed."""
 _COMPRESSED = {
-    b"\x1f\x8b": "gzip-compressed (gunzip it first)",
+    _GZIP: "gzip-compressed twice (gunzip it once first)",
     b"PK\x03\x04": "a zip archive (unzip it first)",
     b"BZh": "bzip2-compressed (bunzip2 it first)",
     b"\xfd7zXZ": "xz-compressed (unxz it first)",
     b"\x28\xb5\x2f\xfd": "zstd-compressed (unzstd it first)",
 }
+"""Compressions refused, by the first line's first bytes (a gzip file's gzip entry only meets
+one compressed twice: the file is read through `gzip`)."""
 MAX_SPAN_S = 1e8
 """Longest first-to-last arrival span accepted (about 3 years): more is a bad timestamp."""
 MAX_TOKENS = 2**31 - 1
@@ -116,16 +130,63 @@ BAD_ROWS = ("error", "skip")
 """What a trace's bad rows do: stop the read with their error, or be left out and counted."""
 SKIP_HINT = "--bad-rows skip, or a scenario's bad_rows: skip, leaves bad rows out and counts them"
 """How to read a trace past its bad rows, appended to a bad row's error."""
+KNOWN_FORMATS = (
+    "an Azure LLM inference CSV (TIMESTAMP,ContextTokens,GeneratedTokens), a BurstGPT CSV "
+    "(Timestamp,Request tokens,Response tokens), a Vidur CSV (arrived_at,num_prefill_tokens,"
+    "num_decode_tokens), a ShareGPT length CSV (num_prefill_tokens,num_decode_tokens), a GSM8K "
+    "length CSV (prompt_tokens_llama2,output_tokens_llama2) or a Mooncake JSONL (one JSON "
+    "object a line: timestamp, input_length, output_length), any of them gzip-compressed"
+)
+"""The trace formats `load_trace` reads, for messages."""
 CACHED_TRACES = 4
 """Trace files kept read per process (`load_trace`)."""
 MAX_FIELD = csv.field_size_limit()
 """Longest CSV field read (the csv module's limit, 131,072 characters)."""
+MAX_GZIP_LINE = 2**24
+"""Longest line read from a gzip file, in bytes: the memory a read takes stays bounded
+(a plain file's lines are bounded by its size)."""
 
 
-def _text_lines(path: Path, handle: BinaryIO) -> Iterator[str]:
+def _open(path: Path) -> BinaryIO | gzip.GzipFile:
+    """The file opened for reading bytes; a gzip file (by its first bytes, whatever its name)
+    through `gzip`, which decompresses as it is read."""
+    handle = path.open("rb")
+    if handle.read(len(_GZIP)) != _GZIP:
+        handle.seek(0)
+        return handle
+    handle.close()
+    return gzip.open(path, "rb")
+
+
+def _raw_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[tuple[int, bytes]]:
+    """The file's lines as bytes, numbered; a gzip file's corrupt or cut-short data, or a
+    line of it decompressing to over `MAX_GZIP_LINE` bytes, is a `TraceError` naming the
+    line."""
+    gzipped = isinstance(handle, gzip.GzipFile)
+    for number in itertools.count(1):
+        try:
+            raw = handle.readline(MAX_GZIP_LINE + 1 if gzipped else -1)
+        except (OSError, EOFError, zlib.error) as exc:
+            if not gzipped:
+                raise
+            raise TraceError(
+                f"{path}:{number}: the file is gzip-compressed but its data is corrupt or cut "
+                f"short ({exc})"
+            ) from None
+        if not raw:
+            return
+        if len(raw) > MAX_GZIP_LINE:
+            raise TraceError(
+                f"{path}:{number}: the line decompresses to over {MAX_GZIP_LINE:,} bytes; not "
+                "a text trace"
+            )
+        yield number, raw
+
+
+def _text_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[str]:
     """The file's lines as text (UTF-8, a BOM skipped); a `TraceError` names the first line
     that is binary or not UTF-8."""
-    for number, raw in enumerate(handle, start=1):
+    for number, raw in _raw_lines(path, handle):
         if number == 1:
             if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
                 raise TraceError(f"{path}:1: not UTF-8 text (UTF-16); save it as UTF-8")
@@ -186,7 +247,7 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
 
 
 def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str]]]]:
-    handle = path.open("rb")
+    handle = _open(path)
     reader = csv.DictReader(_text_lines(path, handle))
     try:
         header = [h.strip() for h in (reader.fieldnames or [])]
@@ -198,15 +259,14 @@ def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str
     if twice:
         handle.close()
         raise TraceError(f"{path}:1: the header names column(s) {twice} more than once")
-    for fmt in _CSV_FORMATS:
-        if fmt.prompt in header and fmt.output in header:
-            break
-    else:
+    fmt = _detect(header)
+    if fmt is None:
         handle.close()
         raise TraceError(
             f"{path}: unknown trace format; header {header!r} has none of the known column "
             "pairs (ContextTokens/GeneratedTokens, num_prefill_tokens/num_decode_tokens, "
             "prompt_tokens_llama2/output_tokens_llama2, Request tokens/Response tokens)"
+            + _separator_hint(header)
         )
     if fmt.time is not None and fmt.time not in header:
         handle.close()
@@ -219,11 +279,50 @@ def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str
         with handle:
             try:
                 for row in reader:
-                    yield reader.line_num, row
+                    if not _blank(row):
+                        yield reader.line_num, row
             except csv.Error as exc:  # raised before line_num counts the record's line
                 raise _csv_error(path, reader.line_num + 1, exc) from None
 
     return fmt, rows()
+
+
+def _detect(header: list[str]) -> _CsvFormat | None:
+    """The format of a CSV `header`: the first whose token columns it has (None if none), but
+    a timed format whose time column it lacks gives way to another with the same token
+    columns (vidur's without arrived_at is sharegpt's); else its missing time is an error."""
+    candidates = [f for f in _CSV_FORMATS if f.prompt in header and f.output in header]
+    for fmt in candidates:
+        sharing = sum((f.prompt, f.output) == (fmt.prompt, fmt.output) for f in candidates)
+        if fmt.time is None or fmt.time in header or sharing == 1:
+            return fmt
+    return None
+
+
+def _separator_hint(header: list[str]) -> str:
+    """For a header of one column holding tabs or semicolons: what the file looks like."""
+    if len(header) != 1:
+        return ""
+    counts = {"tab": header[0].count("\t"), "semicolon": header[0].count(";")}
+    name = max(counts, key=counts.__getitem__)
+    if not counts[name]:
+        return ""
+    columns = [h.strip() for h in header[0].split("\t" if name == "tab" else ";")]
+    fmt = _detect(columns)
+    known = f" (its columns, split there, are the {fmt.name} format's)" if fmt else ""
+    return (
+        f"; the file looks {name}-separated{known}, and traces are read as comma-separated "
+        f"CSV: convert the {name}s to commas"
+    )
+
+
+def _blank(row: dict[str, str | None]) -> bool:
+    """A CSV row from a line of only whitespace (the csv module skips only empty lines): one
+    whitespace field, the rest missing. A line of only commas is a row of empty fields."""
+    first, *rest = row.values()
+    if None in row or first is None or first.strip():
+        return False
+    return all(value is None for value in rest)
 
 
 def _csv_error(path: Path, line: int, exc: Exception) -> TraceError:
@@ -271,7 +370,7 @@ def _csv_row(fmt: _CsvFormat, row: dict[str, str], where: str) -> _Row:
 
 
 def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
-    with path.open("rb") as handle:
+    with _open(path) as handle:
         rows = (
             (line, text)
             for line, text in enumerate(_text_lines(path, handle), start=1)
@@ -372,7 +471,7 @@ def _finish(
         prompts = list(np.asarray(prompts)[order])
         outputs = list(np.asarray(outputs)[order])
     return Trace(
-        name=path.stem,
+        name=Path(path.name.removesuffix(".gz")).stem,
         path=str(path),
         format=fmt,
         prompt_tokens=np.asarray(prompts, dtype=np.int64),
@@ -384,7 +483,11 @@ def _finish(
 
 
 def load_trace(path: str | Path, *, bad_rows: str = "error") -> Trace:
-    """Read a trace file, detecting its format from the header.
+    """Read a trace file, detecting its format from the header: an Azure LLM inference CSV,
+    a BurstGPT CSV or a Vidur CSV (arrived_at,num_prefill_tokens,num_decode_tokens), which
+    have arrival times; a ShareGPT or GSM8K length CSV, which have none; or a Mooncake JSONL
+    (`KNOWN_FORMATS`). A gzip-compressed file is read as it decompresses; a JSON array (as
+    ShareGPT's conversations file) is refused.
 
     `bad_rows` (`BAD_ROWS`): a row that cannot be a request raises ``error``, or with
     ``skip`` is left out and counted in `Trace.skipped_rows` (BurstGPT, for one, logs failed
@@ -416,10 +519,17 @@ def load_trace(path: str | Path, *, bad_rows: str = "error") -> Trace:
 def _read(path: Path, version: tuple[Path, int, int], skip_bad_rows: bool) -> Trace:
     """The trace in `path`, read once per process while its `version` (the file, its time
     and size) stays: a comparison draws many runs from one file."""
-    with path.open("rb") as handle:
+    with _open(path) as handle:
         first = next(_text_lines(path, handle), "").lstrip()
     if not first:
         raise TraceError(f"{path}:1: the first line is blank; expected a CSV header or JSON")
+    if first.startswith("["):
+        raise TraceError(
+            f"{path}:1: a JSON array, not a trace format this reader knows; it reads "
+            f"{KNOWN_FORMATS}. A ShareGPT conversations file (ShareGPT_V3_unfiltered_cleaned_"
+            "split.json) needs tokenizing into a length CSV (num_prefill_tokens,"
+            "num_decode_tokens) first"
+        )
     if first.startswith("{"):
         trace = _read_mooncake(path, skip_bad_rows)
     else:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -76,6 +79,9 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ('{"timestamp": 0, "input_length": 5, "input_length": -5, "output_length": 3}\n', ":1: field(s) ['input_length'] given twice"),
         ('\n{"timestamp": 0, "input_length": 5, "output_length": 3}\n', ":1: the first line is blank"),
         ("ContextTokens,GeneratedTokens\r100,20\r200,30\r", ":1: lines end in a bare carriage return"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n-1.5,10,5\n", ":3: arrived_at is '-1.5', not a time (seconds >= 0)"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\nnan,10,5\n", ":3: arrived_at is 'nan', not a time"),
+        ("num_prefill_tokens,num_decode_tokens\n5,6\n,\n", ":3: num_prefill_tokens is '', not a number"),
     ],
 )
 def test_bad_rows_name_file_line_and_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -153,6 +159,150 @@ def test_mooncake_jsonl(tmp_path: Path) -> None:
     assert trace.format == "mooncake"
     assert trace.arrival_s.tolist() == [0.0, 1.5]  # ms -> s, sorted by time
     assert trace.prompt_tokens.tolist() == [20, 10]
+
+
+VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,374,44\n4.314579,396,109\n2.5,10,5\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        VIDUR,
+        # arxiv_summarization's columns, the time last
+        "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio,arrived_at\n374,44,418,8.5,0\n396,109,505,3.6,4.314579\n10,5,15,2.0,2.5\n",
+    ],
+)
+def test_vidur_traces_replay_their_arrived_at(tmp_path: Path, text: str) -> None:
+    """Vidur's processed traces were read as ShareGPT lengths, their arrival times ignored."""
+    path = write(tmp_path, "splitwise_conv.csv", text)
+    trace = load_trace(path)
+    assert trace.format == "vidur"
+    assert trace.arrival_s.tolist() == pytest.approx([0.0, 2.5, 4.314579])
+    assert trace.prompt_tokens.tolist() == [374, 10, 396]
+    assert trace.output_tokens.tolist() == [44, 5, 109]
+    workload = make_workload(str(path), "replay")
+    assert [r.arrival_s for r in workload.requests] == pytest.approx([0.0, 2.5, 4.314579])
+
+
+def test_a_length_csv_without_arrived_at_stays_untimed(tmp_path: Path, traces: Path) -> None:
+    path = write(tmp_path, "arxiv.csv", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n3772,54,3826,69.8\n")
+    trace = load_trace(path)
+    assert (trace.format, trace.arrival_s, trace.prompt_tokens.tolist()) == ("sharegpt", None, [3772])
+    shared = load_trace(traces / "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
+    assert (shared.format, shared.arrival_s) == ("sharegpt", None)
+    # only a format sharing its token columns with an untimed one gives way when its time is missing
+    path = write(tmp_path, "both.csv", "ContextTokens,GeneratedTokens,num_prefill_tokens,num_decode_tokens\n1,2,3,4\n")
+    with pytest.raises(TraceError, match="ContextTokens/GeneratedTokens \\(azure format\\) but no TIMESTAMP"):
+        load_trace(path)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[{"id": "QWJhYvA_0", "conversations": [{"from": "human", "value": "hi"}]}]\n',
+        '[\n  {\n    "id": "QWJhYvA_0",\n    "conversations": []\n  }\n]\n',
+        ' [1, 2]\n',
+    ],
+)
+def test_a_json_array_is_refused_naming_the_formats_read(tmp_path: Path, text: str) -> None:
+    """ShareGPT_V3_unfiltered_cleaned_split.json was read as a CSV: 'duplicate header columns'."""
+    path = write(tmp_path, "ShareGPT_V3_unfiltered_cleaned_split.json", text)
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}:1: a JSON array, not a trace format this reader knows")
+    for known in ("Azure", "BurstGPT", "Vidur", "ShareGPT length CSV", "GSM8K", "Mooncake JSONL"):
+        assert known in message
+    assert "needs tokenizing into a length CSV" in message and "more than once" not in message
+
+
+@pytest.mark.parametrize("blank", ["   ", "\t", " \t ", "  \r", ""])
+def test_whitespace_only_lines_are_skipped_like_blank_ones(tmp_path: Path, blank: str) -> None:
+    """A line of spaces or a tab was 'the wrong number of fields'."""
+    texts = {
+        "azure": AZURE + f"2023-11-16 18:15:46,5,5\n{blank}\n2023-11-16 18:15:48,11,6\n{blank}\n",
+        "sharegpt": f"num_prefill_tokens,num_decode_tokens\n5,5\n{blank}\n{blank}\n11,6\n{blank}",
+        "mooncake": MOONCAKE_ROW + f"{blank}\n" + '{"timestamp": 2000, "input_length": 11, "output_length": 6}\n' + f"{blank}\n",
+    }
+    for fmt, text in texts.items():
+        trace = load_trace(write(tmp_path, f"{fmt}.csv", text))
+        assert (trace.format, trace.prompt_tokens.tolist(), trace.skipped_rows) == (fmt, [5, 11], 0)
+
+
+def test_a_line_of_only_commas_is_still_a_bad_row(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "num_prefill_tokens,num_decode_tokens,pd_ratio\n10,5,2\n  \n,,\n11,6,2\n")
+    with pytest.raises(TraceError, match=r"t\.csv:4: num_prefill_tokens is '', not a number"):
+        load_trace(path)
+    trace = load_trace(path, bad_rows="skip")
+    assert (trace.prompt_tokens.tolist(), trace.skipped_rows) == ([10, 11], 1)
+    assert trace.first_skipped.startswith(f"{path}:4: ")
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ("TIMESTAMP\tContextTokens\tGeneratedTokens", "the file looks tab-separated (its columns, split there, are the azure format's)"),
+        ("num_prefill_tokens;num_decode_tokens", "the file looks semicolon-separated (its columns, split there, are the sharegpt format's)"),
+        ("a\tb\tc", "the file looks tab-separated, and traces are read as comma-separated CSV"),
+    ],
+)
+def test_a_tab_or_semicolon_separated_file_is_named(tmp_path: Path, header: str, message: str) -> None:
+    sep = "\t" if "\t" in header else ";"
+    path = write(tmp_path, "t.tsv", f"{header}\n" + sep.join(["2023-11-16 18:15:46", "10", "5"][-header.count(sep) - 1 :]) + "\n")
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert "unknown trace format" in str(err.value) and message in str(err.value), err.value
+    assert f"convert the {'tabs' if sep == chr(9) else 'semicolons'} to commas" in str(err.value)
+
+
+def test_a_comma_header_with_a_tab_in_a_name_gets_no_separator_hint(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "a\tx,b\n1,2\n")
+    with pytest.raises(TraceError, match="unknown trace format") as err:
+        load_trace(path)
+    assert "separated" not in str(err.value)
+
+
+def test_gzip_traces_are_read_as_they_decompress(tmp_path: Path, traces: Path) -> None:
+    """A .gz trace was refused with 'gunzip it first'."""
+    for rel in ("gsm8k/gsm8k_test_token_lengths.csv", "azure2023/AzureLLMInferenceTrace_code.csv"):
+        plain = load_trace(traces / rel)
+        packed = tmp_path / (Path(rel).name + ".gz")
+        with (traces / rel).open("rb") as source, gzip.open(packed, "wb") as sink:
+            shutil.copyfileobj(source, sink)
+        trace = load_trace(packed)
+        assert (trace.name, trace.format, len(trace)) == (plain.name, plain.format, len(plain))
+        assert np.array_equal(trace.prompt_tokens, plain.prompt_tokens)
+        assert np.array_equal(trace.output_tokens, plain.output_tokens)
+        assert (trace.arrival_s is None) == (plain.arrival_s is None)
+        if plain.arrival_s is not None:
+            assert np.array_equal(trace.arrival_s, plain.arrival_s)
+    mooncake = tmp_path / "m.jsonl.gz"  # the magic, not the name, says gzip: any name reads
+    mooncake.write_bytes(gzip.compress((MOONCAKE_ROW + '{"timestamp": 1000, "input_length": 9, "output_length": 2}\n').encode()))
+    assert load_trace(mooncake).arrival_s.tolist() == [0.0, 1.0]
+    renamed = tmp_path / "lengths.csv"
+    renamed.write_bytes(gzip.compress(b"num_prefill_tokens,num_decode_tokens\n10,5\n"))
+    assert load_trace(renamed).prompt_tokens.tolist() == [10]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (gzip.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n7,0\n"), ":3: num_decode_tokens is 0"),
+        (gzip.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n\xff,3\n"), ":3: not UTF-8 text"),
+        (gzip.compress(b"a,b\n1,2\n"), "unknown trace format"),
+        (gzip.compress(gzip.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n")), ":1: the file is gzip-compressed twice"),
+        (gzip.compress(("num_prefill_tokens,num_decode_tokens\n" + "5,6\n" * 50_000).encode())[:-200], "gzip-compressed but its data is corrupt or cut short"),
+        (gzip.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n" + b"9" * 2**25), ":3: the line decompresses to over 16,777,216 bytes"),
+        (bz2.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n"), ":1: the file is bzip2-compressed (bunzip2 it first)"),
+    ],
+    ids=["gzip-bad-row", "gzip-latin-1", "gzip-unknown", "gzip-twice", "gzip-cut-short", "gzip-long-line", "bzip2"],
+)
+def test_compressed_traces_name_file_and_line(tmp_path: Path, data: bytes, message: str) -> None:
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(data)
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(err.value).startswith(str(path)) and message in str(err.value), err.value
 
 
 def test_missing_file() -> None:

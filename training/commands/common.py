@@ -103,8 +103,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--trace",
         default=f"{EMBEDDED_PREFIX}azure-conv",
-        help="trace file (Azure CSV, ShareGPT/GSM8K length CSV, Mooncake JSONL, BurstGPT CSV; "
-        "format detected from the header) or embedded:NAME (azure-conv, azure-code, sharegpt, "
+        help="trace file (Azure CSV, BurstGPT CSV, Vidur CSV, ShareGPT/GSM8K length CSV, "
+        "Mooncake JSONL, plain or gzip-compressed; format detected from the header) or embedded:NAME (azure-conv, azure-code, sharegpt, "
         "gsm8k: length tables shipped with batchpilot). Default: %(default)s",
     )
     g.add_argument(
