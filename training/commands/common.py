@@ -104,8 +104,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace",
         default=f"{EMBEDDED_PREFIX}azure-conv",
         help="trace file (Azure CSV, BurstGPT CSV, Vidur CSV, ShareGPT/GSM8K length CSV, "
-        "Mooncake JSONL, plain or gzip-compressed; format detected from the header) or embedded:NAME (azure-conv, azure-code, sharegpt, "
-        "gsm8k: length tables shipped with batchpilot). Default: %(default)s",
+        "Mooncake JSONL, plain or gzip-compressed; format detected from the header) or "
+        "embedded:NAME (azure-conv, azure-code, sharegpt, gsm8k: length tables shipped with "
+        "batchpilot). Default: %(default)s",
     )
     g.add_argument(
         "--arrival",
