@@ -916,7 +916,7 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     on the training profile."""
     import copy
 
-    from batchpilot.training.commands import compare
+    from batchpilot.training.commands.common import DEFAULT_WORKLOAD
     from batchpilot.training.commands.quickstart import comparison
 
     data = copy.deepcopy(TINY)
@@ -940,7 +940,7 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     )
     del run["eval"]
     cfg = load_config(write_config(tmp_path / "none.yml", data))
-    assert comparison(cfg) == ("llama-2-7b-a100", [compare.DEFAULT_WORKLOAD])
+    assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD])
 
 
 @pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "mix-drsr.yml", "mix-drsrt.yml"])

@@ -21,7 +21,7 @@ def test_help_explains_every_subcommand(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         main(["simulate", "--help"])
     text = capsys.readouterr().out
-    for flag in ("--trace", "--arrival", "--profile", "--controller", "--json", "examples:"):
+    for flag in ("--workload", "--profile", "--controller", "--json", "examples:"):
         assert flag in text
 
 
@@ -30,8 +30,7 @@ def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:
     code = main(
         [
             "simulate",
-            "--trace", str(traces / "gsm8k/gsm8k_test_token_lengths.csv"),
-            "--arrival", "poisson:4",
+            "--workload", f"{traces / 'gsm8k/gsm8k_test_token_lengths.csv'}@poisson:4",
             "--num-requests", "200",
             "--profile", "llama-7b-a100",
             "--controller", "static:64",
@@ -56,7 +55,7 @@ def test_simulate_truncates_overlong_requests_by_default_and_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The one default of every command: compare and the suites truncate too."""
-    argv = ["simulate", "--trace", "embedded:azure-conv", "--num-requests", "200",
+    argv = ["simulate", "--workload", "embedded:azure-conv@replay", "--num-requests", "200",
             "--profile", "llama-65b-8xa100", "--controller", "static:64", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -69,7 +68,7 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
 ) -> None:
     trace = tmp_path / "lengths.csv"
     trace.write_text("num_prefill_tokens,num_decode_tokens\n100,20\n100,0\n" + "100,20\n" * 3)
-    argv = ["simulate", "--trace", str(trace), "--arrival", "poisson:4", "--no-progress"]
+    argv = ["simulate", "--workload", f"{trace}@poisson:4", "--no-progress"]
     assert main(argv) == 2
     assert "lengths.csv:3: num_decode_tokens is 0" in capsys.readouterr().err
     out = tmp_path / "m.json"
@@ -86,10 +85,12 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
     [
         (["--controller", "static:x"], "static:x: N must be an integer"),
         (["--controller", "magic"], "unknown controller 'magic'"),
-        (["--arrival", "poisson"], "poisson takes 1 argument"),
+        (["--workload", "embedded:gsm8k@poisson"], "poisson takes 1 argument"),
+        (["--workload", "embedded:gsm8k"], "use SOURCE@ARRIVAL, e.g. embedded:gsm8k@poisson:4"),
         (["--profile", "nope"], "unknown profile 'nope'"),
-        (["--trace", "/nonexistent.csv"], "no such trace file"),
-        (["--trace", "embedded:azure-conv", "--profile", "llama-65b-8xa100", "--overlong", "error"],
+        (["--workload", "/nonexistent.csv@replay"], "no such trace file"),
+        (["--workload", "embedded:azure-conv@replay", "--profile", "llama-65b-8xa100",
+          "--overlong", "error"],
          "drop or truncate such requests (--overlong"),
     ],
 )

@@ -126,7 +126,7 @@ def test_engines_and_the_simulate_command_take_the_scheduler(tmp_path) -> None:
     medians = {}
     for scheduler in ("v1", "v0"):
         out = tmp_path / f"{scheduler}.json"
-        argv = ["simulate", "--trace", "fixed:1024:64", "--arrival", "poisson:20",
+        argv = ["simulate", "--workload", "fixed:1024:64@poisson:20",
                 "--num-requests", "60", "--scheduler", scheduler, "--json", str(out),
                 "--no-progress"]  # fmt: skip
         assert main(argv) == 0

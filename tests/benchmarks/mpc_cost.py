@@ -23,7 +23,7 @@ from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.workloads import make_workload
-from batchpilot.training.commands.compare import parse_workload
+from batchpilot.training.commands.common import parse_workload
 
 
 def main() -> None:

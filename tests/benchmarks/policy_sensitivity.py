@@ -27,7 +27,7 @@ from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.workloads import make_workload
-from batchpilot.training.commands.compare import parse_workload
+from batchpilot.training.commands.common import parse_workload
 
 TBT = ("tbt_mean_over_tpot", "tbt_p90_over_tpot")
 SPEED = ("step_base_over_tpot", "log2_tokens_per_tpot")

@@ -69,7 +69,7 @@ def step_table() -> None:
 
 def _simulate(profile: str, trace: str, n: int, controller: str, out: Path) -> dict:
     argv = [
-        "simulate", "--profile", profile, "--trace", trace, "--arrival", "all-at-once",
+        "simulate", "--profile", profile, "--workload", f"{trace}@all-at-once",
         "--num-requests", str(n), "--controller", controller, "--json", str(out),
         "--no-progress",
     ]

@@ -6,12 +6,12 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from batchpilot.envs.embedded import EMBEDDED_PREFIX
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS
@@ -97,23 +97,36 @@ BAD_ROWS_HELP = (
 """``--bad-rows``' help."""
 
 
+ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
+DEFAULT_WORKLOAD = "embedded:azure-conv@replay:0.7"
+"""The workload of `simulate` and `compare` when none is given: Azure conversation lengths at
+0.7x the trace's rate, near the 7B profile's capacity, where the limit matters."""
+WORKLOAD_HELP = (
+    "SOURCE@ARRIVAL: a trace file (Azure CSV, BurstGPT CSV, Vidur CSV, ShareGPT/GSM8K length "
+    "CSV, Mooncake JSONL, plain or gzip-compressed; format detected from the header), "
+    "embedded:NAME (azure-conv, azure-code, sharegpt, gsm8k: length tables shipped with "
+    "batchpilot), mix:NAME=W,..., shift:NAME@0,NAME@T1,...[/PERIOD] or fixed:PROMPT:OUTPUT, "
+    "@ an arrival process: all-at-once, poisson:RATE, gamma:RATE:CV, steps:R0@0,R1@T1,..., "
+    "ramp:R0:R1[:S] or replay[:SCALE] (a trace's own timestamps at SCALE x its rate; on an "
+    "embedded table, its fitted Gamma process)"
+)
+"""``--workload``'s help (`simulate`, `compare`)."""
+
+
+def parse_workload(text: str) -> tuple[str, str]:
+    """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
+    arrival process (``steps:`` has ``@`` of its own)."""
+    match = re.search(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text)
+    if match is None or match.start() == 0:
+        raise ValueError(f"workload {text!r}: use SOURCE@ARRIVAL, e.g. embedded:gsm8k@poisson:4")
+    return text[: match.start()], text[match.end() :]
+
+
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    """--trace / --arrival / --num-requests / --seed / --overlong / --bad-rows."""
+    """--workload / --num-requests / --seed / --overlong / --bad-rows."""
     g = parser.add_argument_group("workload")
     g.add_argument(
-        "--trace",
-        default=f"{EMBEDDED_PREFIX}azure-conv",
-        help="trace file (Azure CSV, BurstGPT CSV, Vidur CSV, ShareGPT/GSM8K length CSV, "
-        "Mooncake JSONL, plain or gzip-compressed; format detected from the header) or "
-        "embedded:NAME (azure-conv, azure-code, sharegpt, gsm8k: length tables shipped with "
-        "batchpilot). Default: %(default)s",
-    )
-    g.add_argument(
-        "--arrival",
-        default="replay",
-        help="all-at-once | poisson:RATE | gamma:RATE:CV | replay[:SCALE] (the trace's own "
-        "timestamps, SCALE x the rate; on an embedded table, its fitted Gamma process). "
-        "Default: %(default)s",
+        "--workload", default=DEFAULT_WORKLOAD, help=f"{WORKLOAD_HELP}. Default: %(default)s"
     )
     g.add_argument(
         "--num-requests",

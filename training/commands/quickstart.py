@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.training.commands.common import SEEDS
+from batchpilot.training.commands.common import DEFAULT_WORKLOAD, SEEDS
 
 if TYPE_CHECKING:
     from batchpilot.training.train import TrainConfig
@@ -101,11 +101,10 @@ def comparison(cfg: TrainConfig) -> tuple[str, list[str]]:
     first training profile."""
     from batchpilot.agents.callbacks import EvalScenario
     from batchpilot.envs.batching_env import profile_weights
-    from batchpilot.training.commands import compare
 
     if not cfg.eval:
         given = cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
-        return next(iter(profile_weights(given))), [compare.DEFAULT_WORKLOAD]
+        return next(iter(profile_weights(given))), [DEFAULT_WORKLOAD]
     ev = EvalScenario(
         profile=cfg.eval["profile"],
         workload=cfg.eval["workload"],

@@ -3,9 +3,9 @@ metrics (``vllm bench serve`` names) and optionally write them as JSON.
 
 examples:
   batchpilot simulate                                   # embedded Azure-conversation lengths
-  batchpilot simulate --trace ../shared/traces/azure2023/AzureLLMInferenceTrace_conv.csv \\
-      --profile llama-7b-a100 --controller static:256 --json out/conv.json
-  batchpilot simulate --trace embedded:gsm8k --arrival all-at-once --num-requests 1319 \\
+  batchpilot simulate --profile llama-7b-a100 --controller static:256 --json out/conv.json \\
+      --workload ../shared/traces/azure2023/AzureLLMInferenceTrace_conv.csv@replay
+  batchpilot simulate --workload embedded:gsm8k@all-at-once --num-requests 1319 \\
       --profile llama-65b-8xa100 --controller static:256
 """
 
@@ -19,6 +19,7 @@ from batchpilot.training.commands.common import (
     add_engine_arguments,
     add_workload_arguments,
     check_output,
+    parse_workload,
     slo_spec,
     write_json,
 )
@@ -64,9 +65,10 @@ def main(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_output(args.json, "--json", directory=False)
     profile = get_profile(args.profile)
+    source, arrival = parse_workload(args.workload)
     workload = make_workload(
-        args.trace,
-        args.arrival,
+        source,
+        arrival,
         num_requests=args.num_requests,
         seed=args.seed,
         max_model_len=profile.max_model_len,
@@ -103,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
         )
     if workload.skipped_rows:
         print(
-            f"bad rows of {args.trace} left out (--bad-rows skip): {workload.skipped_rows:,}; "
+            f"bad rows of {source} left out (--bad-rows skip): {workload.skipped_rows:,}; "
             f"the first: {workload.first_skipped}"
         )
     if args.json:
