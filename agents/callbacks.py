@@ -25,6 +25,7 @@ from batchpilot.envs.metrics import SLO
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import make_workload
 
@@ -117,7 +118,7 @@ class EvalScenario:
             num_requests=spec.get("num_requests"),
             seed=seed,
             max_model_len=max_model_len,
-            bad_rows=spec.get("bad_rows", "error"),
+            bad_rows=spec.get("bad_rows", DEFAULT_BAD_ROWS),
         )
 
     def score(self, make: Any) -> dict[str, Any]:

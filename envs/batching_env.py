@@ -17,6 +17,7 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
 from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
+from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload, scale_range
 from batchpilot.envs.workloads import DEFAULT_SOURCE, make_workload
 
@@ -44,7 +45,7 @@ class WorkloadSpec:
     prompt_scale: tuple[float, float] = (1.0, 1.0)
     profiles: tuple[str, ...] = ()
     weight: float = 1.0
-    bad_rows: str = "error"
+    bad_rows: str = DEFAULT_BAD_ROWS
     """A trace file's bad rows: stop with their error, or ``skip`` (`load_trace`)."""
 
     @classmethod

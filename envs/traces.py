@@ -129,6 +129,8 @@ MAX_TOKENS = 2**31 - 1
 """Most tokens a request's prompt or output may claim: more is a bad value."""
 BAD_ROWS = ("error", "skip")
 """What a trace's bad rows do: stop the read with their error, or be left out and counted."""
+DEFAULT_BAD_ROWS = "error"
+"""`BAD_ROWS`' choice wherever none is given: nothing is left out unless asked for."""
 SKIP_HINT = "--bad-rows skip, or a scenario's bad_rows: skip, leaves bad rows out and counts them"
 """How to read a trace past its bad rows, appended to a bad row's error."""
 KNOWN_FORMATS = (
@@ -483,7 +485,7 @@ def _finish(
     )
 
 
-def load_trace(path: str | Path, *, bad_rows: str = "error") -> Trace:
+def load_trace(path: str | Path, *, bad_rows: str = DEFAULT_BAD_ROWS) -> Trace:
     """Read a trace file, detecting its format from the header: an Azure LLM inference CSV,
     a BurstGPT CSV or a Vidur CSV (arrived_at,num_prefill_tokens,num_decode_tokens), which
     have arrival times; a ShareGPT or GSM8K length CSV, which have none; or a Mooncake JSONL

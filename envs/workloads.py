@@ -6,7 +6,7 @@ import numpy as np
 
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
-from batchpilot.envs.traces import BAD_ROWS, MAX_TOKENS, load_trace
+from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS, MAX_TOKENS, load_trace
 from batchpilot.envs.workload import (
     DEFAULT_OVERLONG,
     OverlongPolicy,
@@ -34,7 +34,7 @@ def make_workload(
     seed: int = 0,
     max_model_len: int | None = None,
     overlong: OverlongPolicy | str = DEFAULT_OVERLONG,
-    bad_rows: str = "error",
+    bad_rows: str = DEFAULT_BAD_ROWS,
     window_start: int | None = None,
 ) -> Workload:
     """A workload from `source`: a trace path, ``embedded:NAME`` or ``fixed:PROMPT:OUTPUT``.

@@ -51,6 +51,18 @@ def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:
     assert m["simulated_seconds"] > 0 and m["engine_iterations"] > 200
 
 
+def test_simulate_runs_a_policy_at_its_trained_interval_unless_told_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = Path(__file__).resolve().parents[1] / "training/reports/learned/policy.onnx"
+    argv = ["simulate", "--controller", f"policy:{policy}", "--num-requests", "50",
+            "--no-progress", "--json", str(tmp_path / "m.json")]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["metrics"]["completed"] == 50
+    assert main([*argv, "--interval", "1it"]) == 2
+    assert "trained to decide every 500ms" in capsys.readouterr().err
+
+
 def test_simulate_truncates_overlong_requests_by_default_and_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -43,7 +43,7 @@ from batchpilot.envs.embedded import EMBEDDED_PREFIX
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
-from batchpilot.envs.traces import load_trace
+from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
 from batchpilot.envs.workload import DEFAULT_OVERLONG, Workload, scale_range
 from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, make_workload
 from batchpilot.training.engines import check_engine, make_engine
@@ -120,7 +120,7 @@ class Scenario:
     """Goodput SLOs (``vllm bench serve --goodput``)."""
     interval: str = "1it"
     overlong: str = DEFAULT_OVERLONG.value
-    bad_rows: str = "error"
+    bad_rows: str = DEFAULT_BAD_ROWS
     """A trace file's bad rows: stop with their error, or ``skip`` (left out, counted)."""
     score: str = "output_goodput"
     """Metric that best-static maximises and the report ranks controllers by."""

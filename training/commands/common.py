@@ -14,7 +14,7 @@ from pathlib import Path
 
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.envs.traces import BAD_ROWS
+from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
@@ -146,7 +146,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--bad-rows",
         choices=BAD_ROWS,
-        default="error",
+        default=DEFAULT_BAD_ROWS,
         help=BAD_ROWS_HELP + " Default: %(default)s",
     )
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.envs.traces import BAD_ROWS
+from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
 from batchpilot.training.commands.common import (
     BAD_ROWS_HELP,
@@ -99,7 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "truncate prompt then output (the report counts them). Default: "
         f"{DEFAULT_OVERLONG.value}",
     )
-    parser.add_argument("--bad-rows", choices=BAD_ROWS, help=BAD_ROWS_HELP + " Default: error")
+    parser.add_argument(
+        "--bad-rows", choices=BAD_ROWS, help=f"{BAD_ROWS_HELP} Default: {DEFAULT_BAD_ROWS}"
+    )
     parser.add_argument("--engine", choices=["sim", "vllm"], help="Default: sim")
     parser.add_argument("--model", help="model directory for --engine vllm")
     parser.add_argument(
@@ -242,7 +244,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     slo=args.slo or str(DEFAULT_SLO),
                     interval=args.interval or "1it",
                     overlong=args.overlong or DEFAULT_OVERLONG.value,
-                    bad_rows=args.bad_rows or "error",
+                    bad_rows=args.bad_rows or DEFAULT_BAD_ROWS,
                 )
             )
     spec = default_controllers if args.controllers is None else args.controllers

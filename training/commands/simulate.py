@@ -35,9 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interval",
-        default="1it",
         help="how often the controller decides: Nit (engine iterations, 1 to 1,000,000) or "
-        "Nms / Ns (engine time, 1ms to 3600s). Default: %(default)s",
+        "Nms / Ns (engine time, 1ms to 3600s). Default: a learned policy's trained interval, "
+        "else 1it",
     )
     parser.add_argument(
         "--slo",
@@ -76,14 +76,10 @@ def main(args: argparse.Namespace) -> int:
         bad_rows=args.bad_rows,
     )
     controller = make_controller(args.controller)
+    trained = getattr(controller, "control_interval", None)
+    interval = ControlInterval.parse(args.interval) if args.interval else trained
     engine = SimEngine(profile, slo=SLO.parse(args.slo), scheduler=args.scheduler)
-    out = run(
-        workload,
-        engine,
-        controller,
-        ControlInterval.parse(args.interval),
-        progress=not args.no_progress,
-    )
+    out = run(workload, engine, controller, interval, progress=not args.no_progress)
     metrics = out.metrics()
     metrics["dropped_requests"] = workload.dropped
     metrics["truncated_requests"] = workload.truncated
