@@ -91,7 +91,7 @@ class Workload:
             prompt = min(max(1, round(r.prompt_tokens * prompt_scale)), cap - 1)
             output = min(max(1, round(r.output_tokens * output_scale)), cap - prompt)
             reqs.append(Request(r.request_id, r.arrival_s, prompt, output))
-        return self.with_requests(reqs)
+        return replace(self, requests=reqs)
 
     def check_fits(self, max_model_len: int, kv_tokens: int | None = None) -> None:
         """Raise `WorkloadError` for the first request longer than the engine's context
@@ -140,10 +140,6 @@ class Workload:
             )
         counts = {"dropped": self.dropped + dropped, "truncated": self.truncated + truncated}
         return replace(self, requests=kept, **counts)
-
-    def with_requests(self, requests: list[Request], name: str | None = None) -> Workload:
-        """This workload (its source and counts) with other requests, and optionally name."""
-        return replace(self, name=self.name if name is None else name, requests=requests)
 
 
 def scale_range(value: object, what: str) -> tuple[float, float]:
