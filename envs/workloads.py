@@ -26,6 +26,11 @@ DEFAULT_SOURCE = "embedded:azure-conv"
 """The workload used when none is given: Azure 2023 conversation lengths, no file needed."""
 
 
+def is_trace_file(source: str) -> bool:
+    """Whether `source` names a trace file (not an embedded table, mix, shift or fixed)."""
+    return not source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX))
+
+
 def make_workload(
     source: str = DEFAULT_SOURCE,
     arrival: str | Arrival = "replay",
@@ -59,10 +64,7 @@ def make_workload(
     rng = np.random.default_rng(seed)
     skipped = 0, ""
     first = 0  # the first request's index in the source
-    if window_start is not None and (
-        source.startswith((FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, EMBEDDED_PREFIX))
-        or num_requests is None
-    ):
+    if window_start is not None and (not is_trace_file(source) or num_requests is None):
         raise WorkloadError(f"{source}: window_start needs a trace file and num_requests")
     if source.startswith(FIXED_PREFIX):
         n = num_requests or 1000

@@ -358,3 +358,19 @@ def test_a_training_workload_can_skip_a_traces_bad_rows(tmp_path) -> None:
     env.unwrapped.check_workloads()
     drawn = WorkloadSpec.coerce(spec | {"bad_rows": "skip"}).draw(np.random.default_rng(0), 4096)
     assert (len(drawn), drawn.skipped_rows) == (5, 1)
+
+
+def test_episodes_draw_windows_across_a_whole_trace(tmp_path) -> None:
+    from batchpilot.envs.batching_env import WorkloadSpec
+
+    trace = tmp_path / "t.csv"
+    rows = "".join(f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.5,{100 + i},{10 + i}\n" for i in range(600))
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    spec = WorkloadSpec.coerce({"source": str(trace), "num_requests": 50})
+    rng = np.random.default_rng(0)
+    starts = {int(spec.draw(rng, 4096).requests[0].request_id) for _ in range(8)}
+    assert len(starts) > 1 and max(starts) > 50  # not always the trace's first 50
+    w = spec.draw(rng, 4096)
+    assert len(w) == 50 and w.requests[0].arrival_s == 0.0
+    whole = WorkloadSpec.coerce({"source": str(trace), "num_requests": 600}).draw(rng, 4096)
+    assert whole.requests[0].request_id == "0" and len(whole) == 600

@@ -39,13 +39,12 @@ from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.controller import ControlInterval
-from batchpilot.envs.embedded import EMBEDDED_PREFIX
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
 from batchpilot.envs.workload import DEFAULT_OVERLONG, Workload, scale_range
-from batchpilot.envs.workloads import FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX, make_workload
+from batchpilot.envs.workloads import FIXED_PREFIX, is_trace_file, make_workload
 from batchpilot.training.engines import check_engine, make_engine
 
 DEFAULT = "default"
@@ -158,7 +157,7 @@ class Scenario:
 
     @property
     def is_trace_file(self) -> bool:
-        return not self.source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX))
+        return is_trace_file(self.source)
 
     def seed_free(self) -> bool:
         """Whether every seed gives the same workload (nothing a seed can vary)."""
