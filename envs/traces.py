@@ -386,7 +386,10 @@ def _mooncake_row(text: str, where: str) -> _Row:
     try:
         row = json.loads(text, object_pairs_hook=_unique_object)
     except json.JSONDecodeError as exc:
-        raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+        spread = " (an object spread over lines? JSON Lines holds one object a line)"
+        raise TraceError(
+            f"{where}: not valid JSON ({exc.msg}){spread if text.strip() == '{' else ''}"
+        ) from None
     except _DuplicateKeys as exc:
         raise TraceError(f"{where}: field(s) {exc} given twice") from None
     except RecursionError:

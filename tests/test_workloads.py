@@ -530,3 +530,9 @@ def test_bad_shift_sources_are_named(source: str, problem: str) -> None:
 def test_shift_source_cannot_replay() -> None:
     with pytest.raises(WorkloadError, match="no timestamps"):
         make_workload("shift:gsm8k@0,sharegpt@20", "replay", num_requests=10)
+
+
+def test_a_pretty_printed_json_object_is_named_as_one(tmp_path: Path) -> None:
+    path = write(tmp_path, "one.json", '{\n  "timestamp": 0,\n  "input_length": 5,\n  "output_length": 3\n}\n')
+    with pytest.raises(TraceError, match=r"one\.json:1: not valid JSON .*an object spread over lines"):
+        load_trace(path)
