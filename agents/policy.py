@@ -152,6 +152,11 @@ class PolicyController:
 def read_sidecar(onnx_path: Path) -> dict[str, Any]:
     """The sidecar of `onnx_path`, checked against the file and this version's layout."""
     side = sidecar_path(onnx_path)
+    if onnx_path.name.endswith(".onnx.json"):
+        raise PolicyFileError(
+            f"{onnx_path} is a policy's JSON sidecar; name its .onnx file "
+            f"(policy:{onnx_path.with_suffix('')})"
+        )
     for p in (onnx_path, side):
         if p.is_dir():
             raise PolicyFileError(
@@ -159,7 +164,11 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
                 "wrote (e.g. DIR/policy.onnx)"
             )
         if not p.is_file():
-            raise PolicyFileError(f"policy file {p} does not exist (write it: batchpilot export)")
+            what = "policy file" if p == onnx_path else f"{onnx_path}'s JSON sidecar"
+            raise PolicyFileError(
+                f"{what} {p} does not exist: a policy is the .onnx file and its sidecar that "
+                "`batchpilot export` writes side by side"
+            )
     try:
         meta = json.loads(side.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:

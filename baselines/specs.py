@@ -143,8 +143,8 @@ def make_controller(
         )
     if name not in factories:
         raise ControllerSpecError(
-            f"unknown controller {spec!r}; known: {', '.join(sorted(factories))}, "
-            f"{BEST_STATIC}, and A+B combinations"
+            f"unknown controller {spec!r}; known: {', '.join(sorted(factories))}, and A+B "
+            f"combinations (`batchpilot compare` also takes {BEST_STATIC} and default)"
         )
     controller = factories[name](args)
     controller.name = parts[0]

@@ -699,10 +699,15 @@ def edit_sidecar(path: Path, **changes) -> None:
 
 
 def test_missing_policy_file(tmp_path: Path) -> None:
-    with pytest.raises(PolicyFileError, match="does not exist"):
+    with pytest.raises(PolicyFileError, match=r"policy file .*nope\.onnx does not exist"):
         load_policy(tmp_path / "nope.onnx")
     with pytest.raises(PolicyFileError, match="is a directory; name the"):
         load_policy(tmp_path)
+    (tmp_path / "bad.onnx").write_text("not a model")
+    with pytest.raises(PolicyFileError, match=r"bad\.onnx's JSON sidecar .*bad\.onnx\.json does not exist"):
+        load_policy(tmp_path / "bad.onnx")
+    with pytest.raises(PolicyFileError, match=r"is a policy's JSON sidecar; name its \.onnx file"):
+        load_policy(tmp_path / "bad.onnx.json")
 
 
 def test_tampered_onnx_is_refused(exported: Path, tmp_path: Path) -> None:

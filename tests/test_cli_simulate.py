@@ -99,6 +99,9 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
         (["--controller", "magic"], "unknown controller 'magic'"),
         (["--workload", "embedded:gsm8k@poisson"], "poisson takes 1 argument"),
         (["--workload", "embedded:gsm8k"], "use SOURCE@ARRIVAL, e.g. embedded:gsm8k@poisson:4"),
+        (["--workload", "/data/trace.csv"], "use SOURCE@ARRIVAL, e.g. /data/trace.csv@replay"),
+        (["--workload", "embedded:gsm8k@poison:3"], "unknown arrival process 'poison:3'; known: "
+         "all-at-once, poisson, gamma, steps, ramp, replay"),
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--workload", "/nonexistent.csv@replay"], "no such trace file"),
         (["--workload", "embedded:azure-conv@replay", "--profile", "llama-65b-8xa100",

@@ -16,6 +16,7 @@ from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
+from batchpilot.envs.workloads import is_trace_file
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
@@ -117,9 +118,17 @@ def parse_workload(text: str) -> tuple[str, str]:
     """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
     arrival process (``steps:`` has ``@`` of its own)."""
     match = re.search(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text)
-    if match is None or match.start() == 0:
-        raise ValueError(f"workload {text!r}: use SOURCE@ARRIVAL, e.g. embedded:gsm8k@poisson:4")
-    return text[: match.start()], text[match.end() :]
+    if match is not None and match.start() > 0:
+        return text[: match.start()], text[match.end() :]
+    source, at, arrival = text.partition("@")
+    if source and at:
+        raise ValueError(
+            f"workload {text!r}: unknown arrival process {arrival!r}; known: "
+            f"{', '.join(ARRIVAL_KINDS)} (e.g. {source}@poisson:4)"
+        )
+    bare_file = not at and is_trace_file(text)
+    example = f"{text}@replay" if bare_file else "embedded:gsm8k@poisson:4"
+    raise ValueError(f"workload {text!r}: use SOURCE@ARRIVAL, e.g. {example}")
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:

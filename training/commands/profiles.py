@@ -13,7 +13,7 @@ examples:
   batchpilot profiles --json
   batchpilot profiles build --model llama-2-70b --gpu a100 --tp 4 --out profiles/70b-tp4.json
   batchpilot profiles build --model llama-3-8b --gpu a100 --tp 1 --gpu-memory-gib 22 \\
-      --gpu-memory-utilization 0.85 --out profiles/8b-24gb.json
+      --gpu-memory-utilization 0.9 --out profiles/8b-24gb.json
   batchpilot profiles build --model ~/models/internlm-20b/config.json \\
       --vidur-model internlm/internlm-20b --gpu h100 --vidur ~/vidur/data/profiling \\
       --out profiles/internlm-20b-h100.json
