@@ -65,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--controllers",
         help="comma-separated controller specs (static:N[:T], alg1[:key=value...], alg2[:...], "
-        "A+B, oracle, mpc, policy:PATH, best-static, default). Default: "
+        "A+B: the lower of A's and B's limits, oracle: the most requests that never need a "
+        "preemption, from the true lengths (a packing bound, not a goodput bound), mpc: the "
+        "lookahead oracle, policy:PATH, best-static, default). Default: "
         f"{DEFAULT_CONTROLLERS}; with --suite, the suite's or {SUITE_CONTROLLERS}",
     )
     parser.add_argument(
