@@ -205,13 +205,14 @@ def test_paired_interval_matches_a_hand_computation() -> None:
 
 
 def _fake_scenario(a: list[float], b: list[float]) -> dict:
-    def entry(values: list[float]) -> dict:
+    def entry(values: list[float], ttft: float) -> dict:
         per_seed = [{"output_goodput": v, "output_throughput": 1000.0} for v in values]
         return {"per_seed": per_seed, "mean": {"output_goodput": float(np.mean(values)),
-                                               "output_throughput": 1000.0}}  # fmt: skip
+                                               "output_throughput": 1000.0,
+                                               "p99_ttft_ms": ttft, "p99_tpot_ms": 20.0}}  # fmt: skip
 
     return {"name": "S", "scenario": {"score": "output_goodput"},
-            "results": {"alg1": entry(a), "mpc": entry(b)}}  # fmt: skip
+            "results": {"alg1": entry(a, 180.0), "mpc": entry(b, 1550.0)}}  # fmt: skip
 
 
 def test_verdict_names_the_winner_from_the_numbers() -> None:
@@ -220,6 +221,7 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
     line = verdict(_fake_scenario([110.0, 215.0, 320.0], [100.0, 200.0, 300.0]), ["alg1", "mpc"])
     assert line.startswith("**S**: alg1 wins on goodput, +7.5%")  # 15 / 200 (mpc's mean)
     assert "Against the best reference alg1: mpc -7.0%" in line  # -15 / 215
+    assert line.endswith("p99 TTFT 1,550 vs 180 ms, p99 TPOT 20 vs 20 ms")  # a latency cost shows
     line = verdict(_fake_scenario([100.0, 200.0, 300.0], [120.0, 190.0, 300.0]), ["alg1", "mpc"])
     assert "no significant difference on goodput between mpc and alg1" in line
     # consistently ahead by 0.05%: significant, but a tie for anyone choosing a controller
@@ -248,7 +250,8 @@ def test_tally_gives_geometric_means_vs_best_reference_and_tuned_static_pair() -
 
     def scenario(name: str, static: float, alg1: float, policy: float) -> dict:
         rows = {"best-static": static, "alg1": alg1, "policy:p": policy}
-        out = {c: {"per_seed": [{"output_goodput": v}] * 2, "mean": {"output_goodput": v}}
+        tails = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 20.0}
+        out = {c: {"per_seed": [{"output_goodput": v}] * 2, "mean": {"output_goodput": v} | tails}
                for c, v in rows.items()}  # fmt: skip
         return {"name": name, "scenario": {"score": "output_goodput"}, "results": out}
 
@@ -257,6 +260,7 @@ def test_tally_gives_geometric_means_vs_best_reference_and_tuned_static_pair() -
         "scenarios": [scenario("A", 100, 50, 120), scenario("B", 100, 200, 150)],
     }
     t = tally(results, "policy:p")
+    assert t.lines[0].endswith("(2 seeds; p99 TTFT 100 vs 100 ms, p99 TPOT 20 vs 20 ms)")
     assert t.ratios == [1.2, 0.75] and t.static_ratios == [1.2, 1.5]  # B's best reference: alg1
     assert t.geomean == pytest.approx(math.sqrt(0.9))
     assert geomean(t.static_ratios) == pytest.approx(math.sqrt(1.8))

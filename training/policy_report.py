@@ -14,7 +14,13 @@ from typing import Any
 
 from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.training.paired import MIN_EFFECT, describe
-from batchpilot.training.report import best_reference, is_reference, md_table, paired_vs
+from batchpilot.training.report import (
+    best_reference,
+    is_reference,
+    latency_vs,
+    md_table,
+    paired_vs,
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,10 @@ def tally(results: dict[str, Any], label: str) -> Tally:
             won = p.diff > 0
             wins, losses = wins + won, losses + (not won)
             outcome = "won" if won else "lost"
-        lines.append(f"- {sc['name']}: {outcome}, goodput {describe(p)} vs {ref} ({p.n} seeds)")
+        seeds = f"{p.n} seed{'s' * (p.n > 1)}"
+        latency = latency_vs(sc, label, ref)
+        line = f"- {sc['name']}: {outcome}, goodput {describe(p)} vs {ref} ({seeds}; {latency})"
+        lines.append(line)
     return Tally(lines, wins, losses, ratios, static)
 
 

@@ -135,9 +135,22 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
     ref = best_reference(sc, labels, key)
     others = [c for c in labels if not is_reference(c)]
     if ref is not None and others:
-        vs = "; ".join(f"{c} {describe(paired_vs(sc, c, ref, key))}" for c in others)
+        vs = "; ".join(
+            f"{c} {describe(paired_vs(sc, c, ref, key))}, {latency_vs(sc, c, ref)}"
+            for c in others
+        )
         line += f". Against the best reference {ref}: {vs}"
     return head + line + (f" ({note})" if note else "")
+
+
+def latency_vs(sc: dict[str, Any], a: str, b: str) -> str:
+    """``p99 TTFT 550 vs 182 ms, p99 TPOT 21 vs 20 ms``: `a`'s mean tail latencies beside
+    `b`'s (a goodput tie can hide a latency cost)."""
+    ma, mb = sc["results"][a]["mean"], sc["results"][b]["mean"]
+    return ", ".join(
+        f"p99 {name} {ma[key]:,.0f} vs {mb[key]:,.0f} ms"
+        for name, key in (("TTFT", "p99_ttft_ms"), ("TPOT", "p99_tpot_ms"))
+    )
 
 
 def summary_table(results: dict[str, Any]) -> Table:
@@ -371,10 +384,21 @@ def bad_rows_note(sc: dict[str, Any]) -> str | None:
     )
 
 
+def interval_words(interval: str) -> str:
+    """'1it' -> 'every engine iteration', '4it' -> 'every 4 engine iterations', '500ms' ->
+    'every 500ms of engine time'."""
+    if interval.strip() == "1it":
+        return "every engine iteration"
+    if interval.strip().endswith("it"):
+        return f"every {interval.strip()[:-2]} engine iterations"
+    return f"every {interval.strip()} of engine time"
+
+
 def scenario_notes(sc: dict[str, Any]) -> list[str]:
-    """Lines on bad trace rows left out, requests longer than the context, the seeds (what
-    they varied), vLLM's default and the best-static search."""
+    """Lines on bad trace rows left out, requests longer than the context, the control
+    interval, the seeds (what they varied), vLLM's default and the best-static search."""
     out = [note for note in (bad_rows_note(sc), overlong_note(sc)) if note]
+    out.append(f"Every controller decides {interval_words(sc['scenario']['interval'])}.")
     if sc.get("seed_note"):
         out.append(f"Seeds: {sc['seed_note']}.")
     draws = [d for d in sc.get("draws") or [] if d]
