@@ -384,21 +384,10 @@ def bad_rows_note(sc: dict[str, Any]) -> str | None:
     )
 
 
-def interval_words(interval: str) -> str:
-    """'1it' -> 'every engine iteration', '4it' -> 'every 4 engine iterations', '500ms' ->
-    'every 500ms of engine time'."""
-    if interval.strip() == "1it":
-        return "every engine iteration"
-    if interval.strip().endswith("it"):
-        return f"every {interval.strip()[:-2]} engine iterations"
-    return f"every {interval.strip()} of engine time"
-
-
 def scenario_notes(sc: dict[str, Any]) -> list[str]:
-    """Lines on bad trace rows left out, requests longer than the context, the control
-    interval, the seeds (what they varied), vLLM's default and the best-static search."""
+    """Lines on bad trace rows left out, requests longer than the context, the seeds (what
+    they varied), vLLM's default and the best-static search."""
     out = [note for note in (bad_rows_note(sc), overlong_note(sc)) if note]
-    out.append(f"Every controller decides {interval_words(sc['scenario']['interval'])}.")
     if sc.get("seed_note"):
         out.append(f"Seeds: {sc['seed_note']}.")
     draws = [d for d in sc.get("draws") or [] if d]
@@ -486,7 +475,7 @@ def write_report(
         cap = sc["capacity_target"]
         desc = (
             f"Workload {sc['workload']} (first seed), {engine_label(s)}, "
-            f"goodput SLO {s['slo']}, control interval {s['interval']}."
+            f"goodput SLO {s['slo']}, control interval {s['interval']} for every controller."
         )
         if cap:
             bounds = ", ".join(f"{k} ≤ {v:g}" for k, v in cap["bounds"])
