@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -791,7 +792,9 @@ def test_cli_reports_bad_policy_cleanly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_train_report_step_says_first_whether_the_policy_won(tmp_path: Path) -> None:
+def test_train_report_step_says_first_whether_the_policy_won(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`train` with a `report` setting ends with a comparison per suite, headed (as the
     quickstart's) by the learned policy's verdict against the best reference."""
     from batchpilot.training.cli import main
@@ -813,6 +816,8 @@ def test_train_report_step_says_first_whether_the_policy_won(tmp_path: Path) -> 
     config = write_config(tmp_path / "tiny.yml", {"batchpilot/Batching-v0": run})
     out = tmp_path / "run"
     assert main(["train", "--config", str(config), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"seed \d+: policy \S+ \(evaluation goodput [\d,]+ tok/s; alg1\+alg2 [\d,]+", printed)
     md = (out / "report" / "one" / "report.md").read_text()
     title, verdict, *_ = md.split("\n\n")
     assert title == "# Controller comparison"

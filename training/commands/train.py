@@ -40,6 +40,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def best_summary(best: Path) -> str:
+    """`` (evaluation: goodput 246 tok/s; alg1+alg2 151, ...)``: the best checkpoint's
+    evaluation beside the baselines', from its ``eval.json`` (empty if it has none)."""
+    import json
+
+    path = best / "eval.json"
+    if not path.is_file():
+        return ""
+    data = json.loads(path.read_text())
+    rules = ", ".join(
+        f"{name} {r['output_goodput']:,.0f}" for name, r in data.get("baselines", {}).items()
+    )
+    return f" (evaluation goodput {data['output_goodput']:,.0f} tok/s; {rules})"
+
+
 def main(args: argparse.Namespace) -> int:
     import dataclasses
     import time
@@ -55,9 +70,9 @@ def main(args: argparse.Namespace) -> int:
     runs = list(zip(seeds, outs, strict=True))
     bests = train_runs(cfg, args.config, runs, resume=args.resume, progress=not args.no_progress)
     took = time.perf_counter() - start
-    print(f"trained {len(runs)} x {cfg.n_timesteps} steps in {took:.0f} s")
+    print(f"trained {len(runs)} run(s) to {cfg.n_timesteps:,} steps in {took:.0f} s")
     for (seed, out), best in zip(runs, bests, strict=True):
-        print(f"seed {seed}: policy {best}")
+        print(f"seed {seed}: policy {best}{best_summary(best)}")
         if cfg.report:
             run_cfg = dataclasses.replace(cfg, seed=seed)
             report = write_report(run_cfg, args.config, out, progress=not args.no_progress)
