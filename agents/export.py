@@ -163,7 +163,13 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
     """The run's ``run.json`` and the checkpoint directory (``best`` or ``final``)."""
     meta_path = run_dir / "run.json"
     if not meta_path.is_file():
-        raise PolicyFileError(f"{run_dir} is not a training run (no run.json)")
+        hint = ""
+        if (run_dir.parent / "run.json").is_file() and run_dir.name in ("best", "final"):
+            hint = (
+                f"; it is a checkpoint of {run_dir.parent}: export that run "
+                f"(--checkpoint {run_dir.name})"
+            )
+        raise PolicyFileError(f"{run_dir} is not a training run (no run.json){hint}")
     ckpt = run_dir / checkpoint
     if not (ckpt / STATE).is_file():
         raise PolicyFileError(f"{ckpt}/{STATE} does not exist (checkpoints: best, final)")
@@ -233,6 +239,13 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     `policy:PATH` will load it (`load_policy`: sidecar values, graph ops)."""
     if not run_dirs:
         raise PolicyFileError("no run to export")
+    resolved = [r.resolve() for r in run_dirs]
+    pairs = zip(run_dirs, resolved, strict=True)
+    twice = sorted({str(r) for r, x in pairs if resolved.count(x) > 1})
+    if twice:
+        raise PolicyFileError(
+            f"{', '.join(twice)} given twice: a member would count twice in the vote"
+        )
     members = [_member(run, checkpoint) for run in run_dirs]
     meta = members[0].meta
     for other, run in zip(members[1:], run_dirs[1:], strict=True):
