@@ -71,6 +71,8 @@ def test_simulate_truncates_overlong_requests_by_default_and_says_so(
             "--profile", "llama-65b-8xa100", "--controller", "static:64", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
+    assert re.search(r"goodput [\d,.]+ tok/s of [\d,.]+ \(SLO ttft:2000,tpot:50: [\d.]+% of requests "
+                     r"met it\), p99 TTFT [\d,]+ ms, p99 TPOT [\d,.]+ ms, \d+ preemptions", out)  # fmt: skip
     assert re.search(r"\d+ of 200 requests were longer than the 2,048-token context and "
                      r"truncated \(--overlong truncate\)", out)  # fmt: skip
 

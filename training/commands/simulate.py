@@ -92,6 +92,12 @@ def main(args: argparse.Namespace) -> int:
         value = metrics[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
     Console().print(table)
+    print(
+        f"goodput {metrics['output_goodput']:,.1f} tok/s of {metrics['output_throughput']:,.1f} "
+        f"(SLO {engine.slo}: {metrics['slo_attainment']:.1%} of requests met it), p99 TTFT "
+        f"{metrics['p99_ttft_ms']:,.0f} ms, p99 TPOT {metrics['p99_tpot_ms']:,.1f} ms, "
+        f"{metrics['num_preemptions']:,} preemptions"
+    )
     if workload.truncated or workload.dropped:
         fate = "truncated" if workload.truncated else "dropped"
         count = workload.truncated or workload.dropped
