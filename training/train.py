@@ -31,7 +31,7 @@ import functools
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -421,6 +421,8 @@ def train_runs(
     be alone, bit for bit."""
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     started = [
         _start(dataclasses.replace(cfg, seed=seed), config_path, out, resume) for seed, out in runs
     ]
@@ -428,9 +430,23 @@ def train_runs(
     if imitating:
         named = len(imitating) > 1
         seeds = [r.cfg.seed for r in imitating]
+        bar = Progress(
+            TextColumn("[bold]imitation[/] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("rounds"),
+            TimeElapsedColumn(),
+            disable=not progress,
+        )
         # the collector closes first: on an error, the other phases stop at their next episode
-        with ThreadPoolExecutor(len(imitating)) as threads, collector(cfg, seeds) as episodes:
-            phases = [threads.submit(_imitate, r, episodes, named) for r in imitating]
+        with bar, ThreadPoolExecutor(len(imitating)) as threads, collector(cfg, seeds) as episodes:
+            tasks = [
+                bar.add_task(f"seed {r.cfg.seed}", total=cfg.imitation.rounds) for r in imitating
+            ]
+            phases = [
+                threads.submit(_imitate, r, episodes, named, functools.partial(bar.advance, t))
+                for r, t in zip(imitating, tasks, strict=True)
+            ]
             wait(phases, return_when=FIRST_EXCEPTION)
             for phase in phases:
                 phase.result()
@@ -602,9 +618,10 @@ def collector(cfg: TrainConfig, seeds: Iterable[int]) -> Collector:
     return made
 
 
-def _imitate(run: _Run, episodes: Collector, named: bool) -> None:
+def _imitate(run: _Run, episodes: Collector, named: bool, advance: Callable[[], None]) -> None:
     """A run's imitation phase (`batchpilot.agents.imitation.dagger`) on `episodes`, logged as
-    ``imitation/*`` in ``tb/imitation`` and printed (`named`: each line naming the run's seed)."""
+    ``imitation/*`` in ``tb/imitation`` and printed (`named`: each line naming the run's seed);
+    `advance` is called after each round (a progress bar's)."""
     from stable_baselines3.common.logger import configure
 
     from batchpilot.agents.imitation import dagger
@@ -620,6 +637,7 @@ def _imitate(run: _Run, episodes: Collector, named: bool) -> None:
         logger.dump(round_)
         figures = ", ".join(f"{k} {v:.4g}" for k, v in values.items())
         print(f"{prefix}imitation round {round_}: {figures}", flush=True)
+        advance()
 
     gamma = cfg.hyperparams.get("gamma", 0.99)
     dagger(run.model, episodes, cfg.imitation, seed=cfg.seed, gamma=gamma, log=log)
