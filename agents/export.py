@@ -239,13 +239,6 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     `policy:PATH` will load it (`load_policy`: sidecar values, graph ops)."""
     if not run_dirs:
         raise PolicyFileError("no run to export")
-    resolved = [r.resolve() for r in run_dirs]
-    pairs = zip(run_dirs, resolved, strict=True)
-    twice = sorted({str(r) for r, x in pairs if resolved.count(x) > 1})
-    if twice:
-        raise PolicyFileError(
-            f"{', '.join(twice)} given twice: a member would count twice in the vote"
-        )
     members = [_member(run, checkpoint) for run in run_dirs]
     meta = members[0].meta
     for other, run in zip(members[1:], run_dirs[1:], strict=True):

@@ -293,13 +293,15 @@ def test_a_failed_train_leaves_nothing_that_blocks_a_fresh_run(tmp_path: Path, c
     assert err == 2 and "started again without --resume" in capsys.readouterr().err
 
 
-def test_export_names_a_checkpoint_given_for_its_run_and_a_run_given_twice(
+def test_export_names_a_checkpoint_given_for_its_run_and_says_a_run_given_twice_counts_twice(
     run_dir: Path, tmp_path: Path, capsys
 ) -> None:
     out = str(tmp_path / "p.onnx")
     assert main(["export", str(run_dir / "final"), "--out", out]) == 2
     err = capsys.readouterr().err
     assert f"it is a checkpoint of {run_dir}: export that run (--checkpoint final)" in err
-    assert main(["export", str(run_dir), str(run_dir / ".." / run_dir.name), "--out", out]) == 2
-    assert "given twice: a member would count twice in the vote" in capsys.readouterr().err
-    assert not (tmp_path / "p.onnx").exists()
+    twice = [str(run_dir), str(run_dir / ".." / run_dir.name)]
+    assert main(["export", *twice, "--checkpoint", "final", "--out", out]) == 0
+    assert f"note: {run_dir.resolve()} is 2 members: it counts that often in the vote" in (
+        capsys.readouterr().out
+    )

@@ -44,4 +44,7 @@ def main(args: argparse.Namespace) -> int:
     sidecar = export(args.run_dirs, args.out, args.checkpoint)
     load_policy(args.out)  # the file just written must load as a controller
     print(f"wrote {args.out} and {sidecar_path(args.out)} (sha256 {sidecar['sha256'][:12]}…)")
+    resolved = [run.resolve() for run in args.run_dirs]
+    for run in dict.fromkeys(r for r in resolved if resolved.count(r) > 1):
+        print(f"note: {run} is {resolved.count(run)} members: it counts that often in the vote")
     return 0
