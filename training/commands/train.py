@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def best_summary(best: Path) -> str:
-    """`` (evaluation: goodput 246 tok/s; alg1+alg2 151, ...)``: the best checkpoint's
+    """`` (evaluation goodput 246 tok/s; alg1+alg2 151, ...)``: the best checkpoint's
     evaluation beside the baselines', from its ``eval.json`` (empty if it has none)."""
     import json
 
