@@ -33,7 +33,7 @@ from batchpilot.training.evaluate import (
     vllm_default_limits,
 )
 from batchpilot.training.paired import describe, paired_difference, t975
-from batchpilot.training.report import summary_table, verdict
+from batchpilot.training.report import remove_old_plots, summary_table, verdict
 from batchpilot.training.suite import SuiteError, load_suite, suite_names
 
 SMALL = Scenario("small", "fixed:64:32", "poisson:4", 60, profile="llama-7b-a100")
@@ -494,6 +494,19 @@ def test_compare_writes_report_html_and_json(tmp_path: Path) -> None:
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3
     assert not any(p.suffix == ".svg" for p in out.iterdir())
+
+
+def test_a_report_written_again_removes_only_the_plots_the_last_one_linked(tmp_path: Path) -> None:
+    """A directory given to --out again keeps no plots of scenarios no longer run, and no
+    file of the user's is touched."""
+    for name in ("old-timeline.png", "old-itl.png", "mine.png", "notes.md"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "report.md").write_text(
+        "# r\n\n![old-timeline](old-timeline.png)\n\n![old-itl](old-itl.png)\n\n"
+        "![gone](gone.png)\n\nsee ![inline](mine.png) here\n"
+    )
+    remove_old_plots(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "notes.md", "report.md"]
 
 
 def test_engine_factory_errors_name_the_problem() -> None:

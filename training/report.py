@@ -426,6 +426,18 @@ def engine_label(scenario: dict[str, Any]) -> str:
     return f"model {scenario['model']} (vllm engine{', ' + args if args else ''})"
 
 
+_PLOT_LINK = re.compile(r"^!\[[^\]]*\]\(([^/()]+\.png)\)$", re.MULTILINE)
+
+
+def remove_old_plots(out_dir: Path) -> None:
+    """Delete the PNGs an earlier report.md in `out_dir` links to (only those: files it
+    wrote), so a directory given again holds no plots of scenarios no longer run."""
+    old = out_dir / "report.md"
+    if old.is_file():
+        for name in _PLOT_LINK.findall(old.read_text(errors="replace")):
+            (out_dir / name).unlink(missing_ok=True)
+
+
 def write_report(
     results: dict[str, Any],
     out_dir: Path,
@@ -442,6 +454,7 @@ def write_report(
     scenarios.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    remove_old_plots(out_dir)
     labels = results["controllers"]
     verdicts = [verdict(sc, labels) for sc in results["scenarios"]]
     intro = [
