@@ -4,7 +4,9 @@ CSVs (ShareGPT, GSM8K) and Mooncake JSONL.
 The format is detected from the file's header (or first JSON line). Files are read as
 UTF-8 (a byte order mark is skipped), gzip-compressed ones through `gzip` line by line;
 blank and whitespace-only lines are skipped; every bad row, and every line that is not UTF-8
-text, raises a `TraceError` naming the file, the line and the problem.
+text, raises a `TraceError` naming the file, the line and the problem. A regular CSV file is
+read in vectorised chunks (`trace_fast`), with the row-by-row reader's result; on anything
+irregular that reader leaves the file to the row-by-row one, whose result or error stands.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import re
 import sys
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from batchpilot.envs import trace_fast
 
 
 class TraceError(ValueError):
@@ -110,6 +114,12 @@ _CSV_FORMATS = (
     _CsvFormat("sharegpt", "num_prefill_tokens", "num_decode_tokens", None, None),
     _CsvFormat("gsm8k", "prompt_tokens_llama2", "output_tokens_llama2", None, None),
 )
+
+_FAST_TIMES: dict[Callable[[str], float], trace_fast.TimeKind] = {
+    _azure_time: "datetime",
+    _seconds: "seconds",
+}
+"""The times `trace_fast` reads, by the function that reads them row by row."""
 
 
 _GZIP = b"\x1f\x8b"
@@ -249,22 +259,22 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
     return int(number)
 
 
-def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str]]]]:
-    handle = _open(path)
+def _csv_header(
+    path: Path, handle: BinaryIO | gzip.GzipFile
+) -> tuple[_CsvFormat, csv.DictReader[str]]:
+    """The format named by the header of the CSV in `handle`, and a reader past the header
+    (its stripped column names in `fieldnames`); a `TraceError` for a header of no format."""
     reader = csv.DictReader(_text_lines(path, handle))
     try:
         header = [h.strip() for h in (reader.fieldnames or [])]
     except (TraceError, csv.Error) as exc:
-        handle.close()
         raise _csv_error(path, 1, exc) from None
     reader.fieldnames = header
     twice = sorted({h for h in header if header.count(h) > 1})
     if twice:
-        handle.close()
         raise TraceError(f"{path}:1: the header names column(s) {twice} more than once")
     fmt = _detect(header)
     if fmt is None:
-        handle.close()
         raise TraceError(
             f"{path}: unknown trace format; header {header!r} has none of the known column "
             "pairs (ContextTokens/GeneratedTokens, num_prefill_tokens/num_decode_tokens, "
@@ -272,11 +282,20 @@ def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str
             + _separator_hint(header)
         )
     if fmt.time is not None and fmt.time not in header:
-        handle.close()
         raise TraceError(
             f"{path}:1: the header has {fmt.prompt}/{fmt.output} ({fmt.name} format) but no "
             f"{fmt.time} column; header {header!r}"
         )
+    return fmt, reader
+
+
+def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str]]]]:
+    handle = _open(path)
+    try:
+        fmt, reader = _csv_header(path, handle)
+    except BaseException:
+        handle.close()
+        raise
 
     def rows() -> Iterator[tuple[int, dict[str, str]]]:
         with handle:
@@ -349,12 +368,52 @@ _Row = tuple[int, int, float | None]
 
 
 def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
+    """The CSV trace, by the vectorised reader where it takes the file, else row by row."""
+    fast = _read_csv_fast(path)
+    return fast if fast is not None else _read_csv_rows(path, skip_bad_rows)
+
+
+def _read_csv_rows(path: Path, skip_bad_rows: bool) -> Trace:
+    """The CSV trace read row by row: any file, each bad row's error naming its line."""
     fmt, rows = _rows_csv(path)
     with closing(rows):  # a bad row's error closes the file now, not at garbage collection
         return _collect(
             path, fmt.name, rows, functools.partial(_csv_row, fmt), fmt.time is not None,
             skip_bad_rows,
         )  # fmt: skip
+
+
+def _read_csv_fast(path: Path) -> Trace | None:
+    """The CSV trace read by `trace_fast` (the row reader's result, faster), or None where
+    that reader leaves the file to the row reader (`trace_fast.read_columns`)."""
+    with _open(path) as handle:
+        fmt, reader = _csv_header(path, handle)
+        layout = _fast_layout(fmt, reader.fieldnames or [])
+        if layout is None or reader.line_num != 1:  # a header over lines: quoted newlines
+            return None
+        columns = trace_fast.read_columns(handle, layout)
+    if columns is None:
+        return None
+    prompts, outputs, times = columns
+    if times is not None and times.max() - times.min() > MAX_SPAN_S:
+        return None  # the error names the line: the row reader's
+    return _finish(path, fmt.name, prompts, outputs, times, None, (0, ""))
+
+
+def _fast_layout(fmt: _CsvFormat, header: Sequence[str]) -> trace_fast.Layout | None:
+    """Where `fmt`'s columns are in `header`, for `trace_fast`; None for a time it cannot read."""
+    kind = _FAST_TIMES.get(fmt.parse_time) if fmt.parse_time else None
+    if fmt.time is not None and kind is None:
+        return None
+    return trace_fast.Layout(
+        columns=len(header),
+        prompt=header.index(fmt.prompt),
+        output=header.index(fmt.output),
+        time=None if fmt.time is None else header.index(fmt.time),
+        time_kind=kind,
+        max_tokens=MAX_TOKENS,
+        max_field=csv.field_size_limit(),
+    )
 
 
 def _csv_row(fmt: _CsvFormat, row: dict[str, str], where: str) -> _Row:
@@ -442,35 +501,41 @@ def _collect(
         if t is not None:
             times.append(t)
             lines.append(line)
-    timed_rows = (times, lines) if timed else None
-    return _finish(path, fmt, prompts, outputs, timed_rows, (skipped, first_skipped))
+    return _finish(
+        path,
+        fmt,
+        np.frombuffer(prompts, np.int64),  # views: the arrays are not copied
+        np.frombuffer(outputs, np.int64),
+        np.frombuffer(times, np.float64) if timed else None,
+        lines,
+        (skipped, first_skipped),
+    )
 
 
 def _finish(
     path: Path,
     fmt: str,
-    prompts: array,
-    outputs: array,
-    timed: tuple[array, array] | None,
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    t: np.ndarray | None,
+    lines: Sequence[int] | None,
     skipped: tuple[int, str],
 ) -> Trace:
-    """The trace, time-ordered; `timed` is (times, their lines) for a trace with times;
+    """The trace, time-ordered; `t`: the arrival times for a trace with times, and `lines`
+    their lines, for a bad time's error (None where the caller checked the span);
     `skipped`: the bad rows left out and the first one's error."""
-    if not prompts:
+    if not len(prompt_tokens):
         if skipped[0]:
             raise TraceError(f"{path}: all {skipped[0]:,} rows are bad; the first: {skipped[1]}")
         raise TraceError(f"{path}: no requests in the file")
     arrival = None
-    prompt_tokens = np.frombuffer(prompts, np.int64)  # views: the arrays are not copied
-    output_tokens = np.frombuffer(outputs, np.int64)
-    if timed is not None:
-        t = np.frombuffer(timed[0], np.float64)
+    if t is not None:
         order = np.argsort(t, kind="stable")
         arrival = t[order] - t[order[0]]
         if arrival[-1] > MAX_SPAN_S:
             # the outlier is the end farther from its neighbour
             first = len(t) > 1 and arrival[1] - arrival[0] > arrival[-1] - arrival[-2]
-            line = timed[1][order[0] if first else order[-1]]
+            line = "?" if lines is None else lines[order[0] if first else order[-1]]
             raise TraceError(
                 f"{path}:{line}: this timestamp puts the trace's span at {arrival[-1]:.3g} s, "
                 f"over {MAX_SPAN_S:.0e} s (3 years): a bad timestamp?"
