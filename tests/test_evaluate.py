@@ -509,6 +509,24 @@ def test_a_report_written_again_removes_only_the_plots_the_last_one_linked(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "notes.md", "report.md"]
 
 
+def test_compare_says_when_every_run_replays_a_whole_long_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Over `LONG_RUN_REQUESTS` requests and no --num-requests, each run replays them all:
+    a note names the count and the option; with --num-requests there is none."""
+    trace = tmp_path / "t.csv"
+    rows = (f"{i * 0.5},{100 + i},{20 + i}" for i in range(12))
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
+    monkeypatch.setattr(ev, "LONG_RUN_REQUESTS", 10)
+    args = ["compare", "--controllers", "static:8", "--workload", f"{trace}@replay", "--seeds", "1",
+            "--no-capacity", "--workers", "1", "--no-progress"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "replays all 12 requests of the trace" in err and "--num-requests N" in err
+    assert main([*args, "--num-requests", "11", "--out", str(tmp_path / "b")]) == 0
+    assert "replays all" not in capsys.readouterr().err
+
+
 def test_engine_factory_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="needs a model"):
         make_engine("vllm", profile="llama-7b-a100", slo=SLO())

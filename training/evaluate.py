@@ -209,6 +209,26 @@ def scenario_workload(
     return workload, draw
 
 
+LONG_RUN_REQUESTS = 100_000
+"""Requests per run above which `evaluate` says a whole trace is replayed (`long_runs`)."""
+
+
+def long_runs(scenarios: Sequence[Scenario]) -> list[str]:
+    """A note for each scenario that replays a whole trace file of over `LONG_RUN_REQUESTS`
+    requests in every run (no ``num_requests``), naming the option that takes a window."""
+    notes = []
+    for sc in scenarios:
+        if sc.is_trace_file and sc.num_requests is None:
+            total = len(load_trace(sc.source, bad_rows=sc.bad_rows))
+            if total > LONG_RUN_REQUESTS:
+                notes.append(
+                    f"note: {sc.name}: every run replays all {total:,} requests of the trace; "
+                    "--num-requests N (a suite's num_requests) runs a window of N requests "
+                    "from a random request per seed instead"
+                )
+    return notes
+
+
 @dataclass(frozen=True)
 class CapacityTarget:
     """What meeting the SLO means for capacity: each metric at or below its bound."""
@@ -670,6 +690,8 @@ def evaluate(
     names = [sc.name for sc in scenarios]
     if len(set(names)) != len(names):
         raise ValueError(f"scenario names must be unique: {names}")
+    for note in long_runs(scenarios):
+        print(note, file=sys.stderr)
     start = time.perf_counter()
     run_seeds, tune_seeds, seed_notes = {}, {}, {}
     for sc in scenarios:
