@@ -279,16 +279,22 @@ class MPCController:
             return scores[pair]
 
         def least_wait(pairs: list[tuple[int, int]]) -> None:
-            """With `ttft_ties`: of `pairs` (scored, larger values first), the least wait
-            among those tied with the best score; the current best keeps an equal wait."""
+            """With `ttft_ties`: of the best so far and a sweep's `pairs` (scored, larger
+            limits first), the least wait among those tied with the top score; the current
+            pair's score counts with its `margin`, as in `consider`, and the best so far keeps
+            an equal wait."""
             nonlocal best, best_score
             if not self.ttft_ties:
                 return
-            top = max(scores[p] for p in pairs)
-            tied = [p for p in pairs if top - scores[p] < self.ttft_ties * (abs(top) + 1.0)]
-            pick = min(tied, key=lambda p: waits[p])
-            if waits[pick] < waits.get(best, float("inf")) or best not in tied:
-                best, best_score = pick, scores[pick]
+
+            def bar(p: tuple[int, int]) -> float:
+                return scores[p] + (self.margin * abs(scores[p]) if p == incumbent else 0.0)
+
+            pool = [best, *(p for p in pairs if p != best)]
+            top = max(bar(p) for p in pool)
+            tied = [p for p in pool if top - bar(p) < self.ttft_ties * (abs(top) + 1.0)]
+            pick = min(tied, key=lambda p: waits[p])  # the first of equal waits: best
+            best, best_score = pick, scores[pick]
 
         incumbent = self._current
         best, best_score = incumbent, score(incumbent)

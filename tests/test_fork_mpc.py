@@ -260,6 +260,39 @@ def test_mpc_ttft_ties_go_to_the_least_first_token_wait() -> None:
     assert metrics[0.01]["output_goodput"] > 0.99 * metrics[0.0]["output_goodput"]
 
 
+@pytest.mark.parametrize(
+    ("spec", "incumbent", "scores"),
+    [
+        # the current pair off this plan's grid (a running count of an earlier plan), and best
+        ("mpc:seqs=8/32/128:tokens=512/2048:ttft_ties=0.01", (7, 2048), {(7, 2048): 1000.0}),
+        # a lead of 2% does not beat a 5% margin, near-ties or not
+        ("mpc:seqs=8/32/128:tokens=512/2048:margin=0.05:ttft_ties=0.001", (32, 2048),
+         {(32, 2048): 1000.0, (8, 2048): 1020.0}),
+    ],
+)  # fmt: skip
+def test_mpc_ttft_ties_never_leave_a_pair_the_scores_keep(
+    spec: str,
+    incumbent: tuple[int, int],
+    scores: dict[tuple[int, int], float],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Near-ties go to the least wait only among pairs tied with the top score, the current
+    pair among them (with its margin): here every other pair waits less but scores lower."""
+    import batchpilot.baselines.mpc as mpc_module
+
+    engine = SimEngine(get_profile("llama-7b-a100"), slo=SLO_)
+    engine.reset(Workload("w", [Request(f"r{i}", 0.1 * i, 100, 50) for i in range(20)]), Limits(256, 2048))
+    mpc = make_controller(spec)
+    mpc.reset(engine)
+    telemetry = engine.advance(until_s=0.5)
+    mpc._current = incumbent
+    monkeypatch.setattr(mpc_module, "_same_horizon", lambda pair, peaks: None)
+    monkeypatch.setattr(
+        mpc, "_rollout", lambda t, pair, lost: (scores.get(pair, 500.0), (0, 0), 0.0 if pair != incumbent else 9.0)
+    )
+    assert mpc.decide(telemetry) == Limits(*incumbent)
+
+
 def test_mpc_refuses_an_engine_it_cannot_fork() -> None:
     mpc = make_controller("mpc")
     assert simulator_only(mpc)
