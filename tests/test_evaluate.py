@@ -499,14 +499,15 @@ def test_compare_writes_report_html_and_json(tmp_path: Path) -> None:
 def test_a_report_written_again_removes_only_the_plots_the_last_one_linked(tmp_path: Path) -> None:
     """A directory given to --out again keeps no plots of scenarios no longer run, and no
     file of the user's is touched."""
-    for name in ("old-timeline.png", "old-itl.png", "mine.png", "notes.md"):
+    for name in ("old-timeline.png", "old-itl.png", "old-rate.png", "mine.png", "arch.png"):
         (tmp_path / name).write_bytes(b"x")
     (tmp_path / "report.md").write_text(
         "# r\n\n![old-timeline](old-timeline.png)\n\n![old-itl](old-itl.png)\n\n"
-        "![gone](gone.png)\n\nsee ![inline](mine.png) here\n"
+        "![old-rate](old-rate.png)\n\n![gone](gone-itl.png)\n\n![arch](arch.png)\n\n"
+        "see ![inline](mine.png) here\n"
     )
     remove_old_plots(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "notes.md", "report.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["arch.png", "mine.png", "report.md"]
 
 
 def test_compare_says_when_every_run_replays_a_whole_long_trace(

@@ -426,12 +426,17 @@ def engine_label(scenario: dict[str, Any]) -> str:
     return f"model {scenario['model']} (vllm engine{', ' + args if args else ''})"
 
 
-_PLOT_LINK = re.compile(r"^!\[[^\]]*\]\(([^/()]+\.png)\)$", re.MULTILINE)
+PLOT_KINDS = ("timeline", "itl", "rate")
+"""The plots `plot_scenario` writes, as ``{scenario}-{kind}.png``."""
+_PLOT_LINK = re.compile(
+    rf"^!\[[^\]]*\]\(([^/()]+-(?:{'|'.join(PLOT_KINDS)})\.png)\)$", re.MULTILINE
+)
 
 
 def remove_old_plots(out_dir: Path) -> None:
-    """Delete the PNGs an earlier report.md in `out_dir` links to (only those: files it
-    wrote), so a directory given again holds no plots of scenarios no longer run."""
+    """Delete the plots an earlier report.md in `out_dir` links to (its own lines, as
+    ``![name](name-timeline.png)``, and the names `plot_scenario` gives), so a directory given
+    again holds no plots of scenarios no longer run; no other file is touched."""
     old = out_dir / "report.md"
     if old.is_file():
         for name in _PLOT_LINK.findall(old.read_text(errors="replace")):
