@@ -2,7 +2,7 @@
 
 A file is read in chunks of whole lines, each split into fields and converted with numpy.
 It takes only what it reads exactly as the row-by-row reader does: plain ASCII, no quotes,
-``\\n`` or ``\\r\\n`` line ends, empty lines, the same field count on every other line,
+``\\n`` or ``\\r\\n`` line ends, empty lines, the same field count on every non-empty line,
 token counts like '123' or '123.0', times like '2023-11-16 18:17:03.9799600+01:00' or
 '4.314579'. On anything else `read_columns` returns None and the caller reads the file row
 by row, which gives its result or its error.
@@ -10,6 +10,7 @@ by row, which gives its result or its error.
 
 from __future__ import annotations
 
+import gzip
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
@@ -47,7 +48,7 @@ class Layout:
     """Fields this long or longer are left to the csv module (its field size limit)."""
 
 
-def read_columns(handle: BinaryIO, layout: Layout) -> Columns | None:
+def read_columns(handle: BinaryIO | gzip.GzipFile, layout: Layout) -> Columns | None:
     """The columns of the lines left in `handle` (past the header), or None if any line is
     irregular, the data is unreadable, or there is no row."""
     parts: list[Columns] = []
@@ -273,7 +274,7 @@ def _zones(
     sign = buf[end - 6]  # within the field: it is 19 characters or more
     offset = (tail >= 6) & ((sign == ord("+")) | (sign == ord("-"))) & (buf[end - 3] == ord(":"))
     length = np.where(offset, 6, z.astype(np.int64))
-    east = none
+    east = np.zeros(len(start))
     if offset.any():
         at = end[offset] - 5
         hours, minutes = _fixed(buf, at, 2), _fixed(buf, at + 3, 2)

@@ -412,7 +412,7 @@ def _fast_layout(fmt: _CsvFormat, header: Sequence[str]) -> trace_fast.Layout | 
         time=None if fmt.time is None else header.index(fmt.time),
         time_kind=kind,
         max_tokens=MAX_TOKENS,
-        max_field=csv.field_size_limit(),
+        max_field=MAX_FIELD,
     )
 
 
@@ -517,11 +517,11 @@ def _finish(
     fmt: str,
     prompt_tokens: np.ndarray,
     output_tokens: np.ndarray,
-    t: np.ndarray | None,
+    times: np.ndarray | None,
     lines: Sequence[int] | None,
     skipped: tuple[int, str],
 ) -> Trace:
-    """The trace, time-ordered; `t`: the arrival times for a trace with times, and `lines`
+    """The trace, time-ordered; `times`: the arrival times for a trace with times, and `lines`
     their lines, for a bad time's error (None where the caller checked the span);
     `skipped`: the bad rows left out and the first one's error."""
     if not len(prompt_tokens):
@@ -529,13 +529,14 @@ def _finish(
             raise TraceError(f"{path}: all {skipped[0]:,} rows are bad; the first: {skipped[1]}")
         raise TraceError(f"{path}: no requests in the file")
     arrival = None
-    if t is not None:
-        order = np.argsort(t, kind="stable")
-        arrival = t[order] - t[order[0]]
+    if times is not None:
+        order = np.argsort(times, kind="stable")
+        arrival = times[order] - times[order[0]]
         if arrival[-1] > MAX_SPAN_S:
             # the outlier is the end farther from its neighbour
-            first = len(t) > 1 and arrival[1] - arrival[0] > arrival[-1] - arrival[-2]
-            line = "?" if lines is None else lines[order[0] if first else order[-1]]
+            first = len(times) > 1 and arrival[1] - arrival[0] > arrival[-1] - arrival[-2]
+            assert lines is not None, "a span check was skipped"  # the fast reader checks it
+            line = lines[order[0] if first else order[-1]]
             raise TraceError(
                 f"{path}:{line}: this timestamp puts the trace's span at {arrival[-1]:.3g} s, "
                 f"over {MAX_SPAN_S:.0e} s (3 years): a bad timestamp?"
