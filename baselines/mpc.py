@@ -36,9 +36,9 @@ holds max_num_seqs at the running count while requests wait (on the Azure 2023 c
 replay, 300 requests on the 7B H100, the sampled-future 16 s teacher kept a p99 TTFT of
 331 ms; with ``ttft_ties=0.001`` 136 ms, goodput 994.4 against 994.5 tok/s). It is off by
 default: over the learned report's four suites (seeds 0-2, against the same teacher without
-it) ``ttft_ties=0.001`` scored 1.001 / 1.001 / 0.998 / 0.987 (held-out / training / families
+it) ``ttft_ties=0.001`` scored 1.003 / 1.003 / 0.999 / 0.987 (held-out / training / families
 / unseen; 0.938 on the unseen Azure code replay x2 on the H100, where admitting sooner costs
-TPOT) and ``ttft_ties=0.01`` 0.973 on the held-out suite, though p99 TTFT fell on most
+TPOT) and ``ttft_ties=0.01`` 0.966 on the held-out suite, though p99 TTFT fell on most
 scenarios. Near-ties of the budget alone do not help: the least wait is often a small chunk
 (prefilling several short prompts first), and the replay's p99 TTFT rose to 487 ms.
 
