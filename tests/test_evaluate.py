@@ -523,9 +523,9 @@ def test_compare_says_when_every_run_replays_a_whole_long_trace(
             "--no-capacity", "--workers", "1", "--no-progress"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     err = capsys.readouterr().err
-    assert "replays all 12 requests of the trace" in err and "--num-requests N" in err
+    assert "simulates all 12 requests of the trace" in err and "--num-requests N" in err
     assert main([*args, "--num-requests", "11", "--out", str(tmp_path / "b")]) == 0
-    assert "replays all" not in capsys.readouterr().err
+    assert "simulates all" not in capsys.readouterr().err
 
 
 def test_engine_factory_errors_name_the_problem() -> None:

@@ -210,11 +210,11 @@ def scenario_workload(
 
 
 LONG_RUN_REQUESTS = 100_000
-"""Requests per run above which `evaluate` says a whole trace is replayed (`long_runs`)."""
+"""Requests per run above which `evaluate` says a whole trace is run (`long_runs`)."""
 
 
 def long_runs(scenarios: Sequence[Scenario]) -> list[str]:
-    """A note for each scenario that replays a whole trace file of over `LONG_RUN_REQUESTS`
+    """A note for each scenario that runs a whole trace file of over `LONG_RUN_REQUESTS`
     requests in every run (no ``num_requests``), naming the option that takes a window."""
     notes = []
     for sc in scenarios:
@@ -222,7 +222,7 @@ def long_runs(scenarios: Sequence[Scenario]) -> list[str]:
             total = len(load_trace(sc.source, bad_rows=sc.bad_rows))
             if total > LONG_RUN_REQUESTS:
                 notes.append(
-                    f"note: {sc.name}: every run replays all {total:,} requests of the trace; "
+                    f"note: {sc.name}: every run simulates all {total:,} requests of the trace; "
                     "--num-requests N (a suite's num_requests) runs a window of N requests "
                     "from a random request per seed instead"
                 )
