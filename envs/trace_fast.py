@@ -5,7 +5,9 @@ It takes only what it reads exactly as the row-by-row reader does: plain ASCII, 
 ``\\n`` or ``\\r\\n`` line ends, empty lines, the same field count on every non-empty line,
 token counts like '123' or '123.0', times like '2023-11-16 18:17:03.9799600+01:00' or
 '4.314579'. On anything else `read_columns` returns None and the caller reads the file row
-by row, which gives its result or its error.
+by row, which gives its result or its error. Asked to skip bad rows, it leaves out the rows
+whose only fault is a whole-number token count out of range (BurstGPT's failed requests have
+0 response tokens), counts them, and names the first one's line and text.
 """
 
 from __future__ import annotations
@@ -35,6 +37,21 @@ Columns = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """Rows left out for a token count out of range (`read_columns`' ``skip``): how many, and
+    the first one's line number (the header's is 1) and text (without its line end)."""
+
+    rows: int = 0
+    line: int = 0
+    text: bytes = b""
+
+
+_Chunk = tuple[Columns, Skipped]
+"""A chunk's kept rows' columns, and its left-out rows (their `Skipped.line`: the lines in the
+chunk before the first)."""
+
+
+@dataclass(frozen=True)
 class Layout:
     """Where a CSV trace's values are, and the limits its row reader applies."""
 
@@ -48,10 +65,17 @@ class Layout:
     """Fields this long or longer are left to the csv module (its field size limit)."""
 
 
-def read_columns(handle: BinaryIO | gzip.GzipFile, layout: Layout) -> Columns | None:
-    """The columns of the lines left in `handle` (past the header), or None if any line is
-    irregular, the data is unreadable, or there is no row."""
+def read_columns(
+    handle: BinaryIO | gzip.GzipFile, layout: Layout, *, skip: bool = False
+) -> tuple[Columns, Skipped] | None:
+    """The columns of the lines left in `handle` (past the header, line 1), and the rows left
+    out; None if any line is irregular, the data is unreadable, or no row is kept. A row with
+    a whole-number token count out of range (below 1 or over `Layout.max_tokens`) is left out
+    with `skip` (the row reader skips it: its tokens are read before its time, which must
+    still be regular), else it gives None."""
     parts: list[Columns] = []
+    skipped = Skipped()
+    line = 2  # the number of the next chunk's first line
     rest = b""
     while True:
         try:
@@ -66,16 +90,30 @@ def read_columns(handle: BinaryIO | gzip.GzipFile, layout: Layout) -> Columns | 
         if len(rest) > MAX_LINE:
             return None
         if cut:
-            part = _parse_chunk(memoryview(data)[:cut], layout)
-            if part is None:
+            chunk = _parse_chunk(memoryview(data)[:cut], layout, skip)
+            if chunk is None:
                 return None
-            parts.append(part)
+            parts.append(chunk[0])
+            skipped = _add(skipped, chunk[1], line)
+            if skip:  # lines are counted for a left-out row's line number
+                line += int(np.count_nonzero(np.frombuffer(data, np.uint8, cut) == ord("\n")))
     if rest:  # a last line without a newline
-        part = None if rest.endswith(b"\r") else _parse_chunk(rest + b"\n", layout)
-        if part is None:
+        chunk = None if rest.endswith(b"\r") else _parse_chunk(rest + b"\n", layout, skip)
+        if chunk is None:
             return None
-        parts.append(part)
-    return _concatenate(parts)
+        parts.append(chunk[0])
+        skipped = _add(skipped, chunk[1], line)
+    columns = _concatenate(parts)
+    return None if columns is None else (columns, skipped)
+
+
+def _add(skipped: Skipped, chunk: Skipped, line: int) -> Skipped:
+    """The rows left out so far and those of the next chunk, whose first line is `line`."""
+    if not chunk.rows:
+        return skipped
+    if skipped.rows:
+        return Skipped(skipped.rows + chunk.rows, skipped.line, skipped.text)
+    return Skipped(chunk.rows, line + chunk.line, chunk.text)
 
 
 def _concatenate(parts: list[Columns]) -> Columns | None:
@@ -89,22 +127,40 @@ def _concatenate(parts: list[Columns]) -> Columns | None:
     return prompt, output, np.concatenate([p[2] for p in parts])  # type: ignore[misc]
 
 
-def _parse_chunk(data: bytes | memoryview, layout: Layout) -> Columns | None:
-    """The columns of `data`, whole lines ending in a newline; None if any is irregular."""
+def _parse_chunk(data: bytes | memoryview, layout: Layout, skip: bool) -> _Chunk | None:
+    """The columns of `data`, whole lines ending in a newline, and the rows left out (with
+    `skip`, those with a token count out of range); None if any line is irregular."""
     buf = np.frombuffer(data, np.uint8)
     fields = _fields(buf, layout)
     if fields is None:
         return None
     start, end = fields
-    prompt = _tokens(buf, start[:, layout.prompt], end[:, layout.prompt], layout.max_tokens)
-    output = _tokens(buf, start[:, layout.output], end[:, layout.output], layout.max_tokens)
+    most = layout.max_tokens
+    prompt = _tokens(buf, start[:, layout.prompt], end[:, layout.prompt], most)
+    output = _tokens(buf, start[:, layout.output], end[:, layout.output], most)
     if prompt is None or output is None:
         return None
-    if layout.time is None:
-        return prompt, output, None
-    read_times = _datetimes if layout.time_kind == "datetime" else _decimals
-    times = read_times(buf, start[:, layout.time], end[:, layout.time])
-    return None if times is None else (prompt, output, times)
+    times = None
+    if layout.time is not None:  # every row's, a left-out one's too: all must be regular
+        read_times = _datetimes if layout.time_kind == "datetime" else _decimals
+        times = read_times(buf, start[:, layout.time], end[:, layout.time])
+        if times is None:
+            return None
+    in_range = [ok for _, ok in (prompt, output) if ok is not None]
+    if not in_range:
+        return (prompt[0], output[0], times), Skipped()
+    if not skip:
+        return None
+    good = np.logical_and.reduce(in_range)
+    first = int(np.argmin(good))
+    row_end = int(end[first, -1])
+    skipped = Skipped(
+        rows=len(good) - int(np.count_nonzero(good)),
+        line=int(np.count_nonzero(buf[:row_end] == ord("\n"))),  # lines before it
+        text=bytes(buf[start[first, 0] : row_end]),
+    )
+    kept = (prompt[0][good], output[0][good], None if times is None else times[good])
+    return kept, skipped
 
 
 def _fields(buf: np.ndarray, layout: Layout) -> tuple[np.ndarray, np.ndarray] | None:
@@ -156,20 +212,22 @@ def _digits(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray |
     return value
 
 
-def _tokens(buf: np.ndarray, start: np.ndarray, end: np.ndarray, most: int) -> np.ndarray | None:
-    """Token counts: whole numbers from 1 to `most`, as '123', '0123' or '123.0'; else None
-    (the row reader's error, or its result: int(float(text)))."""
+def _tokens(
+    buf: np.ndarray, start: np.ndarray, end: np.ndarray, most: int
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """Whole-number token counts, as '123', '0123' or '123.0', read as the row reader reads
+    them (int(float(text))), and which are from 1 to `most` (None if all are; an out-of-range
+    one, the row reader's bad row, reads as 0); None for any other text (the row reader's
+    result or error)."""
     value = _digits(buf, start, end)
     if value is None:  # '123.0', or not a count
-        number = _decimals(buf, start, end)
-        if number is None or (number != np.floor(number)).any():
+        value = _decimals(buf, start, end)
+        if value is None or (value != np.floor(value)).any():
             return None
-        if number.size and (number.min() < 1 or number.max() > most):
-            return None
-        value = number.astype(np.int64)
-    if value.size and (value.min() < 1 or value.max() > most):
-        return None
-    return value
+    if not value.size or (value.min() >= 1 and value.max() <= most):
+        return value.astype(np.int64, copy=False), None
+    good = (value >= 1) & (value <= most)
+    return np.where(good, value, 0).astype(np.int64, copy=False), good
 
 
 def _decimals(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray | None:

@@ -369,7 +369,7 @@ _Row = tuple[int, int, float | None]
 
 def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
     """The CSV trace, by the vectorised reader where it takes the file, else row by row."""
-    fast = _read_csv_fast(path)
+    fast = _read_csv_fast(path, skip_bad_rows)
     return fast if fast is not None else _read_csv_rows(path, skip_bad_rows)
 
 
@@ -383,21 +383,41 @@ def _read_csv_rows(path: Path, skip_bad_rows: bool) -> Trace:
         )  # fmt: skip
 
 
-def _read_csv_fast(path: Path) -> Trace | None:
+def _read_csv_fast(path: Path, skip_bad_rows: bool = False) -> Trace | None:
     """The CSV trace read by `trace_fast` (the row reader's result, faster), or None where
-    that reader leaves the file to the row reader (`trace_fast.read_columns`)."""
+    that reader leaves the file to the row reader (`trace_fast.read_columns`). With
+    `skip_bad_rows` it leaves out the rows with a token count out of range, as the row reader
+    does, and gives the first one's error by reading that row as the row reader does."""
     with _open(path) as handle:
         fmt, reader = _csv_header(path, handle)
-        layout = _fast_layout(fmt, reader.fieldnames or [])
+        header = reader.fieldnames or []
+        layout = _fast_layout(fmt, header)
         if layout is None or reader.line_num != 1:  # a header over lines: quoted newlines
             return None
-        columns = trace_fast.read_columns(handle, layout)
-    if columns is None:
+        read = trace_fast.read_columns(handle, layout, skip=skip_bad_rows)
+    if read is None:
         return None
-    prompts, outputs, times = columns
+    (prompts, outputs, times), skipped = read
     if times is not None and times.max() - times.min() > MAX_SPAN_S:
         return None  # the error names the line: the row reader's
-    return _finish(path, fmt.name, prompts, outputs, times, None, (0, ""))
+    first_skipped = ""
+    if skipped.rows:
+        first_skipped = _row_error(path, fmt, header, skipped.line, skipped.text)
+        if not first_skipped:  # not a bad row after all (it cannot be): read row by row
+            return None
+    return _finish(path, fmt.name, prompts, outputs, times, None, (skipped.rows, first_skipped))
+
+
+def _row_error(path: Path, fmt: _CsvFormat, header: Sequence[str], line: int, text: bytes) -> str:
+    """The row reader's error for the row `text` (a regular line: ASCII, no quotes, no line
+    end) on `line` of `path`, as `_rows_csv` reads it and `_collect` names it; empty if the row
+    is good."""
+    values = next(csv.reader([text.decode("ascii")]))
+    try:
+        _csv_row(fmt, dict(zip(header, values, strict=True)), f"{path}:{line}")
+    except TraceError as exc:
+        return str(exc)
+    return ""
 
 
 def _fast_layout(fmt: _CsvFormat, header: Sequence[str]) -> trace_fast.Layout | None:

@@ -273,3 +273,193 @@ def test_a_fast_read_trace_is_cached_and_read_only(tmp_path: Path) -> None:
     for column in (trace.prompt_tokens, trace.output_tokens, trace.arrival_s):
         assert not column.flags.writeable
     assert trace.prompt_tokens.dtype == np.int64 and trace.arrival_s.dtype == np.float64
+
+
+BURSTGPT = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+
+
+def burstgpt_lines(rows: int, seed: int, *, failed: float = 0.0) -> list[str]:
+    """BurstGPT rows: times in decimal seconds, and a `failed` share of failed requests, with
+    0 response tokens (as the public trace logs them)."""
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(0.5, rows)).tolist()
+    prompts, outputs = rng.integers(1, 3000, rows), rng.integers(1, 900, rows)
+    outputs[rng.random(rows) < failed] = 0
+    return [
+        f"{t:.6f},ChatGPT,{p},{o},{p + o},Conversation log"
+        for t, p, o in zip(times, prompts, outputs, strict=True)
+    ]
+
+
+def bad_tokens(line: str, prompt: str | None = None, output: str | None = None) -> str:
+    """A BurstGPT line with its request and/or response tokens replaced."""
+    fields = line.split(",")
+    fields[2] = fields[2] if prompt is None else prompt
+    fields[3] = fields[3] if output is None else output
+    return ",".join(fields)
+
+
+def out_of_range(line: str) -> bool:
+    """A BurstGPT line with a token count out of range (every other field good)."""
+    return bool(line) and any(not 1 <= float(v) <= traces.MAX_TOKENS for v in line.split(",")[2:4])
+
+
+def skip_case(case: str) -> tuple[list[str], bool]:
+    """BurstGPT lines (blank ones included) whose only bad rows have token counts out of
+    range, and whether the file ends in a newline."""
+    if case == "spread":  # 5% failed requests, blank lines before the first
+        lines = burstgpt_lines(600, 22, failed=0.05)
+        first = next(i for i, line in enumerate(lines) if out_of_range(line))
+        assert first >= 10  # past the first chunks
+        return ["", *lines[:first], "", "", *lines[first:]], True
+    lines = burstgpt_lines(600, 21)
+    if case == "prompt-and-output":
+        lines[40] = bad_tokens(lines[40], prompt="0")  # the first: its prompt
+        lines[41] = bad_tokens(lines[41], output="0.0")
+        lines[300] = bad_tokens(lines[300], prompt="00", output="0")  # the prompt's error
+        lines[400] = bad_tokens(lines[400], output="2147483648")
+        lines[401] = bad_tokens(lines[401], prompt="3000000000.0")
+        lines[402] = bad_tokens(lines[402], prompt="99999999999999999999")
+        lines[500:500] = ["", ""]
+        return [*lines[:20], "", "", *lines[20:]], True
+    if case == "first-row":
+        lines[0] = bad_tokens(lines[0], output="0")
+        lines[1] = bad_tokens(lines[1], prompt="0")
+        return lines, True
+    assert case == "last-line"
+    lines[-1] = bad_tokens(lines[-1], output="0")
+    return [*lines[:-1], "", *lines[-1:]], False
+
+
+@pytest.mark.parametrize("chunk", [7, 333, 1 << 20])
+@pytest.mark.parametrize("eol", ["\n", "\r\n"], ids=["lf", "crlf"])
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "gzip"])
+@pytest.mark.parametrize("case", ["spread", "prompt-and-output", "first-row", "last-line"])
+def test_skipping_out_of_range_tokens_fast_gives_the_row_readers_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, packed: bool, eol: str, chunk: int
+) -> None:
+    monkeypatch.setattr(trace_fast, "CHUNK_BYTES", chunk)
+    lines, last_newline = skip_case(case)
+    text = BURSTGPT + eol + eol.join(lines) + (eol if last_newline else "")
+    path = tmp_path / "burstgpt.csv"
+    path.write_bytes(gzip.compress(text.encode()) if packed else text.encode())
+    slow = traces._read_csv_rows(path, True)
+    fast = traces._read_csv_fast(path, True)
+    assert fast is not None, "the vectorised reader left a file of out-of-range tokens"
+    assert_same(fast, slow)
+    assert_same(load_trace(path, bad_rows="skip"), slow)
+    first = next(i for i, line in enumerate(lines) if out_of_range(line)) + 2  # header: line 1
+    assert fast.first_skipped.startswith(f"{path}:{first}: "), fast.first_skipped
+    assert fast.skipped_rows == sum(map(out_of_range, lines))
+    # reporting bad rows: as before, the row reader's error
+    assert traces._read_csv_fast(path) is None
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    with pytest.raises(TraceError) as row_err:
+        traces._read_csv_rows(path, False)
+    assert str(err.value) == str(row_err.value)
+    assert str(err.value) == f"{fast.first_skipped} ({SKIP_HINT})"
+
+
+def test_skipped_rows_errors_name_their_problem(tmp_path: Path, small_chunks: None) -> None:
+    lines = burstgpt_lines(200, 22)
+    lines[50] = bad_tokens(lines[50], prompt="0", output="0")
+    lines[60] = bad_tokens(lines[60], output="2147483648")
+    path = write(tmp_path / "b.csv", BURSTGPT, ["", *lines])
+    trace = traces._read_csv_fast(path, True)
+    assert trace is not None and (len(trace), trace.skipped_rows) == (198, 2)
+    assert (
+        trace.first_skipped == f"{path}:53: Request tokens is 0; a request needs at least 1 token"
+    )
+    lines[50] = lines[51]
+    path = write(tmp_path / "c.csv", BURSTGPT, lines)
+    trace = traces._read_csv_fast(path, True)
+    assert trace is not None and trace.first_skipped == (
+        f"{path}:62: Response tokens is '2147483648', over 2,147,483,647 tokens: a bad value?"
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "0,ChatGPT,5,0,5,Conversation log",  # a time out of order: still a good row's (kept)
+        "x,ChatGPT,5,0,5,Conversation log",  # a bad time too: the row reader's
+        "1.5,ChatGPT,5,1.5,5,Conversation log",  # not a whole number
+        "1.5,ChatGPT,,0,5,Conversation log",  # no prompt
+        '1.5,ChatGPT,"5",0,5,Conversation log',
+        "1.5,ChatGPT,5,0,5",
+        "1.5,ChatGPT,-1,0,5,Conversation log",
+        "1.5,ChatGPT,5,0,5,Conversation log\r",  # a bare carriage return: the last line
+    ],
+)
+def test_skipping_leaves_other_bad_rows_to_the_row_reader(tmp_path: Path, change: str) -> None:
+    lines = burstgpt_lines(300, 23, failed=0.1)
+    lines[-1] = change
+    path = tmp_path / "mixed.csv"
+    path.write_bytes((BURSTGPT + "\n" + "\n".join(lines)).encode())
+    try:
+        expected: Trace | str = traces._read_csv_rows(path, True)
+    except TraceError as exc:
+        expected = str(exc)
+    fast = traces._read_csv_fast(path, True)
+    if change.startswith("0,"):
+        assert fast is not None
+    else:
+        assert fast is None
+    if isinstance(expected, str):
+        with pytest.raises(TraceError) as err:
+            load_trace(path, bad_rows="skip")
+        assert str(err.value) == expected
+    else:
+        assert_same(load_trace(path, bad_rows="skip"), expected)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "gzip"])
+def test_a_file_of_only_bad_rows_gets_the_row_readers_error(tmp_path: Path, packed: bool) -> None:
+    lines = [bad_tokens(line, output="0") for line in burstgpt_lines(50, 24)]
+    path = write(tmp_path / "failed.csv", BURSTGPT, ["", *lines], packed=packed)
+    with pytest.raises(TraceError) as row_err:
+        traces._read_csv_rows(path, True)
+    assert str(row_err.value) == (
+        f"{path}: all 50 rows are bad; the first: {path}:3: Response tokens is 0; a request "
+        "needs at least 1 token"
+    )
+    with pytest.raises(TraceError) as err:
+        load_trace(path, bad_rows="skip")
+    assert str(err.value) == str(row_err.value)
+
+
+def test_skipping_agrees_with_the_row_reader_on_random_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small random files of good rows, rows with token counts out of range, other bad rows
+    and blank lines, in random chunk sizes: the same result or error, either reader."""
+    rng = np.random.default_rng(25)
+    tokens = ["0", "0", "00", "0.0", "7.0", "0007", "2147483647", "2147483648", "1.5", "x", ""]
+    times = ["", "x", "-1", "1e3", "7.", ".5", "200000000"]
+    fast_skips = 0
+    for k in range(300):
+        lines = []
+        for i in range(int(rng.integers(1, 30))):
+            fields = [f"{i * 0.37 + rng.random():.4f}", "m", *rng.integers(1, 99, 2).astype(str)]
+            for j in (2, 3):
+                if rng.random() < 0.15:
+                    fields[j] = str(rng.choice(tokens[:8] if rng.random() < 0.9 else tokens))
+            if rng.random() < 0.03:
+                fields[0] = str(rng.choice(times))
+            lines.extend([""] * int(rng.random() < 0.1) + [",".join([*fields, "9", "log"])])
+        eol = str(rng.choice(["\n", "\r\n"]))
+        text = BURSTGPT + eol + eol.join(lines) + eol * int(rng.random() < 0.7)
+        path = tmp_path / f"r{k}.csv"
+        path.write_bytes(gzip.compress(text.encode()) if rng.random() < 0.2 else text.encode())
+        monkeypatch.setattr(trace_fast, "CHUNK_BYTES", int(rng.choice([1, 5, 16, 64, 4096])))
+        try:
+            expected: Trace | str = traces._read_csv_rows(path, True)
+        except TraceError as exc:
+            expected = str(exc)
+        fast = traces._read_csv_fast(path, True)
+        if fast is not None:
+            assert not isinstance(expected, str), expected
+            assert_same(fast, expected)
+            fast_skips += fast.skipped_rows > 0
+    assert fast_skips > 100  # the fast path took many files with rows to skip
