@@ -305,6 +305,7 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
         ("defaults: &d [a, a, a, a, a, a]\n"
          + "".join(f"d{i}: &d{i} [{', '.join(['*d' if i == 1 else f'*d{i - 1}'] * 6)}]\n" for i in range(1, 9)),
          "holds more than 100,000 values"),
+        ("scenarios: " + "[" * 5000 + "]" * 5000 + "\n", "nest too deeply"),
     ]  # fmt: skip
     for i, (text, message) in enumerate(cases):
         path = tmp_path / f"bad{i}.yml"

@@ -1,6 +1,7 @@
 """Reading the YAML files a user writes (training configs, scenario suites): YAML's safe
 loader, refusing a key given twice in one mapping (YAML keeps the last) and a document whose
-aliases expand past `MAX_VALUES` values (a few lines of anchors can stand for billions)."""
+aliases expand past `MAX_VALUES` values (a few lines of anchors can stand for billions) or
+that nests too deeply for YAML's recursive parser."""
 
 from __future__ import annotations
 
@@ -55,13 +56,15 @@ def _more_values_than(data: Any, limit: int) -> bool:
 
 def load_yaml(path: Path) -> Any:
     """The parsed YAML file at `path`; `ValueError` naming the file if it is not UTF-8 text,
-    not valid YAML, gives a key twice or expands past `MAX_VALUES` values."""
+    not valid YAML, nests too deeply, gives a key twice or expands past `MAX_VALUES` values."""
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+    except RecursionError:  # PyYAML composes and constructs nested nodes recursively
+        raise ValueError(f"{path}: not a config: its lists or mappings nest too deeply") from None
     if _more_values_than(data, MAX_VALUES):
         raise ValueError(
             f"{path}: holds more than {MAX_VALUES:,} values once its aliases are expanded "
