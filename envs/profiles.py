@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -395,7 +397,8 @@ class GPU:
     """Peak HBM bandwidth, bytes/s."""
     flops: float
     """Peak dense 16-bit tensor FLOP/s."""
-    vidur_compute: str
+    vidur_compute: str | None
+    """Vidur's directory of this GPU's linear-layer timings (None: not measured)."""
     vidur_network: str | None
     """Vidur's all-reduce table for a node of these GPUs (None: not measured)."""
 
@@ -404,7 +407,46 @@ GPUS: dict[str, GPU] = {
     "a100": GPU("A100-SXM-80GB", 79.2, 2.039e12, 312e12, "a100", "a100"),
     "h100": GPU("H100-SXM-80GB", 79.1, 3.35e12, 989e12, "h100", "h100"),
     "a40": GPU("A40-48GB", 44.4, 0.696e12, 149.7e12, "a40", None),
+    # not measured by Vidur: a measured GPU's timings carried over (`timing_sources`); the
+    # NVLink of the A100 and H100 nodes; no all-reduce for the PCIe cards (TP 1 only)
+    "a100-40gb": GPU("A100-SXM-40GB", 39.4, 1.555e12, 312e12, None, "a100"),
+    "h200": GPU("H200-SXM-141GB", 139.8, 4.8e12, 989e12, None, "h100"),
+    "l40s": GPU("L40S-48GB", 44.4, 0.864e12, 362e12, None, None),
+    "a10": GPU("A10-24GB", 21.9, 0.6e12, 125e12, None, None),
+    "l4": GPU("L4-24GB", 21.9, 0.3e12, 121e12, None, None),
 }
+"""Memory is about what CUDA reports (nvidia-smi's MiB less about 0.6 GiB); bandwidth and
+dense 16-bit tensor FLOP/s are the datasheets' peaks."""
+
+
+def timing_sources(gpu: str) -> list[str]:
+    """The GPUs whose measured linear-layer timings may serve `gpu`, best first: its own,
+    then the other measured GPUs nearest by datasheet (the sum of the absolute log
+    bandwidth and FLOPs ratios), whose times `carry_times` carries over."""
+    target = GPUS[gpu]
+    measured = [k for k, g in GPUS.items() if g.vidur_compute is not None and k != gpu]
+
+    def distance(key: str) -> float:
+        g = GPUS[key]
+        return abs(math.log(g.bandwidth / target.bandwidth)) + abs(math.log(g.flops / target.flops))
+
+    own = [gpu] if target.vidur_compute is not None else []
+    return own + sorted(measured, key=distance)
+
+
+def carry_times(ms: Sequence[float], source: GPU, target: GPU) -> list[float]:
+    """Linear-layer times measured on `source` (a table's times by token count, ascending),
+    carried to `target` by the datasheets: the flat level (the first knot's time: reading
+    the weights) scales by the bandwidth ratio and the growth above it (compute) by the
+    FLOPs ratio, ``t' = f t + (b - f) t[0]``. Predicting Vidur's measured tables of one GPU
+    from another's this way (GEMMs: the layers' and the gate/up projection; every model
+    and TP measured on both) is off by 7.5-12.7% at the median knot (A100 to H100 7.5%, 90th
+    percentile 19.7%; A100 to A40 10.9%, 31.4%; H100 to A40 12.7%, 43.3%), against 52-426%
+    unscaled (`tests/test_profiles_measured.py`)."""
+    b = source.bandwidth / target.bandwidth
+    f = source.flops / target.flops
+    return [f * t + (b - f) * ms[0] for t in ms]
+
 
 STEP_OVERHEAD_S = 1.0e-3
 SEQ_OVERHEAD_S = 10e-6
@@ -480,15 +522,18 @@ def measured_profile(
             raise ValueError(f"{key} must be in [0, {MAX_GPU_MEMORY_GIB:g}] GiB, got {gib:g}")
     thw = GPUS[gpu]
     memory_gib = thw.memory_gib if gpu_memory_gib is None else gpu_memory_gib
-    key = f"{thw.vidur_compute}/{arch.vidur_name}"
-    linear = tables.get("linear", {}).get(key, {}).get(str(tp))
-    if linear is None:
-        tps = sorted(tables.get("linear", {}).get(key, {}), key=int)
-        have = f"TP {', '.join(tps)}" if tps else ", ".join(sorted(tables.get("linear", {})))
+    measured = tables.get("linear", {})
+    keys = {g: f"{GPUS[g].vidur_compute}/{arch.vidur_name}" for g in timing_sources(gpu)}
+    found = next((g for g, k in keys.items() if str(tp) in measured.get(k, {})), None)
+    if found is None:
+        have = [f"{k} (TP {', '.join(sorted(v, key=int))})" for k, v in sorted(measured.items())]
         raise ValueError(
-            f"no linear-layer table for {arch.title} on {thw.title} at TP {tp} "
-            f"(Vidur compute/{key}/mlp.csv); measured: {have}"
+            f"no linear-layer table for {arch.title} at TP {tp} on {thw.title} or a GPU to "
+            f"carry from (Vidur compute/{{{','.join(keys.values())}}}/mlp.csv); measured: "
+            f"{', '.join(have) or 'none'}"
         )
+    key, source = keys[found], GPUS[found]
+    linear = measured[key][str(tp)]
     xs = linear["tokens"]
     if len(xs) < 2:
         raise ValueError(
@@ -499,7 +544,10 @@ def measured_profile(
     if tp > 1:
         net = (tables.get("all_reduce", {}).get(thw.vidur_network or "") or {}).get(str(tp))
         if net is None:
-            raise ValueError(f"no all-reduce table for {tp} x {thw.title} in the Vidur tables")
+            raise ValueError(
+                f"no all-reduce table for {tp} x {thw.title} in the Vidur tables (Vidur "
+                "measured NVLink nodes of A100s and H100s): TP 1 only on this GPU"
+            )
         if len(net["bytes"]) < 2:
             raise ValueError(
                 f"the all-reduce table for {tp} x {thw.title} (Vidur network/"
@@ -507,6 +555,13 @@ def measured_profile(
                 "size(s); at least 2 are needed"
             )
         all_reduce = net
+    if source is not thw:
+        # the embedding stays as measured: a gather (under 0.2% of a step) whose time
+        # tracks neither ratio
+        linear = linear | {
+            column: carry_times(linear[column], source, thw)
+            for column in ("layer_ms", "up_proj_ms")
+        }
     token_ms = []
     for x, layer, emb in zip(xs, linear["layer_ms"], linear["emb_ms"], strict=True):
         ar = 0.0
@@ -539,10 +594,20 @@ def measured_profile(
         step_overhead_s=step_overhead_s,
         seq_overhead_s=seq_overhead_s,
         source={
-            "linear_layers": f"Vidur compute/{key}/mlp.csv, TP {tp} (measured)",
+            "linear_layers": f"Vidur compute/{key}/mlp.csv, TP {tp} (measured)"
+            + (
+                ""
+                if source is thw
+                else f" on {source.title}, carried to {thw.title} by the datasheets' "
+                f"bandwidth ratio (x{source.bandwidth / thw.bandwidth:.3g}, the flat "
+                f"level) and FLOPs ratio (x{source.flops / thw.flops:.3g}, the growth "
+                "above it) (derived)"
+            ),
             "all_reduce": (
                 f"Vidur network/{thw.vidur_network}_dgx/all_reduce.csv, {tp} GPUs, 2 per "
-                "layer of tokens x hidden x 2 bytes (measured, NCCL)"
+                "layer of tokens x hidden x 2 bytes (measured, NCCL"
+                + ("" if thw.vidur_compute else f", on {thw.vidur_network.upper()} NVLink")
+                + ")"
                 if tp > 1
                 else "none (TP 1)"
             ),
@@ -587,8 +652,13 @@ def measured_profile(
             f"{gpu_title}, TP {tp}, gpu_memory_utilization "
             f"{gpu_memory_utilization}: weights {weights / GIB:.1f} GiB, activation peak "
             f"{activations / GIB:.1f} GiB, runtime reserve {runtime_reserve_gib:g} GiB per "
-            f"GPU, KV cache {num_blocks * block_size:,} tokens; measured step model (Vidur "
-            "operator tables)"
+            f"GPU, KV cache {num_blocks * block_size:,} tokens; "
+            + (
+                "measured step model (Vidur operator tables)"
+                if source is thw
+                else f"step model from Vidur's {source.title} operator tables, carried "
+                f"to {thw.title} by the datasheets"
+            )
         ),
         block_size=block_size,
         num_gpu_blocks=num_blocks,

@@ -82,9 +82,9 @@ def vllm_default_limits(profile: str) -> tuple[int, int, str]:
     text = f"{p.name} {p.description}".lower()
     if "cpu" in text:
         return 128, 2048, "vLLM 0.32 CPU defaults for `vllm serve` (per rank)"
-    name = p.name.lower()  # the name first: "24gb" profiles borrow A100 step times
-    gpu = next((g for g in GPU_MEMORY_GIB if g in name), None)
-    gpu = gpu or next((g for g in GPU_MEMORY_GIB if g in text), None)
+    gpu = None  # the name first ("24gb" profiles borrow A100 step times), then the GPU
+    for where in (p.name.lower(), p.gpu.lower(), text):  # (carried timings name another)
+        gpu = gpu or next((g for g in GPU_MEMORY_GIB if g in where), None)
     if gpu is None:
         raise ValueError(
             f"default: cannot tell the GPU of profile {profile!r} (no {', '.join(GPU_MEMORY_GIB)} "

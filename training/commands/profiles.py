@@ -14,6 +14,7 @@ examples:
   batchpilot profiles build --model llama-2-70b --gpu a100 --tp 4 --out profiles/70b-tp4.json
   batchpilot profiles build --model llama-3-8b --gpu a100 --tp 1 --gpu-memory-gib 22 \\
       --gpu-memory-utilization 0.9 --out profiles/8b-24gb.json
+  batchpilot profiles build --model llama-2-70b --gpu h200 --tp 2 --out profiles/70b-h200x2.json
   batchpilot profiles build --model ~/models/internlm-20b/config.json \\
       --vidur-model internlm/internlm-20b --gpu h100 --vidur ~/vidur/data/profiling \\
       --out profiles/internlm-20b-h100.json
@@ -65,7 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with a config.json: the model's directory under the Vidur profiles' "
         "compute/<gpu>/ (default: the config's _name_or_path)",
     )
-    build.add_argument("--gpu", required=True, choices=tuple(GPUS), help="whose timings apply")
+    build.add_argument(
+        "--gpu",
+        required=True,
+        choices=tuple(GPUS),
+        help="the GPU: Vidur measured "
+        + ", ".join(k for k, g in GPUS.items() if g.vidur_compute)
+        + " (some models on some); the others, and a model Vidur did not time on the GPU, "
+        "take the nearest measured GPU's timings, carried over by the datasheets' bandwidth "
+        "and FLOPs (the profile's step.source says which)",
+    )
     build.add_argument("--tp", type=COUNT, default=1, help="tensor parallel size. Default: 1")
     build.add_argument(
         "--gpu-memory-gib", type=positive, help="memory per GPU (default: the GPU's)"
@@ -151,7 +161,12 @@ def main(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from batchpilot.envs.profile_tables import derive
-    from batchpilot.envs.profiles import architecture, measured_profile, write_profile
+    from batchpilot.envs.profiles import (
+        architecture,
+        measured_profile,
+        timing_sources,
+        write_profile,
+    )
 
     if not args.vidur.is_dir():
         raise ValueError(f"{args.vidur}: no such Vidur profiling directory (--vidur)")
@@ -164,14 +179,15 @@ def _build(args: argparse.Namespace) -> int:
     }
     model = architecture(args.model, args.vidur_model)
     gpu = GPUS[args.gpu]
-    key = f"{gpu.vidur_compute}/{model.vidur_name}"
-    tables = derive(args.vidur, key, gpu.vidur_network)  # only the files this profile uses
-    if key not in tables["linear"]:
+    keys = [f"{GPUS[g].vidur_compute}/{model.vidur_name}" for g in timing_sources(args.gpu)]
+    key = next((k for k in keys if (args.vidur / "compute" / k / "mlp.csv").is_file()), None)
+    if key is None:
         have = sorted("/".join(p.parts[-4:-1]) for p in args.vidur.glob("compute/*/*/*/mlp.csv"))
         raise ValueError(
-            f"no linear-layer table for {model.title} on {gpu.title} (Vidur compute/{key}/"
-            f"mlp.csv); measured: {', '.join(have) or 'none'}"
+            f"no linear-layer table for {model.title} on {gpu.title} or a GPU to carry from "
+            f"(Vidur compute/{{{','.join(keys)}}}/mlp.csv); measured: {', '.join(have) or 'none'}"
         )
+    tables = derive(args.vidur, key, gpu.vidur_network)  # only the files this profile uses
     profile = measured_profile(
         tables,
         model,
