@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,11 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
         meta = json.loads(side.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise PolicyFileError(f"{side}: not valid JSON ({exc!r:.200})") from None
+    except ValueError:  # json.loads' only other ValueError: an integer too long to convert
+        raise PolicyFileError(
+            f"{side}: not a policy sidecar: holds an integer of over "
+            f"{sys.get_int_max_str_digits()} digits"
+        ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise PolicyFileError(f"{side}: not a batchpilot policy sidecar (format != {FORMAT!r})")
     if meta.get("format_version") != FORMAT_VERSION:

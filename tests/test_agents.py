@@ -725,6 +725,9 @@ def test_corrupt_sidecar_is_refused(exported: Path, tmp_path: Path) -> None:
     sidecar_path(p).write_text("{not json")
     with pytest.raises(PolicyFileError, match="not valid JSON"):
         load_policy(p)
+    sidecar_path(p).write_text('{"format": ' + "9" * 5000 + "}")
+    with pytest.raises(PolicyFileError, match=r"p\.onnx\.json: not a policy sidecar: holds an integer"):
+        load_policy(p)
 
 
 def test_other_version_is_refused(exported: Path, tmp_path: Path) -> None:
