@@ -125,7 +125,7 @@ class Arrival:
         if self.kind == "replay":
             if trace_times is None:
                 raise ArrivalSpecError(
-                    "arrival 'replay' needs a trace with timestamps (Azure, Mooncake, "
+                    "arrival 'replay' needs a trace with timestamps (Azure, Mooncake, Bailian, "
                     "BurstGPT); this one has lengths only: use poisson:RATE or gamma:RATE:CV"
                 )
             t = np.asarray(trace_times[:n], dtype=np.float64)

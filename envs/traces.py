@@ -1,5 +1,5 @@
 """Trace readers: Azure LLM inference CSV, BurstGPT CSV, Vidur's timed length CSV, length-only
-CSVs (ShareGPT, GSM8K) and Mooncake JSONL.
+CSVs (ShareGPT, GSM8K), and Mooncake and Bailian (Alibaba's Qwen usage traces) JSONL.
 
 The format is detected from the file's header (or first JSON line). Files are read as
 UTF-8 (a byte order mark is skipped), gzip-compressed ones through `gzip` line by line;
@@ -147,8 +147,9 @@ KNOWN_FORMATS = (
     "an Azure LLM inference CSV (TIMESTAMP,ContextTokens,GeneratedTokens), a BurstGPT CSV "
     "(Timestamp,Request tokens,Response tokens), a Vidur CSV (arrived_at,num_prefill_tokens,"
     "num_decode_tokens), a ShareGPT length CSV (num_prefill_tokens,num_decode_tokens), a GSM8K "
-    "length CSV (prompt_tokens_llama2,output_tokens_llama2) or a Mooncake JSONL (one JSON "
-    "object a line: timestamp, input_length, output_length), any of them gzip-compressed"
+    "length CSV (prompt_tokens_llama2,output_tokens_llama2) or a Mooncake or Bailian JSONL "
+    "(one JSON object a line: timestamp (Mooncake's in ms; Bailian's, with a chat_id, in s), "
+    "input_length, output_length), any of them gzip-compressed"
 )
 """The trace formats `load_trace` reads, for messages."""
 CACHED_TRACES = 4
@@ -451,17 +452,39 @@ def _csv_row(fmt: _CsvFormat, row: dict[str, str], where: str) -> _Row:
         ) from None
 
 
-def _read_mooncake(path: Path, skip_bad_rows: bool) -> Trace:
+JSONL_TIME_UNITS = {"mooncake": ("ms", 1000.0), "bailian": ("s", 1.0)}
+"""The JSONL formats' timestamp units: Mooncake's traces count milliseconds, Alibaba's
+Bailian (Qwen) usage traces seconds."""
+
+
+JSONL_LOOKAHEAD = 64
+"""Lines read ahead for the first JSON object that tells a JSONL's format."""
+
+
+def _read_jsonl(path: Path, skip_bad_rows: bool) -> Trace:
+    """A Mooncake or a Bailian JSONL: both name timestamp, input_length and output_length; a
+    first object (within `JSONL_LOOKAHEAD` lines, past bad ones) with Bailian's ``chat_id``
+    makes the file Bailian's (timestamps in seconds), any other Mooncake's (milliseconds)."""
     with _open(path) as handle:
-        rows = (
-            (line, text)
-            for line, text in enumerate(_text_lines(path, handle), start=1)
-            if text.strip()
-        )
-        return _collect(path, "mooncake", rows, _mooncake_row, True, skip_bad_rows)
+        lines = ((line, text) for line, text in enumerate(_text_lines(path, handle), 1))
+        rows = ((line, text) for line, text in lines if text.strip())
+        ahead = list(itertools.islice(rows, JSONL_LOOKAHEAD))
+        fmt = "mooncake"
+        for _, text in ahead:
+            try:
+                head = json.loads(text)
+            except (ValueError, RecursionError):  # the row reader names what is wrong
+                continue
+            if isinstance(head, dict):
+                fmt = "bailian" if "chat_id" in head else "mooncake"
+                break
+        unit, per_second = JSONL_TIME_UNITS[fmt]
+        parse = functools.partial(_jsonl_row, unit=unit, per_second=per_second)
+        return _collect(path, fmt, itertools.chain(ahead, rows), parse, True, skip_bad_rows)
 
 
-def _mooncake_row(text: str, where: str) -> _Row:
+def _jsonl_row(text: str, where: str, *, unit: str, per_second: float) -> _Row:
+    """One JSONL request; its timestamp in `unit`, `per_second` to the second."""
     try:
         row = json.loads(text, object_pairs_hook=_unique_object)
     except json.JSONDecodeError as exc:
@@ -488,8 +511,8 @@ def _mooncake_row(text: str, where: str) -> _Row:
         _json_number(row[key], key, where)
     t = _json_number(row["timestamp"], "timestamp", where)
     if not math.isfinite(t) or t < 0:
-        raise TraceError(f"{where}: timestamp is {row['timestamp']!r}; need a time >= 0 (ms)")
-    return p, o, t / 1000.0
+        raise TraceError(f"{where}: timestamp is {row['timestamp']!r}; need a time >= 0 ({unit})")
+    return p, o, t / per_second
 
 
 def _collect(
@@ -577,9 +600,9 @@ def _finish(
 def load_trace(path: str | Path, *, bad_rows: str = DEFAULT_BAD_ROWS) -> Trace:
     """Read a trace file, detecting its format from the header: an Azure LLM inference CSV,
     a BurstGPT CSV or a Vidur CSV (arrived_at,num_prefill_tokens,num_decode_tokens), which
-    have arrival times; a ShareGPT or GSM8K length CSV, which have none; or a Mooncake JSONL
-    (`KNOWN_FORMATS`). A gzip-compressed file is read as it decompresses; a JSON array (as
-    ShareGPT's conversations file) is refused.
+    have arrival times; a ShareGPT or GSM8K length CSV, which have none; or a Mooncake or
+    Bailian JSONL (`KNOWN_FORMATS`). A gzip-compressed file is read as it decompresses; a
+    JSON array (as ShareGPT's conversations file) is refused.
 
     `bad_rows` (`BAD_ROWS`): a row that cannot be a request raises ``error``, or with
     ``skip`` is left out and counted in `Trace.skipped_rows` (BurstGPT, for one, logs failed
@@ -623,7 +646,7 @@ def _read(path: Path, version: tuple[Path, int, int], skip_bad_rows: bool) -> Tr
             "num_decode_tokens) first"
         )
     if first.startswith("{"):
-        trace = _read_mooncake(path, skip_bad_rows)
+        trace = _read_jsonl(path, skip_bad_rows)
     else:
         trace = _read_csv(path, skip_bad_rows)
     for column in (trace.prompt_tokens, trace.output_tokens, trace.arrival_s):

@@ -161,6 +161,36 @@ def test_mooncake_jsonl(tmp_path: Path) -> None:
     assert trace.prompt_tokens.tolist() == [20, 10]
 
 
+def test_bailian_jsonl_counts_seconds(tmp_path: Path) -> None:
+    """Alibaba's Bailian (Qwen) usage traces share Mooncake's field names but count seconds;
+    their chat_id tells them apart (read as milliseconds, the load would be 1000x)."""
+    rows = [
+        {"chat_id": 159, "parent_chat_id": -1, "timestamp": 61.114, "input_length": 521,
+         "output_length": 132, "type": "text", "turn": 1, "hash_ids": [1]},
+        {"chat_id": 160, "parent_chat_id": 159, "timestamp": 62.5, "input_length": 400,
+         "output_length": 80, "type": "text", "turn": 2, "hash_ids": [2]},
+        {"chat_id": 161, "parent_chat_id": -1, "timestamp": 60.0, "input_length": 10,
+         "output_length": 5, "type": "search", "turn": 1, "hash_ids": []},
+    ]  # fmt: skip
+    text = "\n".join(json.dumps(r) for r in rows) + "\n"
+    trace = load_trace(write(tmp_path, "qwen_traceA_blksz_16.jsonl", text.replace("}\n", "}\n\n", 1)))
+    assert trace.format == "bailian"
+    assert trace.arrival_s.tolist() == pytest.approx([0.0, 1.114, 2.5])
+    assert trace.prompt_tokens.tolist() == [10, 521, 400]
+    bad = text + '{"chat_id": 162, "timestamp": -1, "input_length": 3, "output_length": 1}\n'
+    with pytest.raises(TraceError, match=r"b\.jsonl:4: timestamp is -1; need a time >= 0 \(s\)"):
+        load_trace(write(tmp_path, "b.jsonl", bad))
+    # no chat_id in the first object: Mooncake's milliseconds, as before
+    mooncake = "\n".join(json.dumps({k: r[k] for k in r if k != "chat_id"}) for r in rows)
+    assert load_trace(write(tmp_path, "m.jsonl", mooncake)).arrival_s[-1] == pytest.approx(2.5e-3)
+    # a first line that is no JSON object is the row reader's error, with its line; skipped,
+    # the next object still says Bailian
+    with pytest.raises(TraceError, match=r"c\.jsonl:1: not valid JSON"):
+        load_trace(write(tmp_path, "c.jsonl", "{nope\n" + text))
+    skipped = load_trace(write(tmp_path, "d.jsonl", "{nope\n" + text), bad_rows="skip")
+    assert (skipped.format, skipped.skipped_rows, skipped.arrival_s[-1]) == ("bailian", 1, 2.5)
+
+
 VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,374,44\n4.314579,396,109\n2.5,10,5\n"
 
 
@@ -211,7 +241,7 @@ def test_a_json_array_is_refused_naming_the_formats_read(tmp_path: Path, text: s
         load_trace(path)
     message = str(err.value)
     assert message.startswith(f"{path}:1: a JSON array, not a trace format this reader knows")
-    for known in ("Azure", "BurstGPT", "Vidur", "ShareGPT length CSV", "GSM8K", "Mooncake JSONL"):
+    for known in ("Azure", "BurstGPT", "Vidur", "ShareGPT length CSV", "GSM8K", "Bailian JSONL"):
         assert known in message
     assert "needs tokenizing into a length CSV" in message and "more than once" not in message
 

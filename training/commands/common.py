@@ -104,7 +104,7 @@ DEFAULT_WORKLOAD = "embedded:azure-conv@replay:0.7"
 0.7x the trace's rate, near the 7B profile's capacity, where the limit matters."""
 WORKLOAD_HELP = (
     "SOURCE@ARRIVAL: a trace file (Azure CSV, BurstGPT CSV, Vidur CSV, ShareGPT/GSM8K length "
-    "CSV, Mooncake JSONL, plain or gzip-compressed; format detected from the header), "
+    "CSV, Mooncake or Bailian JSONL, plain or gzip-compressed; format detected from the header), "
     "embedded:NAME (azure-conv, azure-code, sharegpt, gsm8k: length tables shipped with "
     "batchpilot), mix:NAME=W,..., shift:NAME@0,NAME@T1,...[/PERIOD] or fixed:PROMPT:OUTPUT, "
     "@ an arrival process: all-at-once, poisson:RATE, gamma:RATE:CV, steps:R0@0,R1@T1,..., "
