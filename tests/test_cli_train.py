@@ -42,6 +42,7 @@ BASE = {
         ({"learning_rate": float("nan")}, "learning_rate: nan is not finite"),
         ({"batch_size": 0}, r"batch_size: 0 is outside \[1, "),
         ({"gamma": 2}, "gamma: 2 is outside"),
+        ({"use_sde": True}, r"PPO refused the config \(generalized State-Dependent Exploration"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {}, "seeds": 7}}, "eval.seeds: 7 is not a list"),
         ({"eval": {"profile": 5, "workload": {}}}, "eval.profile: 5 is not of type str"),
         ({"eval": {"freq": 0, "profile": "llama-7b-a100", "workload": {}}}, "eval.freq: 0 is outside"),

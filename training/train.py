@@ -378,12 +378,21 @@ def make_vec_env(cfg: TrainConfig) -> Any:
     return venv
 
 
-def _new_model(cfg: TrainConfig, venv: Any, tb: Path) -> Any:
+def _new_model(cfg: TrainConfig, venv: Any, tb: Path, config_path: Path) -> Any:
+    """PPO as `cfg` sets it up; a ValueError naming `config_path` if PPO refuses it."""
     from stable_baselines3 import PPO
 
-    return PPO(
-        cfg.policy, venv, seed=cfg.seed, tensorboard_log=str(tb), device="cpu", **cfg.hyperparams
-    )
+    try:
+        return PPO(
+            cfg.policy,
+            venv,
+            seed=cfg.seed,
+            tensorboard_log=str(tb),
+            device="cpu",
+            **cfg.hyperparams,
+        )
+    except (TypeError, ValueError, AssertionError) as exc:  # PPO's own argument checks
+        raise ValueError(f"{config_path}: PPO refused the config ({exc})") from None
 
 
 @dataclass
@@ -474,10 +483,10 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
     # the model is rebuilt from the config; a checkpoint holds only data (no pickle)
     stand_in = DummyVecEnv([functools.partial(make_env, cfg) for _ in range(cfg.n_envs)])
     try:
-        model = _new_model(cfg, stand_in, out / "tb")
+        model = _new_model(cfg, stand_in, out / "tb", config_path)
         if previous is not None:
             load_checkpoint(model, previous)
-    except (TypeError, AssertionError) as exc:  # PPO's own argument checks
+    except (TypeError, AssertionError) as exc:  # PPO's own checks, met loading a checkpoint
         raise ValueError(f"{config_path}: PPO refused the config ({exc})") from None
     finally:
         stand_in.close()
