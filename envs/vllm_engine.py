@@ -86,7 +86,14 @@ Extra keyword arguments go to `vllm.EngineArgs`.
             seed=seed,
             **{"disable_log_stats": True} | engine_args,  # batchpilot reports the stats
         )
-        self.llm = LLMEngine.from_engine_args(args)
+        try:
+            self.llm = LLMEngine.from_engine_args(args)
+        except (ValueError, OSError):
+            raise
+        except Exception as exc:  # a config.json or weights vLLM cannot load, as vLLM says
+            raise ValueError(
+                f"{model}: vLLM cannot load this model ({type(exc).__name__}: {exc})"
+            ) from exc
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.scheduler.set_slo(slo or SLO())
         self.scheduler.tracker.keep_records = True

@@ -182,3 +182,6 @@ def test_not_a_model_directory_is_named(tmp_path) -> None:
 
     with pytest.raises(ValueError, match="not a model directory"):
         make_vllm_engine(tmp_path)
+    (tmp_path / "config.json").write_text("[1]")  # vLLM meets an AttributeError in it
+    with pytest.raises(ValueError, match=r"vLLM cannot load this model \(AttributeError: "):
+        make_vllm_engine(tmp_path)
