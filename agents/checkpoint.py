@@ -298,8 +298,14 @@ def load_policy_module(directory: Path) -> Any:
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: {key} is missing or not numbers") from None
     too_big = [v for v in ints(state["policy_kwargs"].get("net_arch")) if not 1 <= v <= MAX_LAYER]
-    if too_big or bounds["observation_low"].size > MAX_LAYER:
-        raise CheckpointError(f"{path}: policy sizes over {MAX_LAYER:,} ({too_big[:3]})")
+    n_obs = bounds["observation_low"].size
+    # the action head's width: one logit per choice of each knob, or one output per dimension
+    outputs = bounds["action_nvec"].sum() if "action_nvec" in bounds else bounds["action_low"].size
+    if too_big or n_obs > MAX_LAYER or not outputs <= MAX_LAYER:
+        raise CheckpointError(
+            f"{path}: policy sizes over {MAX_LAYER:,} (layers {too_big[:3]}, {n_obs} "
+            f"observations, {outputs:g} action outputs)"
+        )
     try:
         obs = spaces.Box(bounds["observation_low"], bounds["observation_high"], dtype=np.float32)
         if "action_nvec" in bounds:

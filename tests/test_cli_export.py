@@ -172,6 +172,27 @@ def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> Non
     assert "policy.safetensors: not a readable safetensors file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"action_nvec": [10**9, 8]}, "policy sizes over 65,536 (layers [], "),
+    ],
+)
+def test_bad_checkpoint_state_is_named(
+    run_dir: Path, tmp_path: Path, capsys, edit: dict, message: str
+) -> None:
+    """checkpoint.json's fields size and shape the network export rebuilds: refused by name
+    (an action of a billion choices once asked torch for 256 GB)."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    path = run / "final" / "checkpoint.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | edit))
+    argv = ["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {message}" in err, err
+
+
 def test_an_export_that_would_not_load_replaces_nothing(
     run_dir: Path, policy: Path, tmp_path: Path, capsys
 ) -> None:
