@@ -285,9 +285,9 @@ def load_policy_module(directory: Path) -> Any:
 
     state = read_state(directory)
     path = directory / STATE
-    if state.get("policy") not in PPO.policy_aliases:
+    if state.get("policy") != "MlpPolicy":  # as `batchpilot train` refuses any other
         raise CheckpointError(
-            f"{path}: policy {state.get('policy')!r}; known: {', '.join(PPO.policy_aliases)}"
+            f"{path}: policy {state.get('policy')!r}; batchpilot's observations need MlpPolicy"
         )
     bounds = {}
     keys = ["observation_low", "observation_high"]

@@ -176,6 +176,9 @@ def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> Non
     ("edit", "message"),
     [
         ({"action_nvec": [10**9, 8]}, "policy sizes over 65,536 (layers [], "),
+        ({"policy": "CnnPolicy"}, "policy 'CnnPolicy'; batchpilot's observations need MlpPolicy"),
+        ({"policy": "MultiInputPolicy"}, "policy 'MultiInputPolicy'; batchpilot's observations"),
+        ({"policy": "Nope"}, "policy 'Nope'; batchpilot's observations need MlpPolicy"),
     ],
 )
 def test_bad_checkpoint_state_is_named(
