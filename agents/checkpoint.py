@@ -69,6 +69,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc!r:.200})") from None
+    except ValueError:  # json.loads' only other ValueError: an integer too long to convert
+        raise CheckpointError(f"{path}: holds an integer too long to be a checkpoint's") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return data

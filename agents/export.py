@@ -180,7 +180,7 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
             and isinstance(meta["env_kwargs"], dict)
             and isinstance(meta["control_interval"], str)
         )
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:  # JSON's errors too
         raise PolicyFileError(f"{meta_path}: not a readable run description ({exc})") from None
     if not ok:
         raise PolicyFileError(f"{meta_path}: env_kwargs or control_interval has the wrong type")

@@ -196,6 +196,28 @@ def test_bad_checkpoint_state_is_named(
     assert f"{path}: {message}" in err, err
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("run.json", "[" * 100_000 + "]" * 100_000, "not a readable run description (maximum"),
+        ("final/checkpoint.json", '{"a": ' + "9" * 5000 + "}", "holds an integer too long"),
+        ("final/vecnormalize.json", '{"a": ' + "9" * 5000 + "}", "holds an integer too long"),
+    ],
+)
+def test_unreadable_run_json_is_named(
+    run_dir: Path, tmp_path: Path, capsys, name: str, text: str, message: str
+) -> None:
+    """JSON that json.loads fails on with RecursionError or a bare ValueError (an integer
+    of over 4,300 digits) is named, file and problem."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / name).write_text(text)
+    argv = ["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{run / name}: {message}" in err, err
+
+
 def test_an_export_that_would_not_load_replaces_nothing(
     run_dir: Path, policy: Path, tmp_path: Path, capsys
 ) -> None:
