@@ -135,6 +135,11 @@ def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
     out["obs_var"] = _floats(data, "obs_var", path, n_obs)
     if (out["obs_var"] < 0).any():
         raise CheckpointError(f"{path}: obs_var has negative entries")
+    if out["norm_obs"] and (out["obs_var"] + out["epsilon"] == 0).any():
+        raise CheckpointError(
+            f"{path}: obs_var has zero entries and epsilon is 0: the observation would be "
+            "divided by 0 (NaN actions)"
+        )
     if out["gamma"] > 1.0:
         raise CheckpointError(f"{path}: gamma {out['gamma']} is over 1")
     return out

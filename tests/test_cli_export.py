@@ -162,6 +162,20 @@ def test_bad_normalisation_file_is_named(run_dir: Path, tmp_path: Path, edit, me
     assert "vecnormalize.json" in str(err.value)
 
 
+def test_normalisation_dividing_by_zero_is_refused(run_dir: Path, tmp_path: Path) -> None:
+    """A zero variance with epsilon 0 would divide the observation by 0: NaN actions."""
+    ckpt = tmp_path / "final"
+    shutil.copytree(run_dir / "final", ckpt)
+    path = ckpt / "vecnormalize.json"
+    data = json.loads(path.read_text())
+    n_obs = len(data["obs_mean"])
+    path.write_text(json.dumps(data | {"norm_obs": True, "epsilon": 0, "obs_var": [0.0] * n_obs}))
+    with pytest.raises(CheckpointError, match="zero entries and epsilon is 0"):
+        normalisation(ckpt, n_obs)
+    path.write_text(json.dumps(data | {"norm_obs": True, "obs_var": [0.0] * n_obs}))
+    assert normalisation(ckpt, n_obs)[2] > 0  # SB3's epsilon: the division stays finite
+
+
 def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
