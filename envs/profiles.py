@@ -245,18 +245,21 @@ class Architecture:
     vocab: int
     max_model_len: int
     dtype_bytes: int = 2
+    tied_embeddings: bool = False
+    """The LM head shares the embedding's weights (``tie_word_embeddings``)."""
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
     def weight_bytes_per_gpu(self, tp: int) -> float:
-        """Embedding and LM head split by vocabulary, attention and MLP by heads and
-        columns (vLLM's tensor parallelism); norms replicated."""
+        """Embedding and LM head (one matrix when tied) split by vocabulary, attention and
+        MLP by heads and columns (vLLM's tensor parallelism); norms replicated."""
         hd = self.head_dim
         attn = self.hidden * (self.heads + 2 * self.kv_heads) * hd + self.heads * hd * self.hidden
         mlp = 3 * self.hidden * self.intermediate
-        sharded = 2 * self.vocab * self.hidden + self.layers * (attn + mlp)
+        vocab_matrices = 1 if self.tied_embeddings else 2
+        sharded = vocab_matrices * self.vocab * self.hidden + self.layers * (attn + mlp)
         replicated = (2 * self.layers + 1) * self.hidden
         return (sharded / tp + replicated) * self.dtype_bytes
 
@@ -299,13 +302,37 @@ HF_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 wins (``num_key_value_heads`` unset or null: as many as the attention heads)."""
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+LLAMA_FAMILY = (
+    "llama", "mistral", "qwen2", "qwen3", "internlm", "internlm2", "yi", "baichuan",
+    "deepseek", "granite", "olmo", "olmo2", "aquila",
+)  # fmt: skip
+"""``model_type`` values read as a Llama-family decoder (gated MLP, RoPE attention, dense);
+a config without ``model_type`` is read as one too."""
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+"""config.json keys of mixture-of-experts models, which are not modelled."""
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object that names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def read_json(file: Path, what: str) -> object:
-    """`file`'s JSON value; an unreadable, non-UTF-8, invalid or absurdly nested file, or one
-    with an absurdly long integer, is a ValueError naming it."""
+    """`file`'s JSON value; an unreadable, non-UTF-8, invalid or absurdly nested file, one
+    with an absurdly long integer or a key given twice in an object (json keeps the last
+    silently), is a ValueError naming it."""
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ValueError(f"{file}: {what} gives {str(exc)!r} twice in one object") from None
     except OSError as exc:
         raise ValueError(f"{file}: cannot read {what} ({exc.strerror})") from None
     except UnicodeDecodeError:
@@ -322,12 +349,30 @@ def read_json(file: Path, what: str) -> object:
 
 def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Architecture:
     """A model's shape from its Hugging Face ``config.json`` (the file or its directory), read
-    as a Llama-family decoder (gated MLP; embedding and LM head untied). `vidur_name` is its
-    directory under Vidur's ``compute/<gpu>/`` (default: the config's ``_name_or_path``)."""
+    as a dense Llama-family decoder (`LLAMA_FAMILY`: gated MLP; a mixture of experts or
+    another ``model_type`` is refused). `vidur_name` is its directory under Vidur's
+    ``compute/<gpu>/`` (default: the config's ``_name_or_path``)."""
     file = path / "config.json" if path.is_dir() else path
     data = read_json(file, "the model config")
     if not isinstance(data, dict):
         raise ValueError(f"{file}: a model config must be a JSON object")
+    model_type = data.get("model_type")
+    if model_type is not None and model_type not in LLAMA_FAMILY:
+        raise ValueError(
+            f"{file}: model_type {brief(model_type)} is not a Llama-family decoder; only "
+            f"dense gated-MLP models are modelled ({', '.join(LLAMA_FAMILY)})"
+        )
+    moe = ", ".join(f"{key} {brief(data[key])}" for key in MOE_KEYS if data.get(key))
+    if moe:
+        raise ValueError(
+            f"{file}: a mixture-of-experts model ({moe}); only dense Llama-family models are "
+            "modelled"
+        )
+    tied = data.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ValueError(
+            f"{file}: tie_word_embeddings must be true or false, got {brief(tied)}"
+        )
 
     def count(field: str, keys: tuple[str, ...]) -> int:
         for key in keys:
@@ -368,6 +413,7 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
         vidur_name=name,
         kv_heads=kv_heads,
         dtype_bytes=DTYPE_BYTES[dtype],
+        tied_embeddings=tied,
         **shape,
     )
 
@@ -774,7 +820,11 @@ def get_profile(name_or_path: str) -> EngineProfile:
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
     path = Path(name_or_path)
+    if not name_or_path.strip():
+        raise ValueError(f"no profile named; known: {', '.join(PROFILES)}, or a profile JSON")
     if path.suffix == ".json" or path.exists():
+        if path.is_dir():
+            raise ValueError(f"{path}: a directory, not a profile JSON file")
         if not path.is_file():
             raise ValueError(f"{path}: no such profile file")
         return EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))

@@ -539,6 +539,13 @@ def _write(path: Path, data: object) -> Path:
         (lambda c: c.update(torch_dtype=["bf16"]), "torch_dtype"),
         (lambda c: c.pop("_name_or_path"), "name the model's Vidur directory"),
         (lambda c: c.update(head_dim=96), "head_dim 96 is not hidden_size / num_attention_heads"),
+        (lambda c: c.update(model_type="gpt2"), "model_type 'gpt2' is not a Llama-family decoder"),
+        (
+            lambda c: c.update(model_type="mixtral", num_local_experts=8),
+            "model_type 'mixtral' is not",
+        ),
+        (lambda c: c.update(num_local_experts=8), r"mixture-of-experts model \(num_local_experts 8\)"),
+        (lambda c: c.update(tie_word_embeddings="yes"), "tie_word_embeddings must be true or false"),
     ],
 )
 def test_bad_hugging_face_configs_say_why(tmp_path: Path, edit, message) -> None:
@@ -548,6 +555,17 @@ def test_bad_hugging_face_configs_say_why(tmp_path: Path, edit, message) -> None
     with pytest.raises(ValueError, match=message) as info:
         architecture(str(path))
     assert str(path) in str(info.value)
+
+
+def test_tied_embeddings_hold_one_vocabulary_matrix(tmp_path: Path) -> None:
+    """Llama-3.2-1B-style configs tie the LM head to the embedding: one vocab x hidden matrix
+    fewer in the weights, so more KV cache; model_type llama and no model_type read alike."""
+    untied = architecture(str(_write(tmp_path / "a.json", LLAMA_2_7B_CONFIG)))
+    tied_config = dict(LLAMA_2_7B_CONFIG, tie_word_embeddings=True, model_type="llama")
+    tied = architecture(str(_write(tmp_path / "b.json", tied_config)))
+    saved = untied.weight_bytes_per_gpu(2) - tied.weight_bytes_per_gpu(2)
+    assert saved == 32000 * 4096 * 2 / 2  # one matrix of fp16, split over TP 2
+    assert not untied.tied_embeddings and tied.tied_embeddings
 
 
 def test_model_names_and_paths_are_told_apart(tmp_path: Path) -> None:
