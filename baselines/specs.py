@@ -120,6 +120,19 @@ FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
 (``policy:PATH``) live a layer up: `batchpilot.agents.specs.make_controller`."""
 
 
+def split_specs(text: str) -> list[str]:
+    """Comma-separated controller specs; an empty one (``a,,b``, a stray comma) is a
+    ControllerSpecError, not skipped."""
+    if not text.strip():
+        raise ControllerSpecError("no controller spec given; e.g. static:256,alg1+alg2")
+    specs = [c.strip() for c in text.split(",")]
+    if not all(specs):
+        raise ControllerSpecError(
+            "an empty controller spec between commas; e.g. static:256,alg1+alg2"
+        )
+    return specs
+
+
 def make_controller(
     spec: str, factories: Mapping[str, Callable[[list[str]], Controller]] = FACTORIES
 ) -> Controller:

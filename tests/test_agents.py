@@ -856,7 +856,8 @@ def test_train_report_step_says_first_whether_the_policy_won(
     ("change", "message"),
     [
         ({"--policy": "none.onnx"}, "none.onnx does not exist"),
-        ({"--references": " , "}, "--references ' , ': name at least one controller"),
+        ({"--references": " , "}, "--references ' , ': an empty controller spec between commas"),
+        ({"--references": "alg1,"}, "--references 'alg1,': an empty controller spec between commas"),
         ({"--references": "bogus"}, "unknown controller 'bogus'"),
         ({"--suite": "nosuch"}, "unknown suite 'nosuch'"),
         ({"--suite": "steady", "--suite ": "steady"}, "two suites share a name (steady, steady)"),

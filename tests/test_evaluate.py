@@ -72,6 +72,10 @@ def test_compare_refuses_an_empty_controllers_list(
     """Asked for no controllers, it says so rather than running the default set."""
     assert main(["compare", "--controllers", "", "--out", str(tmp_path)]) == 2
     assert "--controllers '': no controller spec given" in capsys.readouterr().err
+    for spec in ("static:8,,alg1", "static:8,"):  # not skipped: a typo, or a spec left out
+        assert main(["compare", "--controllers", spec, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"--controllers {spec!r}: an empty controller spec between commas" in err
 
 
 @pytest.mark.parametrize(
@@ -367,7 +371,8 @@ def test_suite_scenario_fields_are_type_checked_at_load(
     ("top", "message"),
     [
         ("controllers: []\n", "'controllers' must be a non-empty list of controller specs"),
-        ("controllers: ' , '\n", "'controllers' must be a non-empty list of controller specs"),
+        ("controllers: ' , '\n", "'controllers' ' , ': an empty controller spec between commas"),
+        ("controllers: 'alg1,,alg2'\n", "'controllers' 'alg1,,alg2': an empty controller spec"),
         ("controllers: [alg1, 3]\n", "'controllers' must be a non-empty list of controller specs"),
         ("controllers: [alg1, static:8, alg1]\n", "'controllers' gives alg1 twice"),
         ("seeds: true\n", "'seeds' must be an integer in [1, 1000], got True"),

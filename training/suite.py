@@ -32,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from batchpilot.baselines.specs import split_specs
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS
@@ -151,7 +152,10 @@ def parse_suite(data: Any, path: Path) -> Suite:
 def _controllers(value: Any, path: Path) -> list[str] | None:
     """The suite's controller specs (a list or a comma-separated string), None if not given."""
     if isinstance(value, str):
-        value = [c.strip() for c in value.split(",") if c.strip()]
+        try:
+            value = split_specs(value)
+        except ValueError as exc:
+            raise SuiteError(f"{path}: 'controllers' {value!r}: {exc}") from None
     if value is not None and not (
         isinstance(value, list) and value and all(isinstance(c, str) and c for c in value)
     ):

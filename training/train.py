@@ -46,6 +46,7 @@ from batchpilot.agents.schema import (
     signature_hints,
     unknown_key,
 )
+from batchpilot.baselines.specs import split_specs
 from batchpilot.envs import ENV_ID
 from batchpilot.envs.batching_env import CONTROL_INTERVAL_S
 from batchpilot.envs.metrics import DEFAULT_SLO
@@ -342,11 +343,8 @@ def _check_report(report: dict[str, Any], path: Path) -> None:
             suite_description(_suite_path(suite, path))
     except (ValueError, OSError) as exc:
         raise ValueError(f"{path}: report.suites: {exc}") from None
-    specs = [c.strip() for c in report.get("controllers", REFERENCES).split(",") if c.strip()]
     try:
-        if not specs:
-            raise ValueError("name at least one controller")
-        check_controllers(specs)
+        check_controllers(split_specs(report.get("controllers", REFERENCES)))
     except (ValueError, OSError) as exc:
         raise ValueError(f"{path}: report.controllers: {exc}") from None
 

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from batchpilot.baselines.specs import split_specs
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
@@ -250,9 +251,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
     spec = default_controllers if args.controllers is None else args.controllers
-    controllers = [c.strip() for c in spec.split(",") if c.strip()]
-    if not controllers:
-        raise ValueError(f"--controllers {spec!r}: no controller spec given")
+    try:
+        controllers = split_specs(spec)
+    except ValueError as exc:
+        raise ValueError(f"--controllers {spec!r}: {exc}") from None
     if not args.suite and args.interval is None and (trained := trained_interval(controllers)):
         scenarios = [replace(sc, interval=trained) for sc in scenarios]
         print(f"control interval: {trained}, the learned policy's (--interval sets another)")

@@ -21,6 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from batchpilot.baselines.specs import split_specs
 from batchpilot.training.commands.common import FIRST_SEED, SEEDS, check_output, command_line
 
 REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
@@ -80,8 +81,10 @@ def main(args: argparse.Namespace) -> int:
     if len(set(intervals.values())) > 1:
         given = ", ".join(f"{p} ({i})" for p, i in intervals.items())
         raise ValueError(f"--policy: the policies' control intervals differ: {given}")
-    if not [c for c in args.references.split(",") if c.strip()]:
-        raise ValueError(f"--references {args.references!r}: name at least one controller")
+    try:
+        split_specs(args.references)
+    except ValueError as exc:
+        raise ValueError(f"--references {args.references!r}: {exc}") from None
     names = [n for s in args.suite for n in (suite_names() if s == "all" else [s])]
     suites = [(suite, suite_description(suite)) for suite in names]
     stems = [Path(suite).stem for suite, _ in suites]

@@ -21,6 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from batchpilot.baselines.specs import split_specs
 from batchpilot.training.commands.common import REQUESTS, SEEDS, WORKERS, command_line
 
 TABLE1_CONTROLLERS = "static:256,alg1,alg1+alg2,oracle"
@@ -142,7 +143,10 @@ def main(args: argparse.Namespace) -> int:
     t1, t2 = scenarios(schedulers, args.gsm8k)
     grid = StaticGrid(seqs=STATIC_SEQS, tokens=STATIC_TOKENS, first_seqs=STATIC_SEQS[0])
     common = {"workers": args.workers, "progress": not args.no_progress, "static_grid": grid}
-    extra = [c.strip() for c in args.controllers_extra.split(",") if c.strip()]
+    try:
+        extra = split_specs(args.controllers_extra) if args.controllers_extra.strip() else []
+    except ValueError as exc:
+        raise ValueError(f"--controllers-extra {args.controllers_extra!r}: {exc}") from None
 
     def controllers(base: str) -> list[str]:
         names = base.split(",")
