@@ -78,6 +78,7 @@ BASE = {
         ({"env_kwargs": {"control_interval_s": None, "control_interval_iters": 0}}, "env_kwargs: control_interval_iters must be a whole number in \\[1, 1,000,000\\], got 0"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": []}}, "eval.seeds: needs at least one seed"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": [1000, -1]}}, "eval.seeds: an entry: -1 is outside"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": [1, 2, 1]}}, r"eval.seeds: a seed given twice in \[1, 2, 1\]"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": [True]}}, "eval.seeds: an entry: True is not of type int"),
         ({"env_kwargs": {"engine_kwargs": {"foo": 1}}}, "env_kwargs: engine_kwargs: .*unexpected keyword argument 'foo'"),
         ({"env_kwargs": {"engine_kwargs": {"scheduler": "v9"}}}, "env_kwargs: engine_kwargs: scheduler must be one of"),

@@ -34,7 +34,7 @@ from batchpilot.training.evaluate import (
 )
 from batchpilot.training.paired import describe, paired_difference, t975
 from batchpilot.training.report import remove_old_plots, summary_table, verdict
-from batchpilot.training.suite import SuiteError, load_suite, suite_names
+from batchpilot.training.suite import SuiteError, load_suite, suite_dir, suite_names
 
 SMALL = Scenario("small", "fixed:64:32", "poisson:4", 60, profile="llama-7b-a100")
 GRID = StaticGrid(seqs=(1, 2, 4, 64), tokens=(256, 2048), first_seqs=4)
@@ -64,6 +64,19 @@ def test_compare_refuses_a_nan_capacity_slo(
     args = ["compare", "--capacity", "--capacity-slo", "p90_itl_ms:nan", "--out", str(tmp_path)]
     assert main(args) == 2
     assert "batchpilot compare: error: capacity SLO 'p90_itl_ms:nan'" in capsys.readouterr().err
+
+
+def test_a_blank_suite_is_named_and_a_suite_file_needs_no_extension(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--suite ''`` is no suite (it ran --workload's default before); a suite file saved
+    without .yml reads as one."""
+    assert main(["compare", "--suite", "", "--out", str(tmp_path)]) == 2
+    assert "unknown suite ''" in capsys.readouterr().err
+    plain = tmp_path / "steady"
+    plain.write_text((suite_dir() / "steady.yml").read_text().replace("azure-conv", "gsm8k"))
+    assert "gsm8k" in load_suite(str(plain)).scenarios[0].source
+    assert "azure-conv" in load_suite("steady").scenarios[0].source  # the shipped name first
 
 
 def test_compare_refuses_an_empty_controllers_list(

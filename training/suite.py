@@ -84,9 +84,11 @@ def suite_names() -> dict[str, str]:
 def load_suite(name_or_path: str | Path) -> Suite:
     """A shipped suite by name, or a suite YAML file."""
     path = Path(name_or_path)
-    if not path.suffix:
-        path = suite_dir() / f"{name_or_path}.yml"
-        if not path.is_file():
+    if not path.suffix:  # a shipped suite's name, else a suite file named without .yml
+        shipped = suite_dir() / f"{name_or_path}.yml"
+        if shipped.is_file():
+            path = shipped
+        elif not path.is_file():
             known = ", ".join(p.stem for p in sorted(suite_dir().glob("*.yml")))
             raise SuiteError(f"unknown suite {name_or_path!r}; known: {known}, all")
     if not path.is_file():

@@ -120,9 +120,12 @@ PPO_RANGES: dict[str, Check] = {
 
 
 def _seeds_problem(seeds: list[int]) -> str | None:
-    """``eval.seeds``' range check: at least one seed, each one `seed` may be."""
+    """``eval.seeds``' range check: at least one seed, each one `seed` may be, none twice
+    (a repeated seed would count twice in the evaluation's mean)."""
     if not seeds:
         return "needs at least one seed"
+    if len(set(seeds)) < len(seeds):
+        return f"a seed given twice in {seeds}"
     problems = [RUN_RANGES["seed"](s) for s in seeds]
     return next((f"an entry: {p}" for p in problems if p), None)
 

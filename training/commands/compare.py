@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if engine == "vllm":
         default_controllers = VLLM_CONTROLLERS
         num_requests = num_requests or VLLM_REQUESTS
-    if args.suite:
+    if args.suite is not None:  # '' too: load_suite names it
         if args.workload:
             raise ValueError("--suite and --workload are alternatives: give one")
         engine_options = [
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         controllers = split_specs(spec)
     except ValueError as exc:
         raise ValueError(f"--controllers {spec!r}: {exc}") from None
-    if not args.suite and args.interval is None and (trained := trained_interval(controllers)):
+    if args.suite is None and args.interval is None and (trained := trained_interval(controllers)):
         scenarios = [replace(sc, interval=trained) for sc in scenarios]
         print(f"control interval: {trained}, the learned policy's (--interval sets another)")
     seeds = args.seeds or seeds
