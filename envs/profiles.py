@@ -408,6 +408,11 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
             f"{file}: no _name_or_path: name the model's Vidur directory (ORG/NAME under "
             "compute/<gpu>/; `profiles build --vidur-model`)"
         )
+    if ".." in Path(name).parts:
+        raise ValueError(
+            f"{file}: Vidur directory {name!r} climbs out of compute/<gpu>/ ('..'); name it "
+            "as ORG/NAME (`profiles build --vidur-model`)"
+        )
     return Architecture(
         title=(own if isinstance(own, str) and own else name).rstrip("/").rsplit("/", 1)[-1],
         vidur_name=name,

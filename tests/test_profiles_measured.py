@@ -546,6 +546,7 @@ def _write(path: Path, data: object) -> Path:
         ),
         (lambda c: c.update(num_local_experts=8), r"mixture-of-experts model \(num_local_experts 8\)"),
         (lambda c: c.update(tie_word_embeddings="yes"), "tie_word_embeddings must be true or false"),
+        (lambda c: c.update(_name_or_path="../../../../etc"), r"climbs out of compute/<gpu>/"),
     ],
 )
 def test_bad_hugging_face_configs_say_why(tmp_path: Path, edit, message) -> None:
