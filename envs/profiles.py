@@ -493,7 +493,8 @@ def carry_times(ms: Sequence[float], source: GPU, target: GPU) -> list[float]:
     from another's this way (GEMMs: the layers' and the gate/up projection; every model
     and TP measured on both) is off by 7.5-12.7% at the median knot (A100 to H100 7.5%, 90th
     percentile 19.7%; A100 to A40 10.9%, 31.4%; H100 to A40 12.7%, 43.3%), against 52-426%
-    unscaled (`tests/test_profiles_measured.py`)."""
+    unscaled; whole H100 steps built from the A100's tables match a real H100's forward
+    passes as Vidur's H100 tables do (`tests/test_profiles_measured.py`)."""
     b = source.bandwidth / target.bandwidth
     f = source.flops / target.flops
     return [f * t + (b - f) * ms[0] for t in ms]
