@@ -184,11 +184,14 @@ class Lowering:
         observation, last = self.vectors[0][:-1], self.vectors[-1]
         steps = tuple(self.steps)
         argmaxes = tuple(last[s.start : s.stop].argmax for s in out.segments)
+        logits = last[out.segments[0].start : out.segments[-1].stop]
 
         def act(obs: np.ndarray) -> np.ndarray:
             observation[:] = obs
             for step in steps:
                 step()
+            if not np.isfinite(logits).all():  # argmax would pick an arbitrary action
+                raise FloatingPointError("the policy's network output NaN or infinite logits")
             return np.array([argmax() for argmax in argmaxes], np.float32)
 
         return act

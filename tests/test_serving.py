@@ -170,6 +170,45 @@ def test_nan_telemetry_is_a_controller_failure(llm, monkeypatch: pytest.MonkeyPa
     assert "recent_tbt_s" in s.fallback_reason
 
 
+def nan_policy(directory: Path) -> Path:
+    """The committed policy with its observation normalisation's std zeroed: weights and
+    sidecar valid (re-sealed), but an entry equal to its mean comes out 0 / 0 = NaN, and
+    every logit with it."""
+    onnx = pytest.importorskip("onnx")
+    import json
+
+    import numpy as np
+    from onnx import numpy_helper
+
+    from batchpilot.agents.policy import seal, sha256, sidecar_path
+
+    committed = Path(__file__).parents[1] / "training" / "reports" / "learned" / "policy.onnx"
+    model = onnx.load(committed)
+    for tensor in model.graph.initializer:
+        if tensor.name in ("mean", "std"):
+            zeros = np.zeros(list(tensor.dims), np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(zeros, tensor.name))
+    path = directory / "policy.onnx"
+    onnx.save(model, path)
+    meta = json.loads(sidecar_path(committed).read_text()) | {"sha256": sha256(path)}
+    sidecar_path(path).write_text(json.dumps(seal(meta)))
+    return path
+
+
+def test_a_policy_whose_network_outputs_nan_falls_back(
+    llm, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its argmax over NaN logits once chose the lowest grid point (1 request at a time)
+    without a word; now it is a controller failure."""
+    s = scheduler(llm)
+    s.set_controller(f"policy:{nan_policy(tmp_path)}")
+    with caplog.at_level(logging.ERROR, logger="batchpilot.serving"):
+        running = serve(llm, 6)
+    assert s.controller is None and "NaN" in s.fallback_reason
+    assert "NaN" in caplog.records[-1].getMessage()
+    assert max(running) == 6 and s.max_num_active_reqs == CAP
+
+
 class Counting:
     """A controller trained, as it were, to decide every 4 steps: what each decision saw."""
 
