@@ -743,8 +743,14 @@ SHIPPED_MEASURED: dict[str, dict] = {
     "llama-3-70b-a100x4": {"model": "llama-3-70b", "gpu": "a100", "tp": 4},
     "llama-3-70b-a100x8": {"model": "llama-3-70b", "gpu": "a100", "tp": 8},
     "codellama-34b-a100x2": {"model": "codellama-34b", "gpu": "a100", "tp": 2},
+    # linear-layer timings carried from another GPU (`carry_times`; their descriptions say so)
+    "llama-3-8b-h100": {"model": "llama-3-8b", "gpu": "h100", "tp": 1},
+    "llama-3-8b-l4": {"model": "llama-3-8b", "gpu": "l4", "tp": 1},
+    "llama-2-7b-l40s": {"model": "llama-2-7b", "gpu": "l40s", "tp": 1},
+    "llama-2-70b-h200x2": {"model": "llama-2-70b", "gpu": "h200", "tp": 2},
 }
-"""The measured profiles shipped, built at import from ``envs/data/profile_tables.json``.
+"""The measured profiles shipped, built at import from ``envs/data/profile_tables.json`` (the
+last four with another GPU's linear layers, carried by the datasheets).
 ``llama-3-8b-24gb`` is Llama-3-8B with a 24 GB card's memory (22 GiB usable) and A100
 step times: Vidur measured Llama-3-8B on A100 only, so its speed is an A100's (a real
 24 GB card such as an A10 or L4 is slower); what it models is a KV-tight deployment."""

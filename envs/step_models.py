@@ -259,7 +259,8 @@ class TableStepModel(StepModel):
         return out
 
     def describe(self) -> str:
-        return "table (measured)"
+        carried = "carried to" in str(self.source.get("linear_layers", ""))
+        return "table (carried)" if carried else "table (measured)"
 
     def extremes(self, max_seqs, max_tokens, max_context, max_kv):
         token_least, token_most = _extent(self.token_knots, self.token_s, max_tokens)

@@ -218,6 +218,8 @@ def test_shipped_profiles_describe_themselves_truly() -> None:
         assert f"{arch.max_model_len:,}-token context" in p.description
         assert f"KV cache {p.kv_capacity_tokens:,} tokens" in p.description
         assert p.gpu
+        carried = f"{GPUS[spec['gpu']].vidur_compute}/{arch.vidur_name}" not in load_tables()["linear"]
+        assert ("carried to" in p.description) == carried, name
     assert PROFILES["llama-2-7b-a100"].max_model_len == 4096  # Llama-2-7B's real context
     assert "4,096" in PROFILES["llama-7b-a100"].description  # the stretched one says so
     assert "24 GB" in PROFILES["llama-3-8b-24gb"].gpu
