@@ -843,6 +843,19 @@ def get_profile(name_or_path: str) -> EngineProfile:
     raise ValueError(f"unknown profile {name_or_path!r}; known: {', '.join(PROFILES)}")
 
 
+def unreachable_tpot(profile: EngineProfile, tpot_ms: float | None) -> str | None:
+    """Why no request can meet a TPOT target of `tpot_ms` on `profile` (one request alone,
+    at a one-token context, decodes slower), or None if one can."""
+    floor_ms = profile.step.decode_time(1, 1) * 1e3
+    if tpot_ms is None or floor_ms <= tpot_ms:
+        return None
+    return (
+        f"one request alone decodes at {floor_ms:,.0f} ms a token on {profile.name}, over the "
+        f"TPOT target of {tpot_ms:g} ms: no request can meet the SLO, so goodput is 0 for "
+        "every controller; set a target it can reach (--slo tpot:N, a suite's slo)"
+    )
+
+
 def write_profile(profile: EngineProfile, path: Path) -> None:
     """Write `profile` to `path` as JSON once `get_profile` would load it back (the same
     checks); otherwise a ValueError naming what is wrong, and nothing written."""

@@ -77,6 +77,23 @@ def test_simulate_truncates_overlong_requests_by_default_and_says_so(
                      r"truncated \(--overlong truncate\)", out)  # fmt: skip
 
 
+def test_an_unreachable_tpot_target_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Llama-3-8B on an L4 cannot decode a token in 50 ms: goodput 0 for every controller is
+    the SLO's doing, and simulate and compare say so; at 150 ms they are silent."""
+    argv = ["--profile", "llama-3-8b-l4", "--workload", "embedded:azure-conv@poisson:0.2",
+            "--num-requests", "20", "--no-progress"]  # fmt: skip
+    note = r"one request alone decodes at \d+ ms a token on llama-3-8b-l4, over the TPOT target"
+    assert main(["simulate", *argv]) == 0
+    assert re.search(f"note: {note} of 50 ms", capsys.readouterr().out)
+    assert main(["simulate", *argv, "--slo", "ttft:5000,tpot:150"]) == 0
+    assert "note:" not in capsys.readouterr().out
+    compare = ["compare", *argv, "--controllers", "static:8", "--seeds", "1", "--no-capacity"]
+    assert main([*compare, "--out", str(tmp_path)]) == 0
+    assert re.search(f"note: .*: {note} of 50 ms", capsys.readouterr().err)
+
+
 def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -229,6 +229,20 @@ def long_runs(scenarios: Sequence[Scenario]) -> list[str]:
     return notes
 
 
+def unreachable_slos(scenarios: Sequence[Scenario]) -> list[str]:
+    """A note for each simulated scenario whose TPOT target no request can meet on its
+    profile (`unreachable_tpot`)."""
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.profiles import get_profile, unreachable_tpot
+
+    notes = []
+    for sc in scenarios:
+        if sc.engine == "sim":
+            problem = unreachable_tpot(get_profile(sc.profile), SLO.parse(sc.slo).tpot_ms)
+            notes += [f"note: {sc.name}: {problem}"] if problem else []
+    return notes
+
+
 @dataclass(frozen=True)
 class CapacityTarget:
     """What meeting the SLO means for capacity: each metric at or below its bound."""
@@ -690,7 +704,7 @@ def evaluate(
     names = [sc.name for sc in scenarios]
     if len(set(names)) != len(names):
         raise ValueError(f"scenario names must be unique: {names}")
-    for note in long_runs(scenarios):
+    for note in [*long_runs(scenarios), *unreachable_slos(scenarios)]:
         print(note, file=sys.stderr)
     start = time.perf_counter()
     run_seeds, tune_seeds, seed_notes = {}, {}, {}

@@ -6,8 +6,9 @@ runtime reserve, in 16-token blocks) and a step-time model. ``table (measured)``
 take their step times from per-operator GPU measurements (Vidur: linear layers per token
 count, attention fitted to the one measured table and scaled, NCCL all-reduce) plus
 explicit per-step and per-request CPU overheads; ``table (carried)`` ones the same with
-another GPU's linear layers, carried over by the datasheets' bandwidth and FLOPs; ``linear`` ones from a roofline or a
-`batchpilot calibrate` fit. `batchpilot profiles --json` prints each profile's sources.
+another GPU's linear layers, carried over by the datasheets' bandwidth and FLOPs; ``linear``
+ones from a roofline or a `batchpilot calibrate` fit. `batchpilot profiles --json` prints
+each profile's sources.
 
 examples:
   batchpilot profiles

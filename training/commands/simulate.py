@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.specs import make_controller
     from batchpilot.envs.controller import ControlInterval
     from batchpilot.envs.metrics import SLO
-    from batchpilot.envs.profiles import get_profile
+    from batchpilot.envs.profiles import get_profile, unreachable_tpot
     from batchpilot.envs.run import run
     from batchpilot.envs.sim_engine import SimEngine
     from batchpilot.envs.workloads import make_workload
@@ -110,6 +110,8 @@ def main(args: argparse.Namespace) -> int:
             f"bad rows of {source} left out (--bad-rows skip): {workload.skipped_rows:,}; "
             f"the first: {workload.first_skipped}"
         )
+    if note := unreachable_tpot(profile, engine.slo.tpot_ms):
+        print(f"note: {note}")
     if args.json:
         write_json(
             args.json,
