@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from onnx import GraphProto, NodeProto, TensorProto
 
 Act = Callable[[np.ndarray], np.ndarray]
-"""Raw observation (n,) float32 -> action (k,) float32. It writes to buffers of its own:
-one per controller, not shared across threads."""
+"""Raw observation (n,) float32 -> action (k,) float32; a FloatingPointError where the
+logits are NaN or infinite. It writes to buffers of its own: one per controller, not shared
+across threads."""
 
 SUPPORTED_OPS = frozenset(
     {
