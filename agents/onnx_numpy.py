@@ -185,7 +185,8 @@ class Lowering:
         observation, last = self.vectors[0][:-1], self.vectors[-1]
         steps = tuple(self.steps)
         argmaxes = tuple(last[s.start : s.stop].argmax for s in out.segments)
-        logits = last[out.segments[0].start : out.segments[-1].stop]
+        # every knob's logits, whatever order the graph concatenates the knobs in
+        logits = last[min(s.start for s in out.segments) : max(s.stop for s in out.segments)]
 
         def act(obs: np.ndarray) -> np.ndarray:
             observation[:] = obs

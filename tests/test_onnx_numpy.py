@@ -195,6 +195,18 @@ def test_other_arrangements_act_as_onnxruntime() -> None:
     assert (got == expected).all(axis=1).sum() >= 499
 
 
+@pytest.mark.parametrize("order", [["i0", "i1"], ["i1", "i0"]])
+def test_nan_logits_raise_whatever_order_the_knobs_are_concatenated_in(order: list) -> None:
+    """argmax over NaN picks the first choice: serving must see a failure to fall back from,
+    also when the graph concatenates the knobs' argmaxes last to first."""
+    nodes, inits = other_arrangement()
+    nodes[-2] = helper.make_node("Concat", order, ["ij"], axis=1)
+    act = compile_graph(model_bytes(nodes, inits), 5)
+    assert np.isfinite(act(np.zeros(5, np.float32))).all()
+    with pytest.raises(FloatingPointError, match="NaN or infinite logits"):
+        act(np.full(5, np.nan, np.float32))
+
+
 def test_unsupported_op_is_refused_by_name() -> None:
     nodes, inits = other_arrangement()
     nodes[5] = helper.make_node("Softsign", ["a"], ["r"], name="act1")
