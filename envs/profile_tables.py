@@ -31,6 +31,7 @@ import csv
 import json
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -242,19 +243,19 @@ def all_reduce_tables(path: Path) -> dict[str, dict[str, list[float]]]:
 
 
 def derive(
-    vidur_dir: Path, model: str | None = None, network: str | None = None
+    vidur_dir: Path, models: Sequence[str] | None = None, network: str | None = None
 ) -> dict[str, object]:
-    """All tables from a Vidur profiling directory. With `model` (``<gpu>/<org>/<name>``)
-    only its linear layers, if measured, and `network`'s all-reduce (None: none) are read:
-    files of other models and GPUs cannot stop one profile's build."""
+    """All tables from a Vidur profiling directory. With `models` (``<gpu>/<org>/<name>``
+    each) only their linear layers, where measured, and `network`'s all-reduce (None: none)
+    are read: files of other models and GPUs cannot stop one profile's build."""
     vidur_dir = Path(vidur_dir)
     if not (vidur_dir / "compute").is_dir():
         raise ValueError(f"{vidur_dir}: not a Vidur profiling directory (no compute/)")
-    if model is None:
+    if models is None:
         mlp = {"/".join(p.parts[-4:-1]): p for p in vidur_dir.glob("compute/*/*/*/mlp.csv")}
         nets = [p.parts[-2] for p in vidur_dir.glob("network/*_dgx/all_reduce.csv")]
     else:
-        mlp = {model: vidur_dir / "compute" / model / "mlp.csv"}
+        mlp = {model: vidur_dir / "compute" / model / "mlp.csv" for model in models}
         nets = [] if network is None else [f"{network}_dgx"]
     linear = {key: linear_tables(path) for key, path in sorted(mlp.items()) if path.is_file()}
     attention_path = vidur_dir / ATTENTION_TABLE

@@ -9,9 +9,11 @@ Step time comes from a `batchpilot.envs.step_models` model. The shipped profiles
 - measured GPU profiles (`SHIPPED_MEASURED`, `measured_profile`): a `TableStepModel`
   built from the derived Vidur tables in ``envs/data/profile_tables.json``
   (`batchpilot.envs.profile_tables`): linear layers and all-reduce measured per GPU,
-  model and TP; attention fitted to the one measured table and scaled by heads per GPU,
-  head dim and the GPU's bandwidth or FLOPs; LM head scaled from the gate/up projection;
-  explicit per-step and per-request CPU overheads (`OVERHEAD_SOURCE`);
+  model and TP (for a GPU or model Vidur did not time, another GPU's linear layers carried
+  over by the datasheets, `carry_times`); attention fitted to the one measured table and
+  scaled by heads per GPU, head dim and the GPU's bandwidth or FLOPs; LM head scaled from
+  the gate/up projection; explicit per-step and per-request CPU overheads
+  (`OVERHEAD_SOURCE`);
 - three roofline profiles kept for the tests, configs and the paper report
   (`roofline_profile`: weights streamed once per step at ``mem_efficiency`` of peak
   bandwidth, 2 x params FLOPs per token at ``mfu`` of peak, KV bytes per context token,
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchpilot.envs.json_objects import DuplicateKeys, unique_object
 from batchpilot.envs.profile_tables import load_tables
 from batchpilot.envs.step_models import (
     LinearStepModel,
@@ -303,8 +306,8 @@ wins (``num_key_value_heads`` unset or null: as many as the attention heads)."""
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 LLAMA_FAMILY = (
-    "llama", "mistral", "qwen2", "qwen3", "internlm", "internlm2", "yi", "baichuan",
-    "deepseek", "granite", "olmo", "olmo2", "aquila",
+    "llama", "mistral", "qwen2", "qwen3", "internlm", "internlm2", "baichuan", "granite",
+    "olmo", "olmo2", "aquila",
 )  # fmt: skip
 """``model_type`` values read as a Llama-family decoder (gated MLP, RoPE attention, dense);
 a config without ``model_type`` is read as one too."""
@@ -312,27 +315,14 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_interme
 """config.json keys of mixture-of-experts models, which are not modelled."""
 
 
-class _DuplicateKey(ValueError):
-    """A JSON object that names one key twice."""
-
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def read_json(file: Path, what: str) -> object:
     """`file`'s JSON value; an unreadable, non-UTF-8, invalid or absurdly nested file, one
     with an absurdly long integer or a key given twice in an object (json keeps the last
     silently), is a ValueError naming it."""
     try:
-        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
-    except _DuplicateKey as exc:
-        raise ValueError(f"{file}: {what} gives {str(exc)!r} twice in one object") from None
+        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=unique_object)
+    except DuplicateKeys as exc:
+        raise ValueError(f"{file}: {what} gives a key twice in one object ({exc})") from None
     except OSError as exc:
         raise ValueError(f"{file}: cannot read {what} ({exc.strerror})") from None
     except UnicodeDecodeError:
@@ -494,7 +484,7 @@ def carry_times(ms: Sequence[float], source: GPU, target: GPU) -> list[float]:
     and TP measured on both) is off by 7.5-12.7% at the median knot (A100 to H100 7.5%, 90th
     percentile 19.7%; A100 to A40 10.9%, 31.4%; H100 to A40 12.7%, 43.3%), against 52-426%
     unscaled; whole H100 steps built from the A100's tables match a real H100's forward
-    passes as Vidur's H100 tables do (`tests/test_profiles_measured.py`)."""
+    passes about as Vidur's H100 tables do (`tests/test_profiles_measured.py`)."""
     b = source.bandwidth / target.bandwidth
     f = source.flops / target.flops
     return [f * t + (b - f) * ms[0] for t in ms]
@@ -608,8 +598,8 @@ def measured_profile(
             )
         all_reduce = net
     if source is not thw:
-        # the embedding stays as measured: a gather (under 0.2% of a step) whose time
-        # tracks neither ratio
+        # the embedding stays as measured: a gather (0.1% of a step at the median knot, at
+        # most 0.6%) whose time tracks neither ratio
         linear = linear | {
             column: carry_times(linear[column], source, thw)
             for column in ("layer_ms", "up_proj_ms")
@@ -844,15 +834,16 @@ def get_profile(name_or_path: str) -> EngineProfile:
 
 
 def unreachable_tpot(profile: EngineProfile, tpot_ms: float | None) -> str | None:
-    """Why no request can meet a TPOT target of `tpot_ms` on `profile` (one request alone,
-    at a one-token context, decodes slower), or None if one can."""
+    """Why no request of two output tokens or more can meet a TPOT target of `tpot_ms` on
+    `profile` (one request alone, at a one-token context, decodes slower), or None if one
+    can. (A one-token request has no TPOT, so it meets any target.)"""
     floor_ms = profile.step.decode_time(1, 1) * 1e3
     if tpot_ms is None or floor_ms <= tpot_ms:
         return None
     return (
         f"one request alone decodes at {floor_ms:,.0f} ms a token on {profile.name}, over the "
-        f"TPOT target of {tpot_ms:g} ms: no request can meet the SLO, so goodput is 0 for "
-        "every controller; set a target it can reach (--slo tpot:N, a suite's slo)"
+        f"TPOT target of {tpot_ms:g} ms: no request of two output tokens or more can meet the "
+        "SLO, whatever the controller; set a target it can reach (--slo tpot:N, a suite's slo)"
     )
 
 

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from batchpilot.envs import trace_fast
+from batchpilot.envs.json_objects import DuplicateKeys, unique_object
 
 
 class TraceError(ValueError):
@@ -217,19 +218,6 @@ def _text_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[str]:
                 f"{path}:{number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
                 f"{exc.start + 1}); save the file as UTF-8"
             ) from None
-
-
-class _DuplicateKeys(Exception):
-    """A JSON object that gives a key twice (`json` would keep the last silently)."""
-
-
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's pairs as a dict; `_DuplicateKeys` naming any key given twice."""
-    row = dict(pairs)
-    if len(row) < len(pairs):
-        keys = [k for k, _ in pairs]
-        raise _DuplicateKeys(sorted({k for k in keys if keys.count(k) > 1}))
-    return row
 
 
 def _json_number(value: Any, what: str, where: str) -> float:
@@ -486,13 +474,13 @@ def _read_jsonl(path: Path, skip_bad_rows: bool) -> Trace:
 def _jsonl_row(text: str, where: str, *, unit: str, per_second: float) -> _Row:
     """One JSONL request; its timestamp in `unit`, `per_second` to the second."""
     try:
-        row = json.loads(text, object_pairs_hook=_unique_object)
+        row = json.loads(text, object_pairs_hook=unique_object)
     except json.JSONDecodeError as exc:
         spread = " (an object spread over lines? JSON Lines holds one object a line)"
         raise TraceError(
             f"{where}: not valid JSON ({exc.msg}){spread if text.strip() == '{' else ''}"
         ) from None
-    except _DuplicateKeys as exc:
+    except DuplicateKeys as exc:
         raise TraceError(f"{where}: field(s) {exc} given twice") from None
     except RecursionError:
         raise TraceError(f"{where}: JSON nested too deeply") from None

@@ -30,6 +30,7 @@ from batchpilot.training.evaluate import (
     evaluate,
     rank_candidates,
     scenario_workload,
+    unreachable_slos,
     vllm_default_limits,
 )
 from batchpilot.training.paired import describe, paired_difference, t975
@@ -67,7 +68,7 @@ def test_compare_refuses_a_nan_capacity_slo(
 
 
 def test_a_blank_suite_is_named_and_a_suite_file_needs_no_extension(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--suite ''`` is no suite (it ran --workload's default before); a suite file saved
     without .yml reads as one."""
@@ -76,7 +77,9 @@ def test_a_blank_suite_is_named_and_a_suite_file_needs_no_extension(
     plain = tmp_path / "steady"
     plain.write_text((suite_dir() / "steady.yml").read_text().replace("azure-conv", "gsm8k"))
     assert "gsm8k" in load_suite(str(plain)).scenarios[0].source
-    assert "azure-conv" in load_suite("steady").scenarios[0].source  # the shipped name first
+    assert "azure-conv" in load_suite("steady").scenarios[0].source  # a bare name: shipped
+    monkeypatch.chdir(tmp_path)
+    assert "gsm8k" in load_suite("./steady").scenarios[0].source  # a path: the file
 
 
 def test_compare_refuses_an_empty_controllers_list(
@@ -296,8 +299,10 @@ def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
 def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
     names = suite_names()
     assert {"bursty", "shifting", "mixed", "long-prompts", "kv-tight", "paper", "steady", "knee"} <= set(names)
-    for path in ("heldout.yml", "trainset.yml", "families.yml"):  # the learned report
+    for path in ("heldout.yml", "trainset.yml", "families.yml", "new-gpus.yml"):
         assert load_suite(Path(str(files("batchpilot.training") / "configs" / path))).scenarios
+    new_gpus = load_suite(Path(str(files("batchpilot.training") / "configs" / "new-gpus.yml")))
+    assert not unreachable_slos(new_gpus.scenarios)  # the L4's own SLO is one it can meet
     kv = load_suite("kv-tight")
     assert {sc.profile for sc in kv.scenarios} == {"llama-3-8b-24gb", "llama-2-7b-a40"}
     assert all(sc.rate_scale for sc in kv.scenarios)

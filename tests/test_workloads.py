@@ -76,7 +76,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ('{"timestamp": 0, "input_length": ' + "9" * 5000 + ', "output_length": 5}\n', ":1: a number has over 4,300 digits"),
         ("\nnum_prefill_tokens,num_decode_tokens\n5,6\n", ":1: the first line is blank"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+99:99,10,5\n", ":2: TIMESTAMP is '2023-11-16 18:15:46+99:99', not a time"),
-        ('{"timestamp": 0, "input_length": 5, "input_length": -5, "output_length": 3}\n', ":1: field(s) ['input_length'] given twice"),
+        ('{"timestamp": 0, "input_length": 5, "input_length": -5, "output_length": 3}\n', ":1: field(s) input_length given twice"),
         ('\n{"timestamp": 0, "input_length": 5, "output_length": 3}\n', ":1: the first line is blank"),
         ("ContextTokens,GeneratedTokens\r100,20\r200,30\r", ":1: lines end in a bare carriage return"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n-1.5,10,5\n", ":3: arrived_at is '-1.5', not a time (seconds >= 0)"),

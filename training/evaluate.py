@@ -68,8 +68,8 @@ RANGES = ("rate_scale", "cv", "prompt_scale", "output_scale")
 # >= 160 GiB per GPU: 1024 / 16384; >= 70 GiB and not an A100: 1024 / 8192; otherwise
 # (A100, and GPUs under 70 GiB: A40, L40, 24 GB cards): 256 / 2048; CPU: 128 / 2048 per rank.
 GPU_MEMORY_GIB = {
-    "b300": 288, "b200": 180, "h200": 141, "h100": 80, "a100": 80, "a40": 48, "l40": 48,
-    "a10": 24, "l4": 24, "24gb": 24,
+    "b300": 288, "b200": 180, "h200": 141, "h100": 80, "a100-40gb": 40, "a100-sxm-40gb": 40,
+    "a100": 80, "a40": 48, "l40s": 48, "l40": 48, "a10": 24, "l4": 24, "24gb": 24,
 }  # fmt: skip
 
 

@@ -81,16 +81,21 @@ def suite_names() -> dict[str, str]:
     return {p.stem: load_suite(p).description for p in sorted(suite_dir().glob("*.yml"))}
 
 
+def shipped_suite(name: str) -> Path | None:
+    """The shipped suite a bare name (no directory, no suffix) names, else None."""
+    path = Path(name)
+    if path.name != name or path.suffix:
+        return None
+    shipped = suite_dir() / f"{name}.yml"
+    return shipped if shipped.is_file() else None
+
+
 def load_suite(name_or_path: str | Path) -> Suite:
-    """A shipped suite by name, or a suite YAML file."""
-    path = Path(name_or_path)
-    if not path.suffix:  # a shipped suite's name, else a suite file named without .yml
-        shipped = suite_dir() / f"{name_or_path}.yml"
-        if shipped.is_file():
-            path = shipped
-        elif not path.is_file():
-            known = ", ".join(p.stem for p in sorted(suite_dir().glob("*.yml")))
-            raise SuiteError(f"unknown suite {name_or_path!r}; known: {known}, all")
+    """A shipped suite by name, or a suite YAML file (with or without .yml)."""
+    path = shipped_suite(str(name_or_path)) or Path(name_or_path)
+    if not path.suffix and not path.is_file():
+        known = ", ".join(p.stem for p in sorted(suite_dir().glob("*.yml")))
+        raise SuiteError(f"unknown suite {str(name_or_path)!r}; known: {known}, all")
     if not path.is_file():
         raise SuiteError(f"{path}: no such suite file")
     try:

@@ -355,10 +355,9 @@ def _check_report(report: dict[str, Any], path: Path) -> None:
 def _suite_path(suite: str, config_path: Path) -> str:
     """A ``report.suites`` entry as `run_suite` takes it: a shipped suite's name as it is,
     anything else a path relative to the config."""
-    from batchpilot.training.suite import suite_dir
+    from batchpilot.training.suite import shipped_suite
 
-    shipped = Path(suite).name == suite and (suite_dir() / f"{suite}.yml").is_file()
-    return suite if shipped else str((config_path.parent / suite).resolve())
+    return suite if shipped_suite(suite) else str((config_path.parent / suite).resolve())
 
 
 def make_env(cfg: TrainConfig) -> Any:

@@ -182,14 +182,14 @@ def _build(args: argparse.Namespace) -> int:
     model = architecture(args.model, args.vidur_model)
     gpu = GPUS[args.gpu]
     keys = [f"{GPUS[g].vidur_compute}/{model.vidur_name}" for g in timing_sources(args.gpu)]
-    key = next((k for k in keys if (args.vidur / "compute" / k / "mlp.csv").is_file()), None)
-    if key is None:
+    if not any((args.vidur / "compute" / k / "mlp.csv").is_file() for k in keys):
         have = sorted("/".join(p.parts[-4:-1]) for p in args.vidur.glob("compute/*/*/*/mlp.csv"))
         raise ValueError(
             f"no linear-layer table for {model.title} on {gpu.title} or a GPU to carry from "
             f"(Vidur compute/{{{','.join(keys)}}}/mlp.csv); measured: {', '.join(have) or 'none'}"
         )
-    tables = derive(args.vidur, key, gpu.vidur_network)  # only the files this profile uses
+    # only the files this profile may use; `measured_profile` picks the first with its TP
+    tables = derive(args.vidur, keys, gpu.vidur_network)
     profile = measured_profile(
         tables,
         model,
