@@ -88,11 +88,11 @@ Extra keyword arguments go to `vllm.EngineArgs`.
         )
         try:
             self.llm = LLMEngine.from_engine_args(args)
-        except (ValueError, OSError):
+        except OSError:
             raise
-        except Exception as exc:  # a config.json or weights vLLM cannot load, as vLLM says
+        except Exception as exc:  # a config.json, weights or settings vLLM refuses, as it says
             raise ValueError(
-                f"{model}: vLLM cannot load this model ({type(exc).__name__}: {exc})"
+                f"{model}: vLLM failed to start on this model ({type(exc).__name__}: {exc})"
             ) from exc
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.scheduler.set_slo(slo or SLO())

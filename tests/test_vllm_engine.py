@@ -183,5 +183,14 @@ def test_not_a_model_directory_is_named(tmp_path) -> None:
     with pytest.raises(ValueError, match="not a model directory"):
         make_vllm_engine(tmp_path)
     (tmp_path / "config.json").write_text("[1]")  # vLLM meets an AttributeError in it
-    with pytest.raises(ValueError, match=r"vLLM cannot load this model \(AttributeError: "):
+    with pytest.raises(ValueError, match=r"vLLM failed to start on this model \(AttributeError: "):
         make_vllm_engine(tmp_path)
+
+
+def test_settings_vllm_refuses_name_the_model(tiny_model: str) -> None:
+    """vLLM's own ValueErrors (here pydantic's, on a context over the model's positions) name
+    the directory too."""
+    from batchpilot.envs.vllm_engine import make_vllm_engine
+
+    with pytest.raises(ValueError, match=rf"(?s){tiny_model}: vLLM failed to start .*max_model_len"):
+        make_vllm_engine(tiny_model, max_model_len=1_000_000)
