@@ -443,8 +443,6 @@ def _csv_row(fmt: _CsvFormat, row: dict[str, str], where: str) -> _Row:
 JSONL_TIME_UNITS = {"mooncake": ("ms", 1000.0), "bailian": ("s", 1.0)}
 """The JSONL formats' timestamp units: Mooncake's traces count milliseconds, Alibaba's
 Bailian (Qwen) usage traces seconds."""
-
-
 JSONL_LOOKAHEAD = 64
 """Lines read ahead for the first JSON object that tells a JSONL's format."""
 
