@@ -475,6 +475,12 @@ def timing_sources(gpu: str) -> list[str]:
     return own + sorted(measured, key=distance)
 
 
+def linear_table_keys(gpu: str, vidur_name: str) -> dict[str, str]:
+    """`timing_sources` of `gpu`, best first, each with its Vidur table key
+    (``<gpu dir>/<org>/<name>``) for the model Vidur names `vidur_name`."""
+    return {g: f"{GPUS[g].vidur_compute}/{vidur_name}" for g in timing_sources(gpu)}
+
+
 def carry_times(ms: Sequence[float], source: GPU, target: GPU) -> list[float]:
     """Linear-layer times measured on `source` (a table's times by token count, ascending),
     carried to `target` by the datasheets: the flat level (the first knot's time: reading
@@ -565,7 +571,7 @@ def measured_profile(
     thw = GPUS[gpu]
     memory_gib = thw.memory_gib if gpu_memory_gib is None else gpu_memory_gib
     measured = tables.get("linear", {})
-    keys = {g: f"{GPUS[g].vidur_compute}/{arch.vidur_name}" for g in timing_sources(gpu)}
+    keys = linear_table_keys(gpu, arch.vidur_name)
     found = next((g for g, k in keys.items() if str(tp) in measured.get(k, {})), None)
     if found is None:
         have = [f"{k} (TP {', '.join(sorted(v, key=int))})" for k, v in sorted(measured.items())]

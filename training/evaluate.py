@@ -235,12 +235,12 @@ def unreachable_slos(scenarios: Sequence[Scenario]) -> list[str]:
     from batchpilot.envs.metrics import SLO
     from batchpilot.envs.profiles import get_profile, unreachable_tpot
 
-    notes = []
-    for sc in scenarios:
-        if sc.engine == "sim":
-            problem = unreachable_tpot(get_profile(sc.profile), SLO.parse(sc.slo).tpot_ms)
-            notes += [f"note: {sc.name}: {problem}"] if problem else []
-    return notes
+    problems = {
+        sc.name: unreachable_tpot(get_profile(sc.profile), SLO.parse(sc.slo).tpot_ms)
+        for sc in scenarios
+        if sc.engine == "sim"
+    }
+    return [f"note: {name}: {problem}" for name, problem in problems.items() if problem]
 
 
 @dataclass(frozen=True)

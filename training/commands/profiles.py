@@ -165,8 +165,8 @@ def _build(args: argparse.Namespace) -> int:
     from batchpilot.envs.profile_tables import derive
     from batchpilot.envs.profiles import (
         architecture,
+        linear_table_keys,
         measured_profile,
-        timing_sources,
         write_profile,
     )
 
@@ -181,7 +181,7 @@ def _build(args: argparse.Namespace) -> int:
     }
     model = architecture(args.model, args.vidur_model)
     gpu = GPUS[args.gpu]
-    keys = [f"{GPUS[g].vidur_compute}/{model.vidur_name}" for g in timing_sources(args.gpu)]
+    keys = list(linear_table_keys(args.gpu, model.vidur_name).values())
     if not any((args.vidur / "compute" / k / "mlp.csv").is_file() for k in keys):
         have = sorted("/".join(p.parts[-4:-1]) for p in args.vidur.glob("compute/*/*/*/mlp.csv"))
         raise ValueError(
