@@ -17,14 +17,16 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from batchpilot.agents.checkpoint import save_checkpoint
+from batchpilot.agents.checkpoint import CheckpointError, save_checkpoint
 from batchpilot.agents.policy import PolicyController
 from batchpilot.baselines.specs import make_controller
 from batchpilot.envs.controller import ControlInterval, Controller
+from batchpilot.envs.json_objects import read_json_object
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
+from batchpilot.envs.step_models import brief
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import make_workload
@@ -150,6 +152,31 @@ def geometric_mean(values: np.ndarray) -> float:
     return float(np.exp(np.mean(np.log(np.maximum(values, 1e-6)))))
 
 
+EVAL_RECORD = "eval.json"
+"""The evaluation a best checkpoint was kept for, in its directory: the policy's metrics
+(`EvalScenario.score`), the runs and the baselines' scores (`BaselineEvalCallback`)."""
+
+
+def read_eval_record(best_dir: Path) -> dict[str, Any] | None:
+    """The `EVAL_RECORD` of the best checkpoint in `best_dir`, checked for the goodputs it is
+    read for (the policy's and each baseline's); None if there is none yet. A bad record is
+    a `CheckpointError` naming the file."""
+    path = best_dir / EVAL_RECORD
+    if not path.is_file():
+        return None
+    record = read_json_object(path, "the evaluation record", CheckpointError)
+    baselines = record.get("baselines", {})
+    if not isinstance(baselines, dict):
+        raise CheckpointError(f"{path}: baselines must be a JSON object")
+    for where, scores in (("", record), *((f"baselines.{b}.", s) for b, s in baselines.items())):
+        goodput = scores.get("output_goodput") if isinstance(scores, dict) else None
+        if isinstance(goodput, bool) or not isinstance(goodput, int | float) or not goodput >= 0:
+            raise CheckpointError(
+                f"{path}: {where}output_goodput is {brief(goodput)}; need a number >= 0"
+            )
+    return record
+
+
 class BaselineEvalCallback(BaseCallback):
     """Every `eval_freq` calls: evaluate the deterministic policy, keep the best in `best_dir`.
 
@@ -173,8 +200,8 @@ class BaselineEvalCallback(BaseCallback):
         self.fields = fields
         self.eval_freq, self.best_dir, self.baselines = eval_freq, best_dir, baselines
         self.reference: dict[str, dict[str, float]] = {}
-        record = best_dir / "eval.json"
-        self.best = json.loads(record.read_text())["output_goodput"] if record.exists() else -1.0
+        record = read_eval_record(best_dir)
+        self.best = -1.0 if record is None else record["output_goodput"]
 
     def _on_training_start(self) -> None:
         for b in self.baselines:
@@ -222,4 +249,4 @@ class BaselineEvalCallback(BaseCallback):
                 "runs": runs,
                 "baselines": self.reference,
             }
-            (self.best_dir / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
+            (self.best_dir / EVAL_RECORD).write_text(json.dumps(record, indent=2) + "\n")

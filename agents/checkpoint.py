@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
+from batchpilot.envs.json_objects import read_json_object
+
 FORMAT = "batchpilot-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS = "policy.safetensors"
@@ -62,18 +64,12 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"{value!r} ({type(value).__name__}) has no JSON form")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in the checkpoint file `path` (`what` it holds); a missing or bad
+    file is a `CheckpointError` naming it."""
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc!r:.200})") from None
-    except ValueError:  # json.loads' only other ValueError: an integer too long to convert
-        raise CheckpointError(f"{path}: holds an integer too long to be a checkpoint's") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
+    return read_json_object(path, what, CheckpointError)
 
 
 def _floats(data: dict[str, Any], key: str, path: Path, n: int | None = None) -> np.ndarray:
@@ -120,7 +116,7 @@ def save_vecnormalize(vecnorm: Any, path: Path) -> None:
 
 def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
     """The checked contents of a ``vecnormalize.json`` for `n_obs` observation entries."""
-    data = _read_json(path)
+    data = _read_json(path, "the VecNormalize statistics")
     for key in ("norm_obs", "norm_reward"):
         if not isinstance(data.get(key), bool):
             raise CheckpointError(f"{path}: {key} must be true or false")
@@ -222,7 +218,7 @@ def _action_bounds(space: Any) -> dict[str, Any]:
 def read_state(directory: Path) -> dict[str, Any]:
     """The checked ``checkpoint.json`` of `directory`."""
     path = directory / STATE
-    data = _read_json(path)
+    data = _read_json(path, "the checkpoint state")
     if data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: not a {FORMAT} version {FORMAT_VERSION} file (a checkpoint written by "

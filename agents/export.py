@@ -35,8 +35,10 @@ from batchpilot.agents.policy import (
     sidecar_path,
 )
 from batchpilot.envs.action_grid import MODES
+from batchpilot.envs.json_objects import read_json_object
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.observation import OBSERVATION_FIELDS, checked_fields
+from batchpilot.envs.step_models import brief
 
 OPSET = 17
 
@@ -173,16 +175,15 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
     ckpt = run_dir / checkpoint
     if not (ckpt / STATE).is_file():
         raise PolicyFileError(f"{ckpt}/{STATE} does not exist (checkpoints: best, final)")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        ok = (
-            meta["action_mode"] in MODES
-            and isinstance(meta["env_kwargs"], dict)
-            and isinstance(meta["control_interval"], str)
+    meta = read_json_object(meta_path, "the run description", PolicyFileError)
+    missing = [k for k in ("action_mode", "env_kwargs", "control_interval") if k not in meta]
+    if missing:
+        raise PolicyFileError(f"{meta_path}: not a run description ({missing[0]} missing)")
+    if meta["action_mode"] not in MODES:
+        raise PolicyFileError(
+            f"{meta_path}: action_mode {brief(meta['action_mode'])} is none of {', '.join(MODES)}"
         )
-    except (KeyError, TypeError, ValueError, RecursionError) as exc:  # JSON's errors too
-        raise PolicyFileError(f"{meta_path}: not a readable run description ({exc})") from None
-    if not ok:
+    if not isinstance(meta["env_kwargs"], dict) or not isinstance(meta["control_interval"], str):
         raise PolicyFileError(f"{meta_path}: env_kwargs or control_interval has the wrong type")
     return meta, ckpt
 

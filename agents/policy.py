@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from batchpilot.agents.schema import Check, number
 from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
+from batchpilot.envs.json_objects import read_json_object
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.observation import SCALES, Observer, checked_fields
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -170,16 +170,8 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
                 f"{what} {p} does not exist: a policy is the .onnx file and its sidecar that "
                 "`batchpilot export` writes side by side"
             )
-    try:
-        meta = json.loads(side.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise PolicyFileError(f"{side}: not valid JSON ({exc!r:.200})") from None
-    except ValueError:  # json.loads' only other ValueError: an integer too long to convert
-        raise PolicyFileError(
-            f"{side}: not a policy sidecar: holds an integer of over "
-            f"{sys.get_int_max_str_digits()} digits"
-        ) from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    meta = read_json_object(side, "the policy sidecar", PolicyFileError)
+    if meta.get("format") != FORMAT:
         raise PolicyFileError(f"{side}: not a batchpilot policy sidecar (format != {FORMAT!r})")
     if meta.get("format_version") != FORMAT_VERSION:
         raise PolicyFileError(

@@ -1,8 +1,14 @@
-"""A JSON object hook for the files users hand in (traces, profiles): a key given twice is
-an error, where `json` keeps the last value silently."""
+"""The one JSON reader for files users hand in (profiles, model configs, training runs,
+checkpoints, policy sidecars: `read_json`, `read_json_object`): every way a file can fail to
+be JSON is one error naming the file and the problem, and a key given twice is an error
+(`unique_object`, which the trace reader's JSON Lines rows use too), where `json` keeps
+the last value silently."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -18,3 +24,37 @@ def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         keys = [k for k, _ in pairs]
         raise DuplicateKeys(", ".join(sorted({k for k in keys if keys.count(k) > 1})))
     return row
+
+
+def read_json(file: Path, what: str, error: type[ValueError] = ValueError) -> object:
+    """`file`'s JSON value, `what` saying what it should hold ("the profile"); an unreadable,
+    non-UTF-8, invalid or absurdly nested file, one with an absurdly long integer or a key
+    given twice in an object (json keeps the last silently), is an `error` naming the file
+    and the problem."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=unique_object)
+    except DuplicateKeys as exc:
+        raise error(f"{file}: {what} gives a key twice in one object ({exc})") from None
+    except OSError as exc:
+        raise error(f"{file}: cannot read {what} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise error(f"{file}: {what} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{file}: not valid JSON ({exc.msg})") from None
+    except ValueError:  # json.loads' only other ValueError: an integer too long to convert
+        raise error(
+            f"{file}: {what} holds an integer of over {sys.get_int_max_str_digits()} digits"
+        ) from None
+    except RecursionError:
+        raise error(f"{file}: {what} nests too deeply to be read") from None
+
+
+def read_json_object(file: Path, what: str, error: type[ValueError] = ValueError) -> dict[str, Any]:
+    """`read_json` for a file that must hold a JSON object; any other value is an `error`
+    naming the file and what it holds instead."""
+    data = read_json(file, what, error)
+    if not isinstance(data, dict):
+        kinds = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
+        held = kinds.get(type(data), "a number")
+        raise error(f"{file}: {what} must be a JSON object, not {held}")
+    return data

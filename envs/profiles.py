@@ -29,14 +29,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from batchpilot.envs.json_objects import DuplicateKeys, unique_object
+from batchpilot.envs.json_objects import read_json, read_json_object
 from batchpilot.envs.profile_tables import load_tables
 from batchpilot.envs.step_models import (
     LinearStepModel,
@@ -315,37 +314,13 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_interme
 """config.json keys of mixture-of-experts models, which are not modelled."""
 
 
-def read_json(file: Path, what: str) -> object:
-    """`file`'s JSON value; an unreadable, non-UTF-8, invalid or absurdly nested file, one
-    with an absurdly long integer or a key given twice in an object (json keeps the last
-    silently), is a ValueError naming it."""
-    try:
-        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=unique_object)
-    except DuplicateKeys as exc:
-        raise ValueError(f"{file}: {what} gives a key twice in one object ({exc})") from None
-    except OSError as exc:
-        raise ValueError(f"{file}: cannot read {what} ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{file}: {what} is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{file}: not valid JSON ({exc.msg})") from None
-    except ValueError:  # json.loads' only other ValueError: an integer too long to convert
-        raise ValueError(
-            f"{file}: {what} holds an integer of over {sys.get_int_max_str_digits()} digits"
-        ) from None
-    except RecursionError:
-        raise ValueError(f"{file}: {what} nests too deeply to be read") from None
-
-
 def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Architecture:
     """A model's shape from its Hugging Face ``config.json`` (the file or its directory), read
     as a dense Llama-family decoder (`LLAMA_FAMILY`: gated MLP; a mixture of experts or
     another ``model_type`` is refused). `vidur_name` is its directory under Vidur's
     ``compute/<gpu>/`` (default: the config's ``_name_or_path``)."""
     file = path / "config.json" if path.is_dir() else path
-    data = read_json(file, "the model config")
-    if not isinstance(data, dict):
-        raise ValueError(f"{file}: a model config must be a JSON object")
+    data = read_json_object(file, "the model config")
     model_type = data.get("model_type")
     if model_type is not None and model_type not in LLAMA_FAMILY:
         raise ValueError(

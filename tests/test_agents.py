@@ -428,6 +428,38 @@ def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> No
     assert {"eval/run0_goodput", "eval/run1_goodput"} <= tags
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "not valid JSON"),
+        ('{"output_goodput": 1, "output_goodput": 2}', "the evaluation record gives a key twice in one object (output_goodput)"),
+        ("[1]", "the evaluation record must be a JSON object, not an array"),
+        ('{"runs": []}', "output_goodput is None; need a number >= 0"),
+        ('{"output_goodput": NaN}', "output_goodput is nan; need a number >= 0"),
+        ('{"output_goodput": 5, "baselines": []}', "baselines must be a JSON object"),
+        ('{"output_goodput": 5, "baselines": {"alg1": {"output_goodput": "x"}}}', "baselines.alg1.output_goodput is 'x'; need a number >= 0"),
+    ],
+)
+def test_a_bad_evaluation_record_is_named(tmp_path: Path, text: str, message: str) -> None:
+    """The best checkpoint's eval.json, read on resume (the goodput to beat) and by `train`'s
+    summary: a bad one is a CheckpointError naming the file, not a KeyError or a JSON
+    traceback."""
+    from batchpilot.agents.callbacks import BaselineEvalCallback, read_eval_record
+    from batchpilot.agents.checkpoint import CheckpointError
+    from batchpilot.training.commands.train import best_summary
+
+    assert read_eval_record(tmp_path) is None and best_summary(tmp_path) == ""
+    (tmp_path / "eval.json").write_text('{"output_goodput": 246.4, "baselines": {"alg1+alg2": {"output_goodput": 151}}}')
+    assert read_eval_record(tmp_path)["output_goodput"] == 246.4
+    assert best_summary(tmp_path) == " (evaluation goodput 246 tok/s; alg1+alg2 151)"
+    (tmp_path / "eval.json").write_text(text)
+    for read in (read_eval_record, best_summary):
+        with pytest.raises(CheckpointError, match=re.escape(f"{tmp_path / 'eval.json'}: {message}")):
+            read(tmp_path)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        BaselineEvalCallback(None, "grid", SLO(), 1, tmp_path)  # type: ignore[arg-type]
+
+
 def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path) -> None:
     import shutil
 
@@ -722,11 +754,19 @@ def test_tampered_onnx_is_refused(exported: Path, tmp_path: Path) -> None:
 
 def test_corrupt_sidecar_is_refused(exported: Path, tmp_path: Path) -> None:
     p = copy_policy(exported, tmp_path)
+    sealed = sidecar_path(p).read_text()
     sidecar_path(p).write_text("{not json")
     with pytest.raises(PolicyFileError, match="not valid JSON"):
         load_policy(p)
     sidecar_path(p).write_text('{"format": ' + "9" * 5000 + "}")
-    with pytest.raises(PolicyFileError, match=r"p\.onnx\.json: not a policy sidecar: holds an integer"):
+    with pytest.raises(PolicyFileError, match=r"p\.onnx\.json: the policy sidecar holds an integer of over"):
+        load_policy(p)
+    sidecar_path(p).write_text("[]")
+    with pytest.raises(PolicyFileError, match=r"p\.onnx\.json: the policy sidecar must be a JSON object, not an array"):
+        load_policy(p)
+    # json would keep the second format_version (the sealed one) and load the policy
+    sidecar_path(p).write_text(sealed.replace('"format_version"', '"format_version": 99, "format_version"', 1))
+    with pytest.raises(PolicyFileError, match=r"p\.onnx\.json: the policy sidecar gives a key twice in one object \(format_version\)"):
         load_policy(p)
 
 

@@ -213,19 +213,30 @@ def test_bad_checkpoint_state_is_named(
 @pytest.mark.parametrize(
     ("name", "text", "message"),
     [
-        ("run.json", "[" * 100_000 + "]" * 100_000, "not a readable run description (maximum"),
-        ("final/checkpoint.json", '{"a": ' + "9" * 5000 + "}", "holds an integer too long"),
-        ("final/vecnormalize.json", '{"a": ' + "9" * 5000 + "}", "holds an integer too long"),
+        ("run.json", "[" * 100_000 + "]" * 100_000, "the run description nests too deeply"),
+        ("run.json", '{"seed": 1, "seed": 2}', "the run description gives a key twice in one object (seed)"),
+        ("run.json", "[]", "the run description must be a JSON object, not an array"),
+        ("run.json", '{"action_mode": "grid", "env_kwargs": {}}', "not a run description (control_interval missing)"),
+        ("run.json", '{"action_mode": "nope", "env_kwargs": {}, "control_interval": "1it"}', "action_mode 'nope' is none of grid, step"),
+        ("final/checkpoint.json", '{"a": ' + "9" * 5000 + "}", "the checkpoint state holds an integer of over 4300 digits"),
+        ("final/checkpoint.json", '{"a": 1, "a": 1}', "the checkpoint state gives a key twice in one object (a)"),
+        ("final/vecnormalize.json", '{"a": ' + "9" * 5000 + "}", "the VecNormalize statistics holds an integer of over 4300 digits"),
+        ("final/vecnormalize.json", b"\xff\xfe{", "the VecNormalize statistics is not UTF-8 text"),
+        ("final/vecnormalize.json", '{"a": {"b": 1, "b": 2}}', "the VecNormalize statistics gives a key twice in one object (b)"),
     ],
 )
 def test_unreadable_run_json_is_named(
-    run_dir: Path, tmp_path: Path, capsys, name: str, text: str, message: str
+    run_dir: Path, tmp_path: Path, capsys, name: str, text: str | bytes, message: str
 ) -> None:
-    """JSON that json.loads fails on with RecursionError or a bare ValueError (an integer
-    of over 4,300 digits) is named, file and problem."""
+    """A run's JSON files that json.loads fails on (RecursionError, a bare ValueError for an
+    integer of over 4,300 digits, bytes that are not UTF-8), that give a key twice (json
+    would keep the last silently) or that are not a run's are named, file and problem."""
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
-    (run / name).write_text(text)
+    if isinstance(text, bytes):
+        (run / name).write_bytes(text)
+    else:
+        (run / name).write_text(text)
     argv = ["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -43,12 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def best_summary(best: Path) -> str:
     """`` (evaluation goodput 246 tok/s; alg1+alg2 151, ...)``: the best checkpoint's
     evaluation beside the baselines', from its ``eval.json`` (empty if it has none)."""
-    import json
+    from batchpilot.agents.callbacks import read_eval_record
 
-    path = best / "eval.json"
-    if not path.is_file():
+    data = read_eval_record(best)
+    if data is None:
         return ""
-    data = json.loads(path.read_text())
     rules = ", ".join(
         f"{name} {r['output_goodput']:,.0f}" for name, r in data.get("baselines", {}).items()
     )
