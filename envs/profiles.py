@@ -84,6 +84,10 @@ class EngineProfile:
     gpu: str = ""
     """The GPU (per device)."""
     tensor_parallel_size: int = 1
+    carried_from: str = ""
+    """The GPU whose measured linear-layer timings the step model's tables carry over to
+    `gpu` by the datasheets (`carry_times`, `timing_sources`); empty where the timings are
+    `gpu`'s own or the step model has no tables. The description says the same in words."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -123,11 +127,16 @@ class EngineProfile:
         if missing:
             raise ValueError(f"{origin}: not an engine profile ({missing[0]} missing)")
         values: dict[str, object] = {"step": step_model_from_dict(data["step"], origin)}
-        for key in ("name", "description", "model", "gpu"):
+        for key in ("name", "description", "model", "gpu", "carried_from"):
             if key in data:
                 if not isinstance(data[key], str):
                     raise ValueError(f"{origin}: {key} must be a string")
                 values[key] = data[key]
+        if values.get("carried_from") and not isinstance(values["step"], TableStepModel):
+            raise ValueError(
+                f"{origin}: carried_from names a GPU, but a {values['step'].kind} step model has "
+                "no measured tables to carry"
+            )
         for key, high in INT_LIMITS.items():
             if key in data:
                 value = data[key]
@@ -144,6 +153,14 @@ class EngineProfile:
         check_step_range(profile.step, seqs, tokens, context, kv, origin)
         return profile
 
+    @property
+    def step_model(self) -> str:
+        """The step model's kind and, for tables, whose timings: ``linear``, ``table
+        (measured)`` or ``table (carried)`` (`carried_from`)."""
+        if not isinstance(self.step, TableStepModel):
+            return self.step.kind
+        return "table (carried)" if self.carried_from else "table (measured)"
+
     def summary(self) -> dict[str, object]:
         """What `batchpilot profiles` lists."""
         return {
@@ -153,7 +170,7 @@ class EngineProfile:
             "tp": self.tensor_parallel_size,
             "context": self.max_model_len,
             "kv_capacity_tokens": self.kv_capacity_tokens,
-            "step_model": self.step.describe(),
+            "step_model": self.step_model,
             "description": self.description,
         }
 
@@ -556,6 +573,7 @@ def measured_profile(
             f"{', '.join(have) or 'none'}"
         )
     key, source = keys[found], GPUS[found]
+    carried_from = "" if source is thw else source.title  # the source's and description's
     linear = measured[key][str(tp)]
     xs = linear["tokens"]
     if len(xs) < 2:
@@ -578,7 +596,7 @@ def measured_profile(
                 "size(s); at least 2 are needed"
             )
         all_reduce = net
-    if source is not thw:
+    if carried_from:
         # the embedding stays as measured: a gather (0.1% of a step at the median knot, at
         # most 0.6%) whose time tracks neither ratio
         linear = linear | {
@@ -619,12 +637,12 @@ def measured_profile(
         source={
             "linear_layers": f"Vidur compute/{key}/mlp.csv, TP {tp} (measured)"
             + (
-                ""
-                if source is thw
-                else f" on {source.title}, carried to {thw.title} by the datasheets' "
+                f" on {carried_from}, carried to {thw.title} by the datasheets' "
                 f"bandwidth ratio (x{source.bandwidth / thw.bandwidth:.3g}, the flat "
                 f"level) and FLOPs ratio (x{source.flops / thw.flops:.3g}, the growth "
                 "above it) (derived)"
+                if carried_from
+                else ""
             ),
             "all_reduce": (
                 f"Vidur network/{thw.vidur_network}_dgx/all_reduce.csv, {tp} GPUs, 2 per "
@@ -677,10 +695,10 @@ def measured_profile(
             f"{activations / GIB:.1f} GiB, runtime reserve {runtime_reserve_gib:g} GiB per "
             f"GPU, KV cache {num_blocks * block_size:,} tokens; "
             + (
-                "measured step model (Vidur operator tables)"
-                if source is thw
-                else f"step model from Vidur's {source.title} operator tables, carried "
-                f"to {thw.title} by the datasheets"
+                f"step model from Vidur's {carried_from} operator tables, carried to "
+                f"{thw.title} by the datasheets"
+                if carried_from
+                else "measured step model (Vidur operator tables)"
             )
         ),
         block_size=block_size,
@@ -692,6 +710,7 @@ def measured_profile(
         model=arch.title,
         gpu=gpu_title,
         tensor_parallel_size=tp,
+        carried_from=carried_from,
     )
 
 
@@ -714,7 +733,7 @@ SHIPPED_MEASURED: dict[str, dict] = {
     "llama-3-70b-a100x4": {"model": "llama-3-70b", "gpu": "a100", "tp": 4},
     "llama-3-70b-a100x8": {"model": "llama-3-70b", "gpu": "a100", "tp": 8},
     "codellama-34b-a100x2": {"model": "codellama-34b", "gpu": "a100", "tp": 2},
-    # linear-layer timings carried from another GPU (`carry_times`; their descriptions say so)
+    # linear-layer timings carried from another GPU (`carry_times`; `carried_from` names it)
     "llama-3-8b-h100": {"model": "llama-3-8b", "gpu": "h100", "tp": 1},
     "llama-3-8b-l4": {"model": "llama-3-8b", "gpu": "l4", "tp": 1},
     "llama-2-7b-l40s": {"model": "llama-2-7b", "gpu": "l40s", "tp": 1},

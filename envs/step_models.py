@@ -94,10 +94,6 @@ class StepModel(ABC):
     def to_dict(self) -> dict:
         """JSON-ready form, with ``kind``."""
 
-    @abstractmethod
-    def describe(self) -> str:
-        """One line for listings."""
-
     def extremes(
         self, max_seqs: int, max_tokens: int, max_context: int, max_kv: int
     ) -> tuple[float, float]:
@@ -152,9 +148,6 @@ class LinearStepModel(StepModel):
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
-
-    def describe(self) -> str:
-        return "linear"
 
     def extremes(self, max_seqs, max_tokens, max_context, max_kv):
         least = self.base_s + min(self.prefill_token_s, self.decode_seq_s) + self.kv_token_s
@@ -257,10 +250,6 @@ class TableStepModel(StepModel):
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
-
-    def describe(self) -> str:
-        carried = "carried to" in str(self.source.get("linear_layers", ""))
-        return "table (carried)" if carried else "table (measured)"
 
     def extremes(self, max_seqs, max_tokens, max_context, max_kv):
         token_least, token_most = _extent(self.token_knots, self.token_s, max_tokens)

@@ -475,6 +475,17 @@ def test_vllm_default_limits_per_gpu(tmp_path: Path) -> None:
     path.write_text(json.dumps(profile))
     with pytest.raises(ValueError, match="cannot tell the GPU of profile"):
         vllm_default_limits(str(path))
+    # a carried profile's description names the GPU its timings were measured on (here an
+    # A100's for an L4): read for the GPU only where the timings are the profile's own
+    profile = json.loads(make_engine("sim", profile="llama-3-8b-l4", slo=SLO()).profile.to_json())
+    assert profile["carried_from"] == "A100-SXM-80GB" and "A100" in profile["description"]
+    path.write_text(json.dumps(profile | {"name": "mystery"}))
+    assert vllm_default_limits(str(path))[2].endswith("on L4 (24 GiB)")  # its GPU
+    path.write_text(json.dumps(profile | {"name": "mystery", "gpu": ""}))
+    with pytest.raises(ValueError, match="cannot tell the GPU of profile"):
+        vllm_default_limits(str(path))
+    path.write_text(json.dumps(profile | {"name": "mystery", "gpu": "", "carried_from": ""}))
+    assert vllm_default_limits(str(path))[2].endswith("on A100 (80 GiB)")  # unmarked: its first GPU
 
 
 def test_shifting_arrivals_follow_their_rates() -> None:

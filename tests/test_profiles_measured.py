@@ -681,6 +681,33 @@ def test_gpus_vidur_did_not_time_carry_the_nearest_measured_one() -> None:
     assert "carried" not in a100.description and "(measured)" in a100.step.source["linear_layers"]
 
 
+def test_carried_timings_are_a_field_of_the_profile(tmp_path: Path, capsys) -> None:
+    """Whose linear-layer timings a profile uses is `carried_from` (the GPU they were measured
+    on; empty: its own), the one fact its description, its step source and `batchpilot
+    profiles`' ``table (carried)`` are built from, and it survives the profile's JSON."""
+    tables = load_tables()
+    carried, measured = PROFILES["llama-3-8b-l4"], PROFILES["llama-3-8b-a100"]
+    assert carried.carried_from == "A100-SXM-80GB" and carried.step_model == "table (carried)"
+    assert "from Vidur's A100-SXM-80GB operator tables, carried to L4-24GB" in carried.description
+    assert "on A100-SXM-80GB, carried to L4-24GB" in carried.step.source["linear_layers"]
+    assert measured.carried_from == "" and measured.step_model == "table (measured)"
+    assert "carried" not in measured.description + measured.step.source["linear_layers"]
+    assert PROFILES["llama-7b-a100"].carried_from == "" and PROFILES["llama-7b-a100"].step_model == "linear"
+    assert measured_profile(tables, "llama-2-70b", "h200", 2).carried_from == "H100-SXM-80GB"
+    for name, spec in SHIPPED_MEASURED.items():  # carried exactly where Vidur did not time it
+        own = f"{GPUS[spec['gpu']].vidur_compute}/{ARCHITECTURES[spec['model']].vidur_name}"
+        assert bool(PROFILES[name].carried_from) == (own not in tables["linear"]), name
+    assert cli(["profiles"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
+    assert "table (carried)" in rows["llama-3-8b-l4"] and "table (measured)" in rows["llama-3-8b-a100"]
+    for profile in (carried, measured):
+        path = tmp_path / f"{profile.name}.json"
+        path.write_text(profile.to_json())
+        assert get_profile(str(path)).carried_from == profile.carried_from
+    assert_profile_file_refused(tmp_path, "llama-3-8b-a100", lambda d: d.update(carried_from=1), "carried_from must be a string")
+    assert_profile_file_refused(tmp_path, "llama-7b-a100", lambda d: d.update(carried_from="A100-SXM-80GB"), "carried_from names a GPU, but a linear step model has no measured tables")
+
+
 def test_profiles_build_names_every_gpu_and_carries(tmp_path: Path, capsys) -> None:
     out = tmp_path / "8b-l4.json"
     args = ["profiles", "build", "--model", "llama-3-8b", "--gpu", "l4", "--vidur", str(VIDUR)]

@@ -75,20 +75,23 @@ GPU_MEMORY_GIB = {
 
 def vllm_default_limits(profile: str) -> tuple[int, int, str]:
     """(max_num_seqs, max_num_batched_tokens, why) that ``vllm serve`` 0.32 picks on the
-    profile's hardware, recognised from the profile's name and description."""
+    profile's hardware, recognised from the profile's name, GPU and description."""
     from batchpilot.envs.profiles import get_profile
 
     p = get_profile(profile)
     text = f"{p.name} {p.description}".lower()
     if "cpu" in text:
         return 128, 2048, "vLLM 0.32 CPU defaults for `vllm serve` (per rank)"
-    gpu = None  # the name first ("24gb" profiles borrow A100 step times), then the GPU
-    for where in (p.name.lower(), p.gpu.lower(), text):  # (carried timings name another)
-        gpu = gpu or next((g for g in GPU_MEMORY_GIB if g in where), None)
+    # the name first ("24gb" profiles borrow A100 step times), then the GPU, then the
+    # description, unless the timings are carried (it names the GPU they were measured on)
+    gpu = None
+    for where in (p.name, p.gpu, "" if p.carried_from else p.description):
+        gpu = gpu or next((g for g in GPU_MEMORY_GIB if g in where.lower()), None)
     if gpu is None:
         raise ValueError(
             f"default: cannot tell the GPU of profile {profile!r} (no {', '.join(GPU_MEMORY_GIB)} "
-            "or cpu in its name or description), so not vLLM's defaults for it; use static:N:T"
+            "or cpu in its name, GPU or description), so not vLLM's defaults for it; use "
+            "static:N:T"
         )
     gib = GPU_MEMORY_GIB[gpu]
     if gib >= 160:

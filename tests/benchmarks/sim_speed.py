@@ -45,7 +45,7 @@ def main() -> None:
         profile = get_profile(name)
         fitted = workload.fit_context(profile.max_model_len, "drop")
         print(
-            f"\n{name} ({profile.step.describe()} step model): {len(fitted)} requests "
+            f"\n{name} ({profile.step_model} step model): {len(fitted)} requests "
             f"({len(workload) - len(fitted)} over its {profile.max_model_len}-token context dropped)"
         )
         print(
