@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -23,14 +26,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class Server:
+    """`batchpilot serve` running on loopback, its temporary files under `tmp`."""
+
+    url: str
+    model: str
+    proc: subprocess.Popen[bytes]
+    tmp: Path
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(timeout=60)
+
+
+def metrics_dirs(tmp: Path) -> list[Path]:
+    """The Prometheus directories `batchpilot serve` made under `tmp`."""
+    return sorted(tmp.glob("batchpilot-prom-*"))
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def served(tmp_path_factory: pytest.TempPathFactory):
     from batchpilot.envs.vllm_models import tiny_llama
 
     model = str(tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+    tmp = tmp_path_factory.mktemp("tmpdir")
+    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", TMPDIR=str(tmp))
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     cmd = [sys.executable, "-m", "batchpilot.training.cli", "serve", model,
            "--controller", "static:3", "--skip-tokenizer-init", "--host", "127.0.0.1",
@@ -51,9 +75,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     else:
         proc.kill()
         pytest.fail(f"server not up in 240 s:\n{log.read_text()[-3000:]}")
-    yield url, model
-    proc.terminate()
-    proc.wait(timeout=30)
+    server = Server(url, model, proc, tmp)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(served: Server) -> tuple[str, str]:
+    return served.url, served.model
 
 
 def test_openai_client_gets_a_completion(server) -> None:
@@ -110,8 +139,39 @@ def test_bad_controller_spec_fails_before_vllm_is_imported(tmp_path) -> None:
         f"rc = main(['serve', {str(tmp_path)!r}, '--controller', 'nonsense:1']); "
         "print(rc, 'vllm' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "False"], out.stderr
     assert "unknown controller 'nonsense:1'" in out.stderr
+
+
+@pytest.mark.parametrize("users", [False, True], ids=["own", "users"])
+def test_serve_that_fails_removes_only_its_own_metrics_directory(
+    tmp_path: Path, users: bool
+) -> None:
+    """vLLM refuses an option after starting: serve's temporary metrics directory goes
+    with it (it once stayed in /tmp after every run); one the user set stays."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    user_dir = tmp_path / "prom"
+    if users:
+        user_dir.mkdir()
+        (user_dir / "kept").touch()
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(user_dir)
+    cmd = [sys.executable, "-m", "batchpilot.training.cli", "serve", str(tmp_path),
+           "--controller", "static:3", "--no-such-vllm-option"]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "--no-such-vllm-option" in out.stderr
+    assert metrics_dirs(tmp) == []
+    assert (user_dir / "kept").exists() == users
+
+
+def test_stopping_serve_removes_its_metrics_directory(served: Server) -> None:
+    """Last in this module: it stops the server the tests above share."""
+    (made,) = metrics_dirs(served.tmp)
+    assert any(made.iterdir())  # the server's metrics live there
+    served.proc.send_signal(signal.SIGTERM)
+    assert served.stop() == 0
+    assert metrics_dirs(served.tmp) == []

