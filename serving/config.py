@@ -7,12 +7,16 @@ before vLLM starts.
 - ``BATCHPILOT_SLO``: goodput SLOs for the telemetry (default `DEFAULT_SLO`).
 - ``BATCHPILOT_DECISION_BUDGET_MS``: a decision slower than this on 3 calls in a row counts
   as a failure (default `DEFAULT_BUDGET_MS`).
+- ``BATCHPILOT_DECISION_DEADLINE_MS``: the longest the engine waits for one decision; one
+  not back by then leaves the engine on static limits until it returns (default
+  `DEADLINE_BUDGETS` times the budget: 50 ms; at least the budget).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from batchpilot.agents.specs import make_controller
 from batchpilot.baselines.specs import simulator_only
@@ -23,8 +27,17 @@ from batchpilot.envs.metrics import SLO, goodput_slo
 CONTROLLER_ENV = "BATCHPILOT_CONTROLLER"
 SLO_ENV = "BATCHPILOT_SLO"
 BUDGET_ENV = "BATCHPILOT_DECISION_BUDGET_MS"
+DEADLINE_ENV = "BATCHPILOT_DECISION_DEADLINE_MS"
 DEFAULT_SLO = str(metrics.DEFAULT_SLO)
 DEFAULT_BUDGET_MS = 5.0
+DEADLINE_BUDGETS = 10
+"""The default decision deadline, in decision budgets (50 ms at the default 5 ms budget)."""
+
+
+class EngineSettings(NamedTuple):
+    slo: SLO
+    budget_s: float
+    deadline_s: float
 
 
 def serving_controller(controller: Controller | str) -> Controller:
@@ -39,20 +52,31 @@ def serving_controller(controller: Controller | str) -> Controller:
     return controller
 
 
-def engine_settings(environ: Mapping[str, str]) -> tuple[SLO, float]:
-    """The SLO and decision budget (s) that `environ` sets, defaults where unset; a
-    ValueError names the variable that is bad."""
+def engine_settings(environ: Mapping[str, str]) -> EngineSettings:
+    """The SLO, decision budget and decision deadline (s) that `environ` sets, defaults
+    where unset; a ValueError names the variable that is bad."""
     text = environ.get(SLO_ENV, DEFAULT_SLO)
     try:
         slo = SLO.parse(text)
     except ValueError as exc:
         raise ValueError(f"{SLO_ENV}={text!r}: {exc}") from None
     goodput_slo(slo, f"{SLO_ENV}={text!r}:")
-    text = environ.get(BUDGET_ENV, str(DEFAULT_BUDGET_MS))
+    budget_ms = milliseconds(environ, BUDGET_ENV, DEFAULT_BUDGET_MS)
+    deadline_ms = milliseconds(environ, DEADLINE_ENV, DEADLINE_BUDGETS * budget_ms)
+    if deadline_ms < budget_ms:
+        raise ValueError(
+            f"{DEADLINE_ENV}={environ[DEADLINE_ENV]!r}: below the {budget_ms:g} ms decision budget"
+        )
+    return EngineSettings(slo, budget_ms / 1e3, deadline_ms / 1e3)
+
+
+def milliseconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    """The finite positive number of milliseconds `environ` sets `name` to, else `default`."""
+    text = environ.get(name, str(default))
     try:
-        budget_ms = float(text)
+        ms = float(text)
     except ValueError:
-        budget_ms = math.nan
-    if not 0 < budget_ms < math.inf:
-        raise ValueError(f"{BUDGET_ENV}={text!r}: need a finite number of milliseconds > 0")
-    return slo, budget_ms / 1e3
+        ms = math.nan
+    if not 0 < ms < math.inf:
+        raise ValueError(f"{name}={text!r}: need a finite number of milliseconds > 0")
+    return ms

@@ -10,9 +10,18 @@ controller with a ``control_interval`` (a learned policy: the interval its sidec
 was trained at) is due once that many seconds or steps have passed since its last decision,
 as in simulation (`batchpilot.envs.run.run`); any other, before every step. If it cannot
 start (its ``reset`` refuses the engine or the SLO, or the SLO or budget setting is bad),
-raises, returns something that is not valid limits, sees NaN telemetry, or is too slow, the
-scheduler logs the reason once and falls back for good to static batching at the engine's
-configured ``max_num_seqs`` and token budget: serving never stops for it.
+raises, returns something that is not valid limits, sees NaN telemetry, or is too slow (over
+its budget on `SLOW_CALLS` decisions in a row), the scheduler logs the reason once and falls
+back for good to static batching at the engine's configured ``max_num_seqs`` and token
+budget: serving never stops for it.
+
+Decisions run on one worker thread (`DecisionThread`: a round trip costs some tens of
+microseconds, more when the host's cores are oversubscribed; the budget counts the
+controller's own time on it), so that the engine waits for one at most its deadline
+(``BATCHPILOT_DECISION_DEADLINE_MS``, default 10 budgets: 50 ms). A decision not back by
+then counts as a slow one and leaves the engine on the static limits, logged once, with no
+new decision started while it runs; when it returns (its stale limits unused), the
+controller is consulted again at once.
 Decisions, and the limits in force after a fallback, are exported as Prometheus metrics
 ``batchpilot:*`` beside vLLM's own.
 """
@@ -21,7 +30,13 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import suppress
+from functools import partial
 from typing import Any
 
 from batchpilot.envs.controller import ControlInterval, Controller
@@ -30,6 +45,7 @@ from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.vllm_scheduler import TrackingScheduler
 from batchpilot.serving.config import (
     CONTROLLER_ENV,
+    DEADLINE_BUDGETS,
     DEFAULT_BUDGET_MS,
     DEFAULT_SLO,
     engine_settings,
@@ -47,6 +63,40 @@ class ControllerFailure(RuntimeError):
     """A controller decision that cannot be used."""
 
 
+Timed = Future[tuple[Limits, float]]
+"""A decision and the seconds it took on the decision thread."""
+
+
+class DecisionThread:
+    """One daemon thread that makes decisions, one at a time, for a caller that waits a
+    bounded time for each (`call`); `close` lets it end once its call in hand returns."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Limits], Timed] | None]
+        self._calls = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="batchpilot-decide", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            try:
+                start = time.perf_counter()
+                future.set_result((call(), time.perf_counter() - start))
+            except BaseException as exc:  # the caller's to judge
+                future.set_exception(exc)
+
+    def call(self, call: Callable[[], Limits], timeout_s: float) -> Timed:
+        """`call` run on the thread, waited for up to `timeout_s`: done, unless it is late."""
+        future: Timed = Future()
+        self._calls.put((call, future))
+        with suppress(TimeoutError):  # raised only while the call is out
+            future.exception(timeout_s)
+        return future
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+
 class BatchpilotScheduler(TrackingScheduler):
     """vLLM's V1 scheduler with per-step tracking and an optional batchpilot controller."""
 
@@ -55,13 +105,17 @@ class BatchpilotScheduler(TrackingScheduler):
         self.controller: Controller | None = None
         self.fallback_reason: str | None = None
         self.budget_s = DEFAULT_BUDGET_MS / 1e3
+        self.deadline_s = DEADLINE_BUDGETS * self.budget_s
         self._slow = 0
+        self._thread: DecisionThread | None = None
+        self.late: Timed | None = None
+        """A decision past its deadline, not yet returned: static limits until it does."""
         self.metrics: DecisionMetrics | None = None
         self.interval = ControlInterval()
         self._last: tuple[float, int] | None = None  # (engine s, step) of the last decision
         spec = os.environ.get(CONTROLLER_ENV)
         try:
-            slo, self.budget_s = engine_settings(os.environ)
+            slo, self.budget_s, self.deadline_s = engine_settings(os.environ)
         except ValueError as exc:  # no controller can start on them; the engine serves on
             self.set_slo(SLO.parse(DEFAULT_SLO))
             if spec:
@@ -79,8 +133,13 @@ class BatchpilotScheduler(TrackingScheduler):
         """Use `controller` (or a spec) from the next step on; a bad spec raises here."""
         controller = serving_controller(controller)
         controller.reset(self.view)
+        if self.late is not None and not self.late.done() and self._thread is not None:
+            self._thread.close()  # busy with the last controller's decision: a fresh one
+            self._thread = None
+        self.late = None
         self.controller = controller
         self.fallback_reason = None
+        self._slow = 0
         self.interval = getattr(controller, "control_interval", None) or ControlInterval()
         self._last = None
         self.metrics = DecisionMetrics.get(controller.name)
@@ -109,18 +168,34 @@ class BatchpilotScheduler(TrackingScheduler):
         return self.tracker.iterations - step >= self.interval.iterations  # type: ignore[operator]
 
     def _decide(self) -> None:
+        if self.late is not None:
+            if not self.late.done():
+                return  # still out: the static limits stay, no second decision
+            logger.warning(
+                "batchpilot controller %s: the late decision returned; back in charge",
+                self.controller.name,  # type: ignore[union-attr]
+            )
+            self.late = None
+        if self._thread is None:
+            self._thread = DecisionThread()
         try:  # any fault from here to the limits, the telemetry included: fall back
             telemetry = self.telemetry().validate()
-            start = time.perf_counter()
-            limits = self.controller.decide(telemetry)  # type: ignore[union-attr]
-            elapsed = time.perf_counter() - start
-            check_limits(limits)
-            self._slow = self._slow + 1 if elapsed > self.budget_s else 0
+            decide = partial(self.controller.decide, telemetry)  # type: ignore[union-attr]
+            decision = self._thread.call(decide, self.deadline_s)
+            if late := not decision.done():
+                self.late, elapsed = decision, self.deadline_s
+            else:
+                limits, elapsed = decision.result()
+            self._slow = self._slow + 1 if late or elapsed > self.budget_s else 0
             if self._slow >= SLOW_CALLS:
                 raise ControllerFailure(
                     f"{SLOW_CALLS} decisions in a row over the {self.budget_s * 1e3:g} ms budget "
-                    f"(last {elapsed * 1e3:.2f} ms)"
+                    f"(last {elapsed * 1e3:.2f} ms{'+, not back' if late else ''})"
                 )
+            if late:
+                self._wait()
+                return
+            check_limits(limits)
         except Exception as exc:  # keep serving
             self._fall_back(f"{type(exc).__name__}: {exc}")
             return
@@ -128,6 +203,19 @@ class BatchpilotScheduler(TrackingScheduler):
         self.set_limits(limits)
         if self.metrics is not None:
             self.metrics.record(self.max_num_active_reqs, self.max_num_scheduled_tokens, elapsed)
+
+    def _wait(self) -> None:
+        """Static limits until the late decision returns."""
+        logger.error(
+            "batchpilot controller %s: no decision in its %g ms deadline; static "
+            "max_num_seqs=%d until it returns",
+            self.controller.name,  # type: ignore[union-attr]
+            self.deadline_s * 1e3,
+            self.cap_seqs,
+        )
+        self.set_limits(Limits(self.cap_seqs, self.cap_tokens))
+        if self.metrics is not None:
+            self.metrics.fell_back(self.max_num_active_reqs, self.max_num_scheduled_tokens)
 
     def _fall_back(self, reason: str, name: str | None = None) -> None:
         name = name or (self.controller.name if self.controller else "?")

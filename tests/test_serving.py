@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +18,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
-from batchpilot.serving.config import BUDGET_ENV, CONTROLLER_ENV, SLO_ENV, engine_settings
+from batchpilot.serving.config import (
+    BUDGET_ENV,
+    CONTROLLER_ENV,
+    DEADLINE_ENV,
+    SLO_ENV,
+    engine_settings,
+)
 from batchpilot.serving.scheduler import BatchpilotScheduler
 
 pytestmark = pytest.mark.vllm
@@ -170,6 +178,9 @@ def test_nan_telemetry_is_a_controller_failure(llm, monkeypatch: pytest.MonkeyPa
     assert "recent_tbt_s" in s.fallback_reason
 
 
+COMMITTED = Path(__file__).parents[1] / "training" / "reports" / "learned" / "policy.onnx"
+
+
 def nan_policy(directory: Path) -> Path:
     """The committed policy with its observation normalisation's std zeroed: weights and
     sidecar valid (re-sealed), but an entry equal to its mean comes out 0 / 0 = NaN, and
@@ -182,15 +193,14 @@ def nan_policy(directory: Path) -> Path:
 
     from batchpilot.agents.policy import seal, sha256, sidecar_path
 
-    committed = Path(__file__).parents[1] / "training" / "reports" / "learned" / "policy.onnx"
-    model = onnx.load(committed)
+    model = onnx.load(COMMITTED)
     for tensor in model.graph.initializer:
         if tensor.name in ("mean", "std"):
             zeros = np.zeros(list(tensor.dims), np.float32)
             tensor.CopyFrom(numpy_helper.from_array(zeros, tensor.name))
     path = directory / "policy.onnx"
     onnx.save(model, path)
-    meta = json.loads(sidecar_path(committed).read_text()) | {"sha256": sha256(path)}
+    meta = json.loads(sidecar_path(COMMITTED).read_text()) | {"sha256": sha256(path)}
     sidecar_path(path).write_text(json.dumps(seal(meta)))
     return path
 
@@ -237,9 +247,7 @@ def test_a_policy_decides_at_the_interval_it_was_trained_at(llm) -> None:
     assert s.fallback_reason is None
 
 
-def test_a_controller_that_cannot_start_falls_back(
-    llm, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_controller_that_cannot_start_falls_back(llm, caplog: pytest.LogCaptureFixture) -> None:
     """Algorithm 2 refuses a TPOT target below its eps_D: the engine serves on at its caps."""
     s = scheduler(llm)
     slo = s.tracker.slo
@@ -272,10 +280,112 @@ def test_aborted_requests_are_forgotten(llm) -> None:
     assert s.tracker.records == []  # a server keeps no per-request history
 
 
+class Hanging:
+    """A controller whose first decision does not return until released (up to 60 s), as
+    if it never did; the rest return 2 at once."""
+
+    name = "hanging"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def reset(self, engine) -> None:
+        pass
+
+    def decide(self, telemetry: Telemetry) -> Limits:
+        self.calls += 1
+        if self.calls == 1:
+            self.release.wait(60)
+        return Limits(2)
+
+
+def serving_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "batchpilot.serving"]
+
+
+def decision_threads() -> int:
+    return sum(t.name == "batchpilot-decide" for t in threading.enumerate())
+
+
+def test_a_decision_that_does_not_return_does_not_stall_the_engine(
+    llm, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It once hung the engine. Now the engine serves on at its caps past the decision's
+    deadline, logs it once, starts no other decision (or thread) while it is out, and lets
+    the controller decide again once it has returned."""
+    s = scheduler(llm)
+    hanging = Hanging()
+    s.set_controller(hanging)
+    try:
+        with caplog.at_level(logging.WARNING, logger="batchpilot.serving"):
+            running = serve(llm, 10)
+            assert max(running) == 10 and s.max_num_active_reqs == CAP
+            assert hanging.calls == 1 and s.late is not None and not s.late.done()
+            assert decision_threads() == 1
+            assert s.controller is hanging and s.fallback_reason is None
+            (error,) = serving_logs(caplog)
+            assert "no decision in its 50 ms deadline" in error
+            hanging.release.set()
+            s.late.result(timeout=10)
+            running = serve(llm, 6)
+        assert max(running) == 2 and hanging.calls > 1
+        assert s.late is None and s.fallback_reason is None
+        assert decision_threads() == 1
+        assert serving_logs(caplog)[1:] == [
+            "batchpilot controller hanging: the late decision returned; back in charge"
+        ]
+    finally:
+        hanging.release.set()
+
+
+def test_decisions_that_keep_missing_the_deadline_fall_back(llm) -> None:
+    """Each missed deadline is a decision over budget: the third in a row is a failure."""
+
+    class Stuck(Hanging):
+        def decide(self, telemetry: Telemetry) -> Limits:
+            self.calls += 1
+            self.release.wait(0.1)
+            return Limits(2)
+
+    s = scheduler(llm)
+    stuck = Stuck()
+    s.set_controller(stuck)
+    for _ in range(20):
+        if s.controller is None:
+            break
+        serve(llm, 4, output=100)
+    assert s.controller is None and "3 decisions in a row" in s.fallback_reason
+    assert stuck.calls == 3 and decision_threads() == 1
+
+
+def test_decisions_on_the_decision_thread_cost_microseconds(llm) -> None:
+    """The learned policy decides in tens of microseconds; the thread adds about as much."""
+    s = scheduler(llm)
+    s.set_controller(f"policy:{COMMITTED}")
+    serve(llm, 2)
+    telemetry = s.telemetry().validate()
+    decide = s.controller.decide
+    inline, threaded = [], []
+    for _ in range(200):
+        start = time.perf_counter()
+        decide(telemetry)
+        inline.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        s._thread.call(lambda: decide(telemetry), 1.0).result()
+        threaded.append(time.perf_counter() - start)
+    assert statistics.median(threaded) - statistics.median(inline) < 1e-3, (
+        statistics.median(inline),
+        statistics.median(threaded),
+    )
+
+
 def test_bad_settings_are_a_controller_that_cannot_start(
     model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A decision budget that is not a number once stopped the engine from starting (or,
+    """(After every test of the shared engine: a second engine's teardown takes vLLM's
+    parallel state, which the shared one needs, with it.)
+    A decision budget that is not a number once stopped the engine from starting (or,
     as NaN, switched the budget off): now the engine serves at its caps, the log names it."""
     with caplog.at_level(logging.ERROR, logger="batchpilot.serving"):
         llm = start_engine(model, {CONTROLLER_ENV: "static:3", BUDGET_ENV: "nan"})
@@ -293,10 +403,14 @@ def test_bad_settings_are_a_controller_that_cannot_start(
         ({BUDGET_ENV: "inf"}, f"{BUDGET_ENV}='inf'"),
         ({SLO_ENV: "ttft:-1"}, f"{SLO_ENV}='ttft:-1': SLO 'ttft:-1'"),
         ({SLO_ENV: ""}, f"{SLO_ENV}='': names no objective"),
+        ({DEADLINE_ENV: "0"}, f"{DEADLINE_ENV}='0': need a finite number"),
+        ({DEADLINE_ENV: "4"}, f"{DEADLINE_ENV}='4': below the 5 ms decision budget"),
     ],
 )
 def test_engine_settings_name_the_bad_variable(settings: dict[str, str], problem: str) -> None:
     with pytest.raises(ValueError) as err:
         engine_settings(settings)
     assert problem in str(err.value)
-    assert engine_settings({}) == (SLO.parse("ttft:2000,tpot:50"), 0.005)
+    assert engine_settings({}) == (SLO.parse("ttft:2000,tpot:50"), 0.005, 0.05)
+    assert engine_settings({BUDGET_ENV: "8"}).deadline_s == 0.08  # 10 budgets by default
+    assert engine_settings({DEADLINE_ENV: "200"}).deadline_s == 0.2

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from types import FrameType
 
-from batchpilot.serving.config import DEFAULT_BUDGET_MS, DEFAULT_SLO
+from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO
 from batchpilot.training.commands.common import positive, slo_spec
 
 SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
@@ -62,6 +62,12 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
         default=DEFAULT_BUDGET_MS,
         help="3 decisions in a row slower than this fall back to static. Default: %(default)s",
     )
+    parser.add_argument(
+        "--decision-deadline-ms",
+        type=positive,
+        help="the engine waits no longer for a decision: static limits until it returns. "
+        f"Default: {DEADLINE_BUDGETS}x the budget",
+    )
 
 
 def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
@@ -70,10 +76,9 @@ def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
     own_arguments(own, required=False)
     parsed, rest = own.parse_known_args(args.vllm_args)
     merged = vars(args) | {"vllm_args": rest, "controller": parsed.controller or args.controller}
-    if parsed.slo != own.get_default("slo"):
-        merged["slo"] = parsed.slo
-    if parsed.decision_budget_ms != own.get_default("decision_budget_ms"):
-        merged["decision_budget_ms"] = parsed.decision_budget_ms
+    for name in ("slo", "decision_budget_ms", "decision_deadline_ms"):
+        if getattr(parsed, name) != own.get_default(name):
+            merged[name] = getattr(parsed, name)
     if not merged["controller"]:
         raise ValueError("--controller SPEC is required (e.g. alg1+alg2 or policy:PATH)")
     return argparse.Namespace(**merged)
@@ -84,13 +89,19 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     from batchpilot.serving.config import (
         BUDGET_ENV,
         CONTROLLER_ENV,
+        DEADLINE_ENV,
         SLO_ENV,
         engine_settings,
         serving_controller,
     )
 
     serving_controller(args.controller)  # a bad spec or policy file fails here, in seconds
-    settings = {SLO_ENV: args.slo, BUDGET_ENV: str(args.decision_budget_ms)}
+    deadline_ms = args.decision_deadline_ms or DEADLINE_BUDGETS * args.decision_budget_ms
+    settings = {
+        SLO_ENV: args.slo,
+        BUDGET_ENV: str(args.decision_budget_ms),
+        DEADLINE_ENV: str(deadline_ms),
+    }
     engine_settings(settings)  # as the engine will read them
     extra = list(args.vllm_args)
     if "--scheduler-cls" in extra:
