@@ -7,7 +7,8 @@ from the environment (`batchpilot.serving.config`).
 Before a ``schedule()`` the controller, when due, sees the telemetry since its last decision
 and its limits are written to ``max_num_active_reqs`` / ``max_num_scheduled_tokens``. A
 controller with a ``control_interval`` (a learned policy: the interval its sidecar says it
-was trained at) is due once that many seconds or steps have passed since its last decision,
+was trained at), or a combination with such a part (``policy:PATH+alg1``: every part then
+decides at it), is due once that many seconds or steps have passed since its last decision,
 as in simulation (`batchpilot.envs.run.run`); any other, before every step. If it cannot
 start (its ``reset`` refuses the engine or the SLO, or the SLO or budget setting is bad),
 raises, returns something that is not valid limits, sees NaN telemetry, or is too slow (over
@@ -132,6 +133,7 @@ class BatchpilotScheduler(TrackingScheduler):
     def set_controller(self, controller: Controller | str) -> None:
         """Use `controller` (or a spec) from the next step on; a bad spec raises here."""
         controller = serving_controller(controller)
+        interval = trained_interval(controller) or ControlInterval()
         controller.reset(self.view)
         if self.late is not None and not self.late.done() and self._thread is not None:
             self._thread.close()  # busy with the last controller's decision: a fresh one
@@ -140,7 +142,7 @@ class BatchpilotScheduler(TrackingScheduler):
         self.controller = controller
         self.fallback_reason = None
         self._slow = 0
-        self.interval = getattr(controller, "control_interval", None) or ControlInterval()
+        self.interval = interval
         self._last = None
         self.metrics = DecisionMetrics.get(controller.name)
         logger.info(
@@ -248,3 +250,19 @@ def check_limits(limits: Any) -> None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ControllerFailure(f"returned {name}={v!r}")
+
+
+def trained_interval(controller: Controller) -> ControlInterval | None:
+    """The ``control_interval`` of `controller` or, for a combination, of its parts that have
+    one (a ValueError if they differ); None if none has one."""
+    own: ControlInterval | None = getattr(controller, "control_interval", None)
+    if own is not None:
+        return own
+    parts = (trained_interval(p) for p in getattr(controller, "parts", ()))
+    intervals = {i for i in parts if i is not None}
+    if len(intervals) > 1:
+        raise ValueError(
+            f"{controller.name}: parts trained at different control intervals "
+            f"({', '.join(sorted(map(str, intervals)))})"
+        )
+    return intervals.pop() if intervals else None

@@ -380,6 +380,39 @@ def test_decisions_on_the_decision_thread_cost_microseconds(llm) -> None:
     )
 
 
+def test_a_combination_with_a_policy_decides_at_its_interval(llm) -> None:
+    """``policy:PATH+alg1`` once decided before every step; now, as a plain policy, at the
+    interval the policy was trained at, every part with it."""
+    from batchpilot.baselines.combined import MinController
+    from batchpilot.baselines.specs import make_controller
+
+    s = scheduler(llm)
+    counting = Counting()
+    s.set_controller(MinController([counting, make_controller("alg1")]))
+    assert s.interval == ControlInterval(iterations=4)
+    before = s.metrics.decisions
+    running = serve(llm, 8, output=30)
+    assert len(counting.seen) >= 5 and set(counting.seen[1:]) == {4}
+    assert s.metrics.decisions - before == len(counting.seen) <= len(running) // 4 + 1
+    assert s.fallback_reason is None
+
+    s.set_controller(f"policy:{COMMITTED}+alg1")
+    assert s.interval == ControlInterval(iterations=None, seconds=0.5)
+    before, start = s.metrics.decisions, time.monotonic()
+    running = serve(llm, 8, output=60)
+    decisions = s.metrics.decisions - before
+    assert 1 <= decisions <= (time.monotonic() - start) / 0.5 + 1 and decisions < len(running)
+
+
+def test_parts_trained_at_different_intervals_are_refused(llm) -> None:
+    from batchpilot.baselines.combined import MinController
+
+    other = Counting()
+    other.control_interval = ControlInterval(iterations=8)  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"different control intervals \(4it, 8it\)"):
+        scheduler(llm).set_controller(MinController([Counting(), other]))
+
+
 def test_bad_settings_are_a_controller_that_cannot_start(
     model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
