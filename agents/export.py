@@ -36,7 +36,7 @@ from batchpilot.agents.policy import (
 )
 from batchpilot.envs.action_grid import MODES
 from batchpilot.envs.json_objects import read_json_object
-from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, checked_fields
 from batchpilot.envs.step_models import brief
 
@@ -249,8 +249,9 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
                     f"{run}: {key} {other.meta[key]!r} differs from {run_dirs[0]}'s "
                     f"{meta[key]!r}; an ensemble's members must agree"
                 )
-        if other.meta["env_kwargs"].get("slo") != meta["env_kwargs"].get("slo"):
-            raise PolicyFileError(f"{run}: trained for another SLO than {run_dirs[0]}")
+        for key in ("slo", "slo_scale"):
+            if other.meta["env_kwargs"].get(key) != meta["env_kwargs"].get(key):
+                raise PolicyFileError(f"{run}: trained with another {key} than {run_dirs[0]}")
     modules = [m.module for m in members]
     if len(members) == 1:
         module: th.nn.Module = modules[0]
@@ -273,6 +274,14 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
         partial.unlink(missing_ok=True)
         sidecar_path(partial).unlink(missing_ok=True)
     return sidecar
+
+
+def _slo_scale(env: dict[str, Any]) -> dict[str, Any]:
+    """The sidecar's ``slo_scale`` entry of a run trained across SLOs (none otherwise)."""
+    if not env.get("slo_scale"):
+        return {}
+    ranges = slo_ranges(env["slo_scale"], SLO.parse(env.get("slo", str(DEFAULT_SLO))))
+    return {"slo_scale": {k: list(r) for k, r in ranges.items()}} if ranges else {}
 
 
 def _write(
@@ -306,6 +315,7 @@ def _write(
         "observation": observation_layout(fields),
         "action": action_layout(meta["action_mode"]),
         "slo": env.get("slo", str(DEFAULT_SLO)),
+        **_slo_scale(env),
         "control_interval": meta["control_interval"],
         "algo": meta["algo"],
         **entries,

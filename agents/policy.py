@@ -6,7 +6,10 @@ decision and refuses any op an export does not write.
 The JSON sidecar ``PATH.json`` (written by `batchpilot export`) says how to use the
 network: the observation's entries and scaling constants, the action's grids, the SLO
 the observation is normalised by, the control interval it was trained at, and the
-sha256 of the ``.onnx`` file, checked on load. The controller builds the entries the
+sha256 of the ``.onnx`` file, checked on load. A policy trained across SLOs (the env's
+`slo_scale`, recorded as ``slo_scale``) observes against the SLO of the run it serves, with
+a warning where that lies outside its training range; any other observes against the SLO
+it was trained for, whatever the run's. The controller builds the entries the
 sidecar names, so a policy trained before an entry was added still serves; a sidecar
 naming an entry this version does not compute, or with other scaling constants
 (`batchpilot.envs.observation.SCALES`) or action grids, is refused, and
@@ -36,7 +39,7 @@ from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.json_objects import read_json_object
-from batchpilot.envs.metrics import SLO
+from batchpilot.envs.metrics import SLO, slo_ranges
 from batchpilot.envs.observation import SCALES, Observer, checked_fields
 from batchpilot.envs.telemetry import Limits, Telemetry
 
@@ -122,17 +125,31 @@ class PolicyController:
         control_interval: ControlInterval,
         name: str = "policy",
         fields: Sequence[str] | None = None,
+        slo_scale: dict[str, tuple[float, float]] | None = None,
     ) -> None:
         self.act = act
         self.grid = ActionGrid(mode)
         self.observer = Observer(slo, fields)
         self.slo = slo
+        self.slo_scale = slo_scale
         self.control_interval = control_interval
         self.name = name
         self._ready = False
 
     def reset(self, engine: Engine) -> None:
-        if engine.slo != self.slo:
+        if self.slo_scale is not None:
+            self.observer.set_slo(engine.slo)
+            outside = slo_outside(self.slo, self.slo_scale, engine.slo)
+            if outside:
+                logger.warning(
+                    "%s was trained for SLOs %s times %s; this run's %s is outside that (%s)",
+                    self.name,
+                    self.slo,
+                    self.slo_scale,
+                    engine.slo,
+                    "; ".join(outside),
+                )
+        elif engine.slo != self.slo:
             logger.warning(
                 "%s was trained for the SLO %s; this run is scored on %s (its observation "
                 "stays scaled by the first)",
@@ -148,6 +165,20 @@ class PolicyController:
         if not self._ready:
             raise RuntimeError("call reset(engine) before decide()")
         return self.grid.apply(self.act(self.observer(telemetry)))
+
+
+def slo_outside(base: SLO, scale: dict[str, tuple[float, float]], slo: SLO) -> list[str]:
+    """How `slo` lies outside the targets `base` times `scale` covers (empty: inside)."""
+    problems = []
+    for key in ("ttft", "tpot"):
+        lo, hi = scale.get(key, (1.0, 1.0))
+        trained, target = getattr(base, f"{key}_ms"), getattr(slo, f"{key}_ms")
+        if trained is None or target is None:
+            if trained != target:
+                problems.append(f"{key} {'unset' if target is None else 'set'}")
+        elif not trained * lo * (1 - 1e-9) <= target <= trained * hi * (1 + 1e-9):
+            problems.append(f"{key} {target:g} ms not in [{trained * lo:g}, {trained * hi:g}]")
+    return problems
 
 
 def read_sidecar(onnx_path: Path) -> dict[str, Any]:
@@ -196,12 +227,12 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             "belongs to another export"
         )
     try:
-        SLO.parse(meta["slo"])
+        slo_ranges(meta.get("slo_scale", {}), SLO.parse(meta["slo"]))
         ControlInterval.parse(meta["control_interval"])
         mode = meta["action"]["mode"]
     except (KeyError, TypeError, ValueError) as exc:
         raise PolicyFileError(
-            f"{side}: bad or missing slo/control_interval/action entry ({exc})"
+            f"{side}: bad or missing slo/slo_scale/control_interval/action entry ({exc})"
         ) from None
     observation = meta.get("observation")
     try:
@@ -241,6 +272,7 @@ def load_policy(path: str | Path) -> PolicyController:
     onnx_path = Path(path)
     meta = read_sidecar(onnx_path)
     fields = meta["observation"]["fields"]
+    scale = meta.get("slo_scale")
     return PolicyController(
         numpy_act(onnx_path, len(fields), meta["action"]["mode"]),
         meta["action"]["mode"],
@@ -248,4 +280,5 @@ def load_policy(path: str | Path) -> PolicyController:
         ControlInterval.parse(meta["control_interval"]),
         name=f"policy:{path}",
         fields=fields,
+        slo_scale=None if scale is None else slo_ranges(scale, SLO.parse(meta["slo"])),
     )

@@ -13,7 +13,7 @@ from batchpilot.envs.action_grid import ActionGrid
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.controller import check_interval_iters, check_interval_s
 from batchpilot.envs.engine import Engine
-from batchpilot.envs.metrics import DEFAULT_SLO, SLO
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
 from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
@@ -123,6 +123,11 @@ def profile_ranges(
     else:
         ranges = dict.fromkeys(profiles, scale_range(value, what))
     return {name: r for name, r in ranges.items() if r != (1.0, 1.0)}
+
+
+def log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    """A draw from [lo, hi], uniform in log (no draw when lo == hi, so streams keep)."""
+    return lo if lo == hi else float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
 
 
 def draw_weight(w: object, what: str) -> float:
@@ -236,6 +241,10 @@ class BatchingEnv(gym.Env):
       `WorkloadSpec` fields, or a list of them to draw from per episode (among those whose
       ``profiles`` include the episode's profile).
     - `slo`: goodput SLOs (ms); default `DEFAULT_SLO`, `"ttft:2000,tpot:50"`.
+    - `slo_scale`: ``{ttft: [lo, hi], tpot: [lo, hi]}``, ranges of factors drawn
+      log-uniformly per episode that multiply `slo`'s targets: the episode is scored, and
+      observed, against that SLO (its ``slo`` in the reset info), for a policy that serves
+      whatever targets its users set. Default: none, every episode on `slo`.
     - `control_interval_s` or `control_interval_iters`: one env step's length, seconds > 0
       (default `CONTROL_INTERVAL_S`) or engine iterations >= 1.
     - `step_time_scale`, `kv_scale`: (lo, hi) ranges of factors drawn log-uniformly per
@@ -281,6 +290,7 @@ class BatchingEnv(gym.Env):
         step_time_scale: ScaleRanges = (1.0, 1.0),
         kv_scale: ScaleRanges = (1.0, 1.0),
         knee_scale: ScaleRanges = (1.0, 1.0),
+        slo_scale: dict[str, tuple[float, float]] | None = None,
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
         observation_fields: list[str] | None = None,
@@ -307,9 +317,14 @@ class BatchingEnv(gym.Env):
         self.step_time_scale = profile_ranges(step_time_scale, names, "step_time_scale")
         self.kv_scale = profile_ranges(kv_scale, names, "kv_scale")
         self.knee_scale = profile_ranges(knee_scale, names, "knee_scale")
-        if engine == "vllm" and (self.step_time_scale or self.kv_scale or self.knee_scale):
+        self.slo = SLO.parse(slo)
+        self.slo_scale = slo_ranges({} if slo_scale is None else slo_scale, self.slo)
+        if engine == "vllm" and (
+            self.step_time_scale or self.kv_scale or self.knee_scale or self.slo_scale
+        ):
             raise ValueError(
-                "step_time_scale, kv_scale and knee_scale vary the simulator's profile only"
+                "step_time_scale, kv_scale, knee_scale and slo_scale vary the simulator's "
+                "episodes only"
             )
         specs = workload if isinstance(workload, list) else [workload]
         if not specs:
@@ -325,7 +340,6 @@ class BatchingEnv(gym.Env):
         for p in self._profile_objs:
             if not self._workloads_for(p.name):
                 raise ValueError(f"no workload spec applies to profile {p.name!r} (profiles:)")
-        self.slo = SLO.parse(slo)
         self.control_interval_s = control_interval_s
         self.control_interval_iters = control_interval_iters
         self.grid = ActionGrid(action_mode)
@@ -335,7 +349,7 @@ class BatchingEnv(gym.Env):
         self.engine_kwargs = engine_kwargs or {}
         if engine == "sim":  # bad engine keywords fail here, not at the first reset
             try:
-                self._make_engine(self._profile_objs[0])
+                self._make_engine(self._profile_objs[0], self.slo)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"engine_kwargs: {exc}") from None
         else:  # vLLM starts at the first reset; its model directory is checked now
@@ -367,18 +381,16 @@ class BatchingEnv(gym.Env):
     def _workloads_for(self, profile: str) -> list[WorkloadSpec]:
         return [w for w in self.workloads if not w.profiles or profile in w.profiles]
 
-    def _make_engine(self, profile: EngineProfile) -> Engine:
+    def _make_engine(self, profile: EngineProfile, slo: SLO) -> Engine:
         if self.engine_kind == "vllm":
             if self._vllm_engine is None:  # one real engine per env: start-up is costly
                 from batchpilot.envs.vllm_engine import make_vllm_engine
 
-                self._vllm_engine = make_vllm_engine(
-                    self.model, slo=self.slo, **self.engine_kwargs
-                )
+                self._vllm_engine = make_vllm_engine(self.model, slo=slo, **self.engine_kwargs)
             return self._vllm_engine
         from batchpilot.envs.sim_engine import SimEngine
 
-        return SimEngine(profile, slo=self.slo, **self.engine_kwargs)
+        return SimEngine(profile, slo=slo, **self.engine_kwargs)
 
     def _reward(self, t: Telemetry) -> tuple[float, dict[str, float]]:
         credit = t.interval_good_output_tokens + t.inflight_on_track_tokens - self._on_track
@@ -403,9 +415,11 @@ class BatchingEnv(gym.Env):
         for ranges in (self.step_time_scale, self.kv_scale, self.knee_scale):
             lo, hi = ranges.get(profile.name, (1.0, 1.0))
             # drawn only when asked for, so envs without them keep their random streams
-            scales.append(lo if lo == hi else float(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
+            scales.append(lo if lo == hi else log_uniform(rng, lo, hi))
         profile = profile.scaled(*scales)
-        self._engine = self._make_engine(profile)
+        slo = self.slo.scaled(**{k: log_uniform(rng, *r) for k, r in self.slo_scale.items()})
+        self._engine = self._make_engine(profile, slo)
+        self.observer.set_slo(slo)
         specs = self._workloads_for(profile.name)
         weights = np.array([s.weight for s in specs])
         spec = specs[int(rng.choice(len(specs), p=weights / weights.sum()))]
@@ -422,6 +436,7 @@ class BatchingEnv(gym.Env):
             "step_time_scale": scales[0],
             "kv_scale": scales[1],
             "knee_scale": scales[2],
+            "slo": str(slo),
             "offered_output_tps": self._offered_tps,
         }
         return self.observer(self._telemetry), info

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchpilot.envs.workload import scale_range
+
 
 @dataclass(frozen=True)
 class SLO:
@@ -53,6 +55,14 @@ class SLO:
             or (self.e2el_ms is not None and e2el_s * 1e3 > self.e2el_ms)
         )
 
+    def scaled(self, ttft: float = 1.0, tpot: float = 1.0) -> SLO:
+        """This SLO with its TTFT and TPOT targets times `ttft` and `tpot` (unset stay unset)."""
+        return SLO(
+            None if self.ttft_ms is None else self.ttft_ms * ttft,
+            None if self.tpot_ms is None else self.tpot_ms * tpot,
+            self.e2el_ms,
+        )
+
     def __str__(self) -> str:
         parts = [
             f"{k}:{v:g}"
@@ -66,6 +76,21 @@ DEFAULT_SLO = SLO(ttft_ms=2000.0, tpot_ms=50.0)
 """The one default goodput SLO (``ttft:2000,tpot:50``) of every command, environment and
 server: a 2 s first token and the paper's 50 ms per output token. Algorithm 2 takes its
 D_SLA from the run's TPOT target, so by default it aims at the same 50 ms."""
+
+
+def slo_ranges(value: object, slo: SLO) -> dict[str, tuple[float, float]]:
+    """`slo_scale` as objective -> (lo, hi) for ``ttft`` and ``tpot``, each a target `slo`
+    sets; objectives left at (1, 1) are left out."""
+    if not isinstance(value, dict):
+        raise ValueError(f"slo_scale must map ttft and/or tpot to [lo, hi], got {value!r}")
+    ranges = {}
+    for key, r in value.items():
+        if key not in ("ttft", "tpot"):
+            raise ValueError(f"slo_scale: unknown objective {key!r}; scale ttft or tpot")
+        if getattr(slo, f"{key}_ms") is None:
+            raise ValueError(f"slo_scale scales {key}, which the SLO {slo} does not set")
+        ranges[key] = scale_range(r, f"slo_scale {key}")
+    return {k: r for k, r in ranges.items() if r != (1.0, 1.0)}
 
 
 def goodput_slo(slo: SLO, what: str) -> SLO:

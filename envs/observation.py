@@ -114,13 +114,16 @@ class Observer:
         self.fields = checked_fields(fields)
         index = tuple(OBSERVATION_FIELDS.index(f) for f in self.fields)
         self._pick = None if index == tuple(range(len(OBSERVATION_FIELDS))) else index
-        s = SCALES
-        self.ttft_s = (slo.ttft_ms / 1e3) if slo.ttft_ms else s["default_ttft_s"]
-        self.tpot_s = (slo.tpot_ms / 1e3) if slo.tpot_ms else s["default_tpot_s"]
+        self.set_slo(slo)
         self._kv_prev: float | None = None
         names = ["requests", "tokens", "context_tokens", "log_rate", "log2_limit"]
         names += ["log2_budget", "log2_kv_tokens", "clip"]
-        self._scales = tuple(s[k] for k in names)
+        self._scales = tuple(SCALES[k] for k in names)
+
+    def set_slo(self, slo: SLO) -> None:
+        """Scale the entries against `slo`'s targets from now on (unset: `SCALES`' defaults)."""
+        self.ttft_s = (slo.ttft_ms / 1e3) if slo.ttft_ms else SCALES["default_ttft_s"]
+        self.tpot_s = (slo.tpot_ms / 1e3) if slo.tpot_ms else SCALES["default_tpot_s"]
 
     def reset(self) -> None:
         self._kv_prev = None

@@ -646,7 +646,7 @@ def test_ensemble_members_keep_their_own_observation_normalisation(
     ("change", "message"),
     [
         ({"control_interval": "1s"}, "control_interval '1s' differs"),
-        ({"env_kwargs": {"slo": "ttft:100,tpot:10"}}, "trained for another SLO"),
+        ({"env_kwargs": {"slo": "ttft:100,tpot:10"}}, "trained with another slo than"),
     ],
 )
 def test_an_ensemble_of_unlike_runs_is_refused(
@@ -657,6 +657,41 @@ def test_an_ensemble_of_unlike_runs_is_refused(
     other = another_member(trained_run, tmp_path / "other", **change)
     with pytest.raises(PolicyFileError, match=message):
         export([trained_run, other], tmp_path / "x.onnx", "final")
+
+
+def test_a_policy_trained_across_slos_observes_the_slo_it_serves(
+    trained_run: Path, exported: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sidecar records `slo_scale`; the controller scales its observation by the run's
+    SLO, warns where that lies outside the trained range, and a member trained at one SLO
+    does not join an ensemble trained across them."""
+    from batchpilot.agents.export import export
+
+    env_kwargs = json.loads((trained_run / "run.json").read_text())["env_kwargs"]
+    scale = {"ttft": [0.5, 2], "tpot": [1, 3]}
+    member = another_member(trained_run, tmp_path / "m", env_kwargs=env_kwargs | {"slo_scale": scale})
+    out = tmp_path / "slo.onnx"
+    assert export([member], out, "final")["slo_scale"] == {"ttft": [0.5, 2.0], "tpot": [1.0, 3.0]}
+    policy = load_policy(out)
+    profile = get_profile("llama-7b-a100")
+    caplog.set_level("WARNING", logger="batchpilot.policy")
+    policy.reset(SimEngine(profile, slo=SLO.parse("ttft:1000,tpot:120")))
+    assert (policy.observer.ttft_s, policy.observer.tpot_s) == (1.0, 0.12)
+    assert not caplog.records
+    policy.reset(SimEngine(profile, slo=SLO.parse("ttft:5000,tpot:120")))
+    assert policy.observer.ttft_s == 5.0
+    assert "ttft 5000 ms not in [1000, 4000]" in caplog.text
+    fixed = load_policy(exported)
+    fixed.reset(SimEngine(profile, slo=SLO.parse("ttft:1000,tpot:120")))
+    assert (fixed.observer.ttft_s, fixed.observer.tpot_s) == (2.0, 0.05)
+    with pytest.raises(PolicyFileError, match="trained with another slo_scale than"):
+        export([trained_run, member], tmp_path / "x.onnx", "final")
+    for bad, message in (({"e2el": [1, 2]}, "unknown objective"), ({"tpot": [2, 1]}, "0 < lo")):
+        (tmp_path / message).mkdir()
+        copy = copy_policy(out, tmp_path / message)
+        edit_sidecar(copy, slo_scale=bad)
+        with pytest.raises(PolicyFileError, match=f"bad or missing slo/slo_scale.*{message}"):
+            load_policy(copy)
 
 
 def test_a_run_on_some_observation_entries_exports_and_serves_them(tmp_path: Path) -> None:

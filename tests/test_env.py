@@ -345,6 +345,62 @@ def test_observation_is_the_deployed_controllers() -> None:
         run(base.workload, SimEngine(base.engine.profile, slo=base.slo), controller, ControlInterval(1))
 
 
+def test_an_env_trained_across_slos_scores_and_observes_each_episode_on_its_own() -> None:
+    """`slo_scale` draws each episode's targets: the engine scores on them, the observation
+    is scaled by them, and a controller built to observe the run's SLO sees what the env saw;
+    one that keeps the SLO it was trained for does not."""
+    from batchpilot.agents.policy import PolicyController
+    from batchpilot.envs.controller import ControlInterval
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.run import run
+    from batchpilot.envs.sim_engine import SimEngine
+
+    env = make(slo="ttft:2000,tpot:50", slo_scale={"ttft": [0.25, 4], "tpot": [0.6, 3]})
+    drawn = []
+    for seed in range(6):
+        _, info = env.reset(seed=seed)
+        slo = env.unwrapped.engine.slo
+        assert str(slo) == info["slo"]
+        assert 500 <= slo.ttft_ms <= 8000 and 30 <= slo.tpot_ms <= 150
+        drawn.append(slo)
+    assert len(set(drawn)) == 6
+    obs, info = env.reset(seed=7)
+    seen_env, actions = [obs], []
+    rng = np.random.default_rng(0)
+    terminated = False
+    while not terminated:
+        actions.append(rng.integers(env.action_space.nvec))
+        obs, _, terminated, _, _ = env.step(actions[-1])
+        seen_env.append(obs)
+    base, interval = env.unwrapped, ControlInterval(None, 0.5)
+    for scale, same in (({"ttft": (0.25, 4.0), "tpot": (0.6, 3.0)}, True), (None, False)):
+        seen = []
+
+        def act(o: np.ndarray, seen: list = seen) -> np.ndarray:
+            seen.append(o)
+            return actions[len(seen) - 1]
+
+        trained = SLO.parse("ttft:2000,tpot:50")
+        controller = PolicyController(act, "grid", trained, interval, slo_scale=scale)
+        run(base.workload, SimEngine(base.engine.profile, slo=base.engine.slo), controller, interval)
+        assert np.array_equal(np.array(seen), np.array(seen_env[:-1])) == same
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"slo_scale": [0.5, 2]}, "slo_scale must map ttft and/or tpot"),
+        ({"slo_scale": {"e2el": [0.5, 2]}}, "unknown objective 'e2el'"),
+        ({"slo": "ttft:2000", "slo_scale": {"tpot": [0.5, 2]}}, "scales tpot, which the SLO"),
+        ({"slo_scale": {"ttft": [2, 0.5]}}, r"slo_scale ttft must be 0 < lo <= hi"),
+        ({"slo_scale": {"ttft": [0, 2]}}, r"slo_scale ttft must be 0 < lo <= hi"),
+    ],
+)
+def test_a_bad_slo_scale_is_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make(**kwargs)
+
+
 def test_a_training_workload_can_skip_a_traces_bad_rows(tmp_path) -> None:
     from batchpilot.envs.batching_env import WorkloadSpec
 
