@@ -4,19 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from batchpilot.envs.controller import Controller
+from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 
 class MinController:
-    """The smallest `max_num_seqs` and the smallest token budget any part sets."""
+    """The smallest `max_num_seqs` and the smallest token budget any part sets.
+
+    Its ``control_interval`` is its parts' (a learned policy's: the interval it was trained
+    at), so a combination with a policy decides at that interval wherever it runs; parts
+    trained at different intervals are refused."""
 
     def __init__(self, parts: Sequence[Controller]) -> None:
         if len(parts) < 2:
             raise ValueError("a combination needs at least two controllers")
         self.parts = list(parts)
         self.name = "+".join(p.name for p in self.parts)
+        intervals = {getattr(p, "control_interval", None) for p in self.parts} - {None}
+        if len(intervals) > 1:
+            raise ValueError(
+                f"{self.name}: parts trained at different control intervals "
+                f"({', '.join(sorted(map(str, intervals)))})"
+            )
+        self.control_interval: ControlInterval | None = intervals.pop() if intervals else None
 
     def reset(self, engine: Engine) -> None:
         for p in self.parts:

@@ -133,7 +133,7 @@ class BatchpilotScheduler(TrackingScheduler):
     def set_controller(self, controller: Controller | str) -> None:
         """Use `controller` (or a spec) from the next step on; a bad spec raises here."""
         controller = serving_controller(controller)
-        interval = trained_interval(controller) or ControlInterval()
+        interval = getattr(controller, "control_interval", None) or ControlInterval()
         controller.reset(self.view)
         if self.late is not None and not self.late.done() and self._thread is not None:
             self._thread.close()  # busy with the last controller's decision: a fresh one
@@ -250,19 +250,3 @@ def check_limits(limits: Any) -> None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ControllerFailure(f"returned {name}={v!r}")
-
-
-def trained_interval(controller: Controller) -> ControlInterval | None:
-    """The ``control_interval`` of `controller` or, for a combination, of its parts that have
-    one (a ValueError if they differ); None if none has one."""
-    own: ControlInterval | None = getattr(controller, "control_interval", None)
-    if own is not None:
-        return own
-    parts = (trained_interval(p) for p in getattr(controller, "parts", ()))
-    intervals = {i for i in parts if i is not None}
-    if len(intervals) > 1:
-        raise ValueError(
-            f"{controller.name}: parts trained at different control intervals "
-            f"({', '.join(sorted(map(str, intervals)))})"
-        )
-    return intervals.pop() if intervals else None

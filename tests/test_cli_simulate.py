@@ -61,6 +61,9 @@ def test_simulate_runs_a_policy_at_its_trained_interval_unless_told_otherwise(
     assert json.loads((tmp_path / "m.json").read_text())["metrics"]["completed"] == 50
     assert main([*argv, "--interval", "1it"]) == 2
     assert "trained to decide every 500ms" in capsys.readouterr().err
+    combined = [a.replace(f"policy:{policy}", f"policy:{policy}+alg1") for a in argv]
+    assert main([*combined, "--interval", "1it"]) == 2  # the combination keeps the policy's
+    assert "trained to decide every 500ms" in capsys.readouterr().err
 
 
 def test_simulate_truncates_overlong_requests_by_default_and_says_so(
