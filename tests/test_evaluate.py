@@ -299,7 +299,7 @@ def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
 def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
     names = suite_names()
     assert {"bursty", "shifting", "mixed", "long-prompts", "kv-tight", "paper", "steady", "knee"} <= set(names)
-    for path in ("heldout.yml", "trainset.yml", "families.yml", "new-gpus.yml"):
+    for path in ("heldout.yml", "trainset.yml", "families.yml", "new-gpus.yml", "slos.yml"):
         assert load_suite(Path(str(files("batchpilot.training") / "configs" / path))).scenarios
     new_gpus = load_suite(Path(str(files("batchpilot.training") / "configs" / "new-gpus.yml")))
     assert not unreachable_slos(new_gpus.scenarios)  # the L4's own SLO is one it can meet
