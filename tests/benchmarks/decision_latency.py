@@ -131,6 +131,7 @@ def main() -> None:
             policy.control_interval,
             name="onnxruntime",
             fields=policy.observer.fields,
+            slo_scale=policy.slo_scale,
         )
         us = per_call_us(before.decide, seen, args.repeat, lambda: before.reset(engine))
         row("policy (onnxruntime network)", us)
