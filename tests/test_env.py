@@ -253,13 +253,13 @@ def test_knee_scale_moves_the_decode_knee_only() -> None:
     ("kwargs", "message"),
     [
         ({"knee_scale": [0, 2]}, r"knee_scale must be 0 < lo <= hi"),
-        ({"engine": "vllm", "model": "m", "knee_scale": [1, 2]}, "vary the simulator's profile only"),
+        ({"engine": "vllm", "model": "m", "knee_scale": [1, 2]}, "vary the simulator's episodes only"),
         ({"kv_scale": [0.5, 0.2]}, r"kv_scale must be 0 < lo <= hi < inf, got \[0.5, 0.2\]"),
         ({"step_time_scale": "fast"}, "step_time_scale must be \\[lo, hi\\] \\(two numbers\\), got 'fast'"),
         ({"kv_scale": {"llama-2-7b-a40": [0.5, 1]}}, "kv_scale: 'llama-2-7b-a40' is not one of the env's profiles"),
         ({"kv_scale": {"llama-7b-a100": [2, 1]}}, "kv_scale 'llama-7b-a100' must be 0 < lo <= hi"),
         ({"workload": SMALL | {"prompt_scale": [0, 2]}}, "workload spec: prompt_scale must be 0 < lo"),
-        ({"engine": "vllm", "model": "m", "kv_scale": [0.5, 1]}, "vary the simulator's profile only"),
+        ({"engine": "vllm", "model": "m", "kv_scale": [0.5, 1]}, "vary the simulator's episodes only"),
         ({"engine": "tpu"}, "engine must be 'sim' or 'vllm'"),
         ({"engine": "vllm"}, "needs model=DIR"),
         ({"engine": "vllm", "model": "no/such/dir"}, "no/such/dir: not a model directory"),
@@ -394,6 +394,7 @@ def test_an_env_trained_across_slos_scores_and_observes_each_episode_on_its_own(
         ({"slo": "ttft:2000", "slo_scale": {"tpot": [0.5, 2]}}, "scales tpot, which the SLO"),
         ({"slo_scale": {"ttft": [2, 0.5]}}, r"slo_scale ttft must be 0 < lo <= hi"),
         ({"slo_scale": {"ttft": [0, 2]}}, r"slo_scale ttft must be 0 < lo <= hi"),
+        ({"engine": "vllm", "model": "m", "slo_scale": {"ttft": [1, 2]}}, "episodes only"),
     ],
 )
 def test_a_bad_slo_scale_is_refused(kwargs: dict, message: str) -> None:
