@@ -1032,7 +1032,7 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD])
 
 
-@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "mix-drsr.yml", "mix-drsrt.yml"])
+@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "mix-drsr.yml", "mix-drsrt.yml", "mix-drsl.yml"])
 def test_shipped_configs_build_their_envs(name: str) -> None:
     from importlib.resources import files
 
