@@ -30,6 +30,11 @@ _DECISION = Histogram(
     ["controller"],
     buckets=(1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2),
 )
+_LATE = Counter(
+    "batchpilot:late_decisions",
+    "Decisions not back by their deadline (the static limits held the engine until they were).",
+    ["controller"],
+)
 _FALLBACKS = Counter(
     "batchpilot:controller_fallbacks",
     "Times the controller failed and static batching took over.",
@@ -47,6 +52,7 @@ class DecisionMetrics:
         self.budget = _BUDGET.labels(name)
         self.decision = _DECISION.labels(name)
         self.fallbacks = _FALLBACKS.labels(name)
+        self.late = _LATE.labels(name)
         self.decisions = 0
         self.decision_s = 0.0
 
@@ -66,6 +72,10 @@ class DecisionMetrics:
 
     def fell_back(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """The controller failed; the static limits now in force are these."""
+        self.held(max_num_seqs, max_num_batched_tokens)
+        self.fallbacks.inc()
+
+    def held(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """A decision is late; the static limits hold the engine meanwhile."""
         self.limit.set(max_num_seqs)
         self.budget.set(max_num_batched_tokens)
-        self.fallbacks.inc()

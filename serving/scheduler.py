@@ -21,8 +21,9 @@ microseconds, more when the host's cores are oversubscribed; the budget counts t
 controller's own time on it), so that the engine waits for one at most its deadline
 (``BATCHPILOT_DECISION_DEADLINE_MS``, default 10 budgets: 50 ms). A decision not back by
 then counts as a slow one and leaves the engine on the static limits, logged once, with no
-new decision started while it runs; when it returns (its stale limits unused), the
-controller is consulted again at once.
+new decision started while it runs (``batchpilot:late_decisions`` counts them); when it
+returns (its stale limits unused), the controller is consulted again at once, and if it is
+still out after `STUCK_S` (30 s) the controller has failed.
 Decisions, and the limits in force after a fallback, are exported as Prometheus metrics
 ``batchpilot:*`` beside vLLM's own.
 """
@@ -58,6 +59,8 @@ logger = logging.getLogger("batchpilot.serving")
 
 SLOW_CALLS = 3
 """Consecutive over-budget decisions that count as a failure."""
+STUCK_S = 30.0
+"""A late decision still out after this many seconds is a failure: static limits for good."""
 
 
 class ControllerFailure(RuntimeError):
@@ -111,6 +114,7 @@ class BatchpilotScheduler(TrackingScheduler):
         self._thread: DecisionThread | None = None
         self.late: Timed | None = None
         """A decision past its deadline, not yet returned: static limits until it does."""
+        self._late_since = 0.0  # time.monotonic() when `late` missed its deadline
         self.metrics: DecisionMetrics | None = None
         self.interval = ControlInterval()
         self._last: tuple[float, int] | None = None  # (engine s, step) of the last decision
@@ -171,8 +175,14 @@ class BatchpilotScheduler(TrackingScheduler):
 
     def _decide(self) -> None:
         if self.late is not None:
-            if not self.late.done():
-                return  # still out: the static limits stay, no second decision
+            if not self.late.done():  # still out: the static limits stay, no second decision
+                if time.monotonic() - self._late_since > STUCK_S:
+                    if self._thread is not None:
+                        self._thread.close()  # ends once the stuck call returns, if ever
+                        self._thread = None
+                    self.late = None
+                    self._fall_back(f"no decision returned in {STUCK_S:g} s")
+                return
             logger.warning(
                 "batchpilot controller %s: the late decision returned; back in charge",
                 self.controller.name,  # type: ignore[union-attr]
@@ -186,6 +196,7 @@ class BatchpilotScheduler(TrackingScheduler):
             decision = self._thread.call(decide, self.deadline_s)
             if late := not decision.done():
                 self.late, elapsed = decision, self.deadline_s
+                self._late_since = time.monotonic()
             else:
                 limits, elapsed = decision.result()
             self._slow = self._slow + 1 if late or elapsed > self.budget_s else 0
@@ -217,7 +228,8 @@ class BatchpilotScheduler(TrackingScheduler):
         )
         self.set_limits(Limits(self.cap_seqs, self.cap_tokens))
         if self.metrics is not None:
-            self.metrics.fell_back(self.max_num_active_reqs, self.max_num_scheduled_tokens)
+            self.metrics.held(self.max_num_active_reqs, self.max_num_scheduled_tokens)
+            self.metrics.late.inc()
 
     def _fall_back(self, reason: str, name: str | None = None) -> None:
         name = name or (self.controller.name if self.controller else "?")

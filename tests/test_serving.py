@@ -339,6 +339,28 @@ def test_a_decision_that_does_not_return_does_not_stall_the_engine(
         hanging.release.set()
 
 
+def test_a_decision_out_for_good_is_a_failure(llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A late decision holds the engine on the static limits (counted as late, not as a
+    failure); one still out after `STUCK_S` is a failure, named, and its thread let go."""
+    from batchpilot.serving import scheduler as module
+
+    s = scheduler(llm)
+    hanging = Hanging()
+    s.set_controller(hanging)
+    try:
+        serve(llm, 4, output=20)
+        assert s.late is not None and s.controller is hanging
+        late, fallbacks = s.metrics.late._value.get(), s.metrics.fallbacks._value.get()
+        assert late >= 1
+        monkeypatch.setattr(module, "STUCK_S", 0.0)
+        serve(llm, 4, output=20)
+        assert s.controller is None and "no decision returned in 0 s" in s.fallback_reason
+        assert s.metrics.fallbacks._value.get() == fallbacks + 1
+        assert s.metrics.late._value.get() == late
+    finally:
+        hanging.release.set()
+
+
 def test_decisions_that_keep_missing_the_deadline_fall_back(llm) -> None:
     """Each missed deadline is a decision over budget: the third in a row is a failure."""
 
