@@ -6,9 +6,10 @@ Arguments after MODEL that batchpilot does not know go to vLLM's OpenAI server u
 controller's limits and decision times appear at ``/metrics`` as ``batchpilot:*`` beside
 vLLM's ``vllm:*``. If the controller fails, or cannot start in the engine, vLLM's static
 limits take over (logged once).
-The server runs as a child of this process, which passes it SIGINT, SIGTERM and SIGHUP and
-exits with its status. Unless PROMETHEUS_MULTIPROC_DIR is set, the metrics directory is a
-temporary one, removed when the server exits (normally, on an error, or on a signal).
+The server runs as a child of this process, in a session of its own, which passes it SIGINT,
+SIGTERM and SIGHUP and exits with its status. Unless PROMETHEUS_MULTIPROC_DIR is set, the
+metrics directory is a temporary one, removed when the server exits (normally, on an error, or
+on a signal).
 The controller spec and SLOs are checked before vLLM starts. With --skip-tokenizer-init, a
 prompt token id outside the model's vocabulary gets a 400 (vLLM itself would crash).
 
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress
 from types import FrameType
 
 from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO
@@ -35,6 +37,8 @@ from batchpilot.training.commands.common import positive, slo_spec
 SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
 PROMETHEUS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_WAIT_S = 10.0
+"""How long a failing serve waits for the server's group to end on SIGTERM before SIGKILL."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,23 +135,42 @@ def main(args: argparse.Namespace) -> int:
 
 
 def supervise(cmd: list[str], env: dict[str, str]) -> int:
-    """Run `cmd` until it exits, passing it the signals that would stop this process; its
-    exit status (128 + N after signal N, as a shell reports it)."""
+    """Run `cmd` in a session of its own until it exits, passing it the signals that would
+    stop this process (once each: a terminal's Ctrl-C reaches this process alone); its exit
+    status (128 + N after signal N, as a shell reports it). If this process fails first, the
+    server's whole process group is stopped (SIGTERM, then SIGKILL after `STOP_WAIT_S`)."""
     server: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        if not server:  # not started yet: stop here
-            raise SystemExit(128 + signum)
-        server[0].send_signal(signum)
+        if server:
+            server[0].send_signal(signum)
+        else:
+            pending.append(signum)
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
-        server.append(subprocess.Popen(cmd, env=env))
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # none lost between fork and append
+        try:
+            server.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        for signum in pending:
+            server[0].send_signal(signum)
         returncode = server[0].wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         if server and server[0].poll() is None:  # this process is failing: take it along
-            server[0].kill()
-            server[0].wait()
+            stop_group(server[0])
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to `process`'s group, then SIGKILL if it has not exited in `STOP_WAIT_S`."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(STOP_WAIT_S)
+            return
