@@ -249,8 +249,9 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
                     f"{run}: {key} {other.meta[key]!r} differs from {run_dirs[0]}'s "
                     f"{meta[key]!r}; an ensemble's members must agree"
                 )
-        for key in ("slo", "slo_scale"):
-            if other.meta["env_kwargs"].get(key) != meta["env_kwargs"].get(key):
+        ours = _slo_entries(meta["env_kwargs"])
+        for key, value in _slo_entries(other.meta["env_kwargs"]).items():
+            if value != ours[key]:
                 raise PolicyFileError(f"{run}: trained with another {key} than {run_dirs[0]}")
     modules = [m.module for m in members]
     if len(members) == 1:
@@ -276,12 +277,11 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     return sidecar
 
 
-def _slo_scale(env: dict[str, Any]) -> dict[str, Any]:
-    """The sidecar's ``slo_scale`` entry of a run trained across SLOs (none otherwise)."""
-    if not env.get("slo_scale"):
-        return {}
-    ranges = slo_ranges(env["slo_scale"], SLO.parse(env.get("slo", str(DEFAULT_SLO))))
-    return {"slo_scale": {k: list(r) for k, r in ranges.items()}} if ranges else {}
+def _slo_entries(env: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``slo`` and ``slo_scale`` (empty: one SLO) as its sidecar records them."""
+    slo = SLO.parse(env.get("slo", str(DEFAULT_SLO)))
+    ranges = slo_ranges(env.get("slo_scale") or {}, slo)
+    return {"slo": str(slo), "slo_scale": {k: list(r) for k, r in ranges.items()}}
 
 
 def _write(
@@ -314,8 +314,7 @@ def _write(
         "format_version": FORMAT_VERSION,
         "observation": observation_layout(fields),
         "action": action_layout(meta["action_mode"]),
-        "slo": env.get("slo", str(DEFAULT_SLO)),
-        **_slo_scale(env),
+        **{k: v for k, v in _slo_entries(env).items() if v},
         "control_interval": meta["control_interval"],
         "algo": meta["algo"],
         **entries,

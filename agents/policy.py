@@ -114,7 +114,9 @@ class PolicyController:
     """Controller protocol around a policy: telemetry -> `Observer` -> act -> `ActionGrid`.
 
     `control_interval` is the cadence it was trained at; `batchpilot.envs.run.run`
-    refuses to call it at another.
+    refuses to call it at another. With `slo_scale` (the ranges of factors of `slo` it was
+    trained across) it observes against the SLO of the engine it is reset on; without, against
+    `slo`, whatever the engine's.
     """
 
     def __init__(
@@ -142,10 +144,9 @@ class PolicyController:
             outside = slo_outside(self.slo, self.slo_scale, engine.slo)
             if outside:
                 logger.warning(
-                    "%s was trained for SLOs %s times %s; this run's %s is outside that (%s)",
+                    "%s was trained for SLOs around %s; this run's %s is outside them (%s)",
                     self.name,
                     self.slo,
-                    self.slo_scale,
                     engine.slo,
                     "; ".join(outside),
                 )
@@ -168,8 +169,14 @@ class PolicyController:
 
 
 def slo_outside(base: SLO, scale: dict[str, tuple[float, float]], slo: SLO) -> list[str]:
-    """How `slo` lies outside the targets `base` times `scale` covers (empty: inside)."""
+    """How `slo` lies outside the targets `base` times `scale` covers (empty: inside); an
+    end-to-end target is not scaled, so it must be `base`'s."""
+    def ms(v: float | None) -> str:
+        return "unset" if v is None else f"{v:g} ms"
+
     problems = []
+    if slo.e2el_ms != base.e2el_ms:
+        problems.append(f"e2el {ms(slo.e2el_ms)}, not {ms(base.e2el_ms)}")
     for key in ("ttft", "tpot"):
         lo, hi = scale.get(key, (1.0, 1.0))
         trained, target = getattr(base, f"{key}_ms"), getattr(slo, f"{key}_ms")
@@ -280,5 +287,5 @@ def load_policy(path: str | Path) -> PolicyController:
         ControlInterval.parse(meta["control_interval"]),
         name=f"policy:{path}",
         fields=fields,
-        slo_scale=None if scale is None else slo_ranges(scale, SLO.parse(meta["slo"])),
+        slo_scale=slo_ranges(scale, SLO.parse(meta["slo"])) or None if scale else None,
     )

@@ -83,13 +83,19 @@ def slo_ranges(value: object, slo: SLO) -> dict[str, tuple[float, float]]:
     sets; objectives left at (1, 1) are left out."""
     if not isinstance(value, dict):
         raise ValueError(f"slo_scale must map ttft and/or tpot to [lo, hi], got {value!r}")
+    unknown = sorted(set(value) - {"ttft", "tpot"}, key=str)
+    if unknown:
+        raise ValueError(f"slo_scale: unknown objective {unknown[0]!r}; scale ttft or tpot")
     ranges = {}
-    for key, r in value.items():
-        if key not in ("ttft", "tpot"):
-            raise ValueError(f"slo_scale: unknown objective {key!r}; scale ttft or tpot")
-        if getattr(slo, f"{key}_ms") is None:
+    for key in ("ttft", "tpot"):  # one order, whatever the mapping's
+        if key not in value:
+            continue
+        target = getattr(slo, f"{key}_ms")
+        if target is None:
             raise ValueError(f"slo_scale scales {key}, which the SLO {slo} does not set")
-        ranges[key] = scale_range(r, f"slo_scale {key}")
+        ranges[key] = scale_range(value[key], f"slo_scale {key}")
+        if not math.isfinite(target * (hi := ranges[key][1])):
+            raise ValueError(f"slo_scale {key}: {target:g} ms times {hi:g} is not finite")
     return {k: r for k, r in ranges.items() if r != (1.0, 1.0)}
 
 

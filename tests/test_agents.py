@@ -681,11 +681,17 @@ def test_a_policy_trained_across_slos_observes_the_slo_it_serves(
     policy.reset(SimEngine(profile, slo=SLO.parse("ttft:5000,tpot:120")))
     assert policy.observer.ttft_s == 5.0
     assert "ttft 5000 ms not in [1000, 4000]" in caplog.text
+    policy.reset(SimEngine(profile, slo=SLO.parse("ttft:1000,tpot:120,e2el:9000")))
+    assert "e2el 9000 ms, not unset" in caplog.text  # not scaled in training: must be the same
     fixed = load_policy(exported)
     fixed.reset(SimEngine(profile, slo=SLO.parse("ttft:1000,tpot:120")))
     assert (fixed.observer.ttft_s, fixed.observer.tpot_s) == (2.0, 0.05)
     with pytest.raises(PolicyFileError, match="trained with another slo_scale than"):
         export([trained_run, member], tmp_path / "x.onnx", "final")
+    one = tmp_path / "one"
+    one.mkdir()
+    edit_sidecar(copy_policy(out, one), slo_scale={"ttft": [1, 1]})  # no range: one SLO
+    assert load_policy(one / "p.onnx").slo_scale is None
     for bad, message in (({"e2el": [1, 2]}, "unknown objective"), ({"tpot": [2, 1]}, "0 < lo")):
         (tmp_path / message).mkdir()
         copy = copy_policy(out, tmp_path / message)
