@@ -171,6 +171,7 @@ class PolicyController:
 def slo_outside(base: SLO, scale: dict[str, tuple[float, float]], slo: SLO) -> list[str]:
     """How `slo` lies outside the targets `base` times `scale` covers (empty: inside); an
     end-to-end target is not scaled, so it must be `base`'s."""
+
     def ms(v: float | None) -> str:
         return "unset" if v is None else f"{v:g} ms"
 
