@@ -6,12 +6,11 @@ decision and refuses any op an export does not write.
 The JSON sidecar ``PATH.json`` (written by `batchpilot export`) says how to use the
 network: the observation's entries and scaling constants, the action's grids, the SLO
 the observation is normalised by, the control interval it was trained at, and the
-sha256 of the ``.onnx`` file, checked on load. A policy trained across SLOs (the env's
-`slo_scale`, recorded as ``slo_scale``) observes against the SLO of the run it serves, with
-a warning where that lies outside its training range; any other observes against the SLO
-it was trained for, whatever the run's. The controller builds the entries the
-sidecar names, so a policy trained before an entry was added still serves; a sidecar
-naming an entry this version does not compute, or with other scaling constants
+sha256 of the ``.onnx`` file, checked on load. A policy observes against the SLO of the
+run it serves, with a warning where that lies outside the SLOs it was trained at (``slo``,
+times ``slo_scale`` for one trained across SLOs, the env's `slo_scale`). The controller
+builds the entries the sidecar names, so a policy trained before an entry was added still
+serves; a sidecar naming an entry this version does not compute, or with other scaling constants
 (`batchpilot.envs.observation.SCALES`) or action grids, is refused, and
 `batchpilot.envs.run.run` refuses to call the controller at another control interval than
 the sidecar's. Any observation normalisation (VecNormalize) is part of the ONNX graph.
@@ -114,9 +113,9 @@ class PolicyController:
     """Controller protocol around a policy: telemetry -> `Observer` -> act -> `ActionGrid`.
 
     `control_interval` is the cadence it was trained at; `batchpilot.envs.run.run`
-    refuses to call it at another. With `slo_scale` (the ranges of factors of `slo` it was
-    trained across) it observes against the SLO of the engine it is reset on; without, against
-    `slo`, whatever the engine's.
+    refuses to call it at another. It observes against the SLO of the engine it is reset on
+    (the entries are ratios to its targets), and warns where that lies outside `slo` (times
+    `slo_scale`, the ranges of factors it was trained across).
     """
 
     def __init__(
@@ -139,24 +138,17 @@ class PolicyController:
         self._ready = False
 
     def reset(self, engine: Engine) -> None:
-        if self.slo_scale is not None:
-            self.observer.set_slo(engine.slo)
-            outside = slo_outside(self.slo, self.slo_scale, engine.slo)
-            if outside:
-                logger.warning(
-                    "%s was trained for SLOs around %s; this run's %s is outside them (%s)",
-                    self.name,
-                    self.slo,
-                    engine.slo,
-                    "; ".join(outside),
-                )
-        elif engine.slo != self.slo:
+        self.observer.set_slo(engine.slo)
+        outside = slo_outside(self.slo, self.slo_scale or {}, engine.slo)
+        if outside:
             logger.warning(
-                "%s was trained for the SLO %s; this run is scored on %s (its observation "
-                "stays scaled by the first)",
+                "%s was trained for the SLO %s%s; this run is scored on %s (%s): it observes "
+                "against the run's targets, outside what it trained on",
                 self.name,
                 self.slo,
+                "" if self.slo_scale is None else f" scaled by {fmt_ranges(self.slo_scale)}",
                 engine.slo,
+                "; ".join(outside),
             )
         self.grid.reset(engine.max_num_seqs, engine.max_num_batched_tokens)
         self.observer.reset()
@@ -185,8 +177,14 @@ def slo_outside(base: SLO, scale: dict[str, tuple[float, float]], slo: SLO) -> l
             if trained != target:
                 problems.append(f"{key} {'unset' if target is None else 'set'}")
         elif not trained * lo * (1 - 1e-9) <= target <= trained * hi * (1 + 1e-9):
-            problems.append(f"{key} {target:g} ms not in [{trained * lo:g}, {trained * hi:g}]")
+            covered = f"{trained * lo:g}" if lo == hi else f"[{trained * lo:g}, {trained * hi:g}]"
+            problems.append(f"{key} {target:g} ms, not {covered}")
     return problems
+
+
+def fmt_ranges(scale: dict[str, tuple[float, float]]) -> str:
+    """``ttft 0.2-4x, tpot 0.6-3x``."""
+    return ", ".join(f"{k} {lo:g}-{hi:g}x" for k, (lo, hi) in scale.items())
 
 
 def read_sidecar(onnx_path: Path) -> dict[str, Any]:

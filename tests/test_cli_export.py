@@ -279,7 +279,10 @@ def test_a_policy_run_under_another_slo_says_so(policy: Path, caplog) -> None:
         controller.reset(SimEngine(get_profile("llama-7b-a100"), slo=controller.slo))
         assert not caplog.records
         controller.reset(SimEngine(get_profile("llama-7b-a100"), slo=SLO.parse("tpot:100")))
-    assert "trained for the SLO" in caplog.records[-1].getMessage()
+    message = caplog.records[-1].getMessage()
+    assert "trained for the SLO ttft:2000,tpot:50; this run is scored on tpot:100" in message
+    assert "ttft unset; tpot 100 ms, not 50" in message
+    assert controller.observer.tpot_s == 0.1  # the run's target: the entries are ratios to it
 
 
 def copy(policy: Path, tmp_path: Path) -> Path:
