@@ -50,6 +50,8 @@ observation's scaling constants recorded and enforced."""
 SEAL = "sidecar_sha256"
 
 logger = logging.getLogger("batchpilot.policy")
+_WARNED: set[tuple[str, SLO]] = set()
+"""(policy name, SLO) pairs whose SLO warning this process has logged."""
 
 
 class PolicyFileError(ValueError):
@@ -140,7 +142,8 @@ class PolicyController:
     def reset(self, engine: Engine) -> None:
         self.observer.set_slo(engine.slo)
         outside = slo_outside(self.slo, self.slo_scale or {}, engine.slo)
-        if outside:
+        if outside and (self.name, engine.slo) not in _WARNED:  # once per process, not per run
+            _WARNED.add((self.name, engine.slo))
             logger.warning(
                 "%s was trained for the SLO %s%s; this run is scored on %s (%s): it observes "
                 "against the run's targets, outside what it trained on",
