@@ -177,9 +177,6 @@ class BatchpilotScheduler(TrackingScheduler):
         if self.late is not None:
             if not self.late.done():  # still out: the static limits stay, no second decision
                 if time.monotonic() - self._late_since > STUCK_S:
-                    if self._thread is not None:
-                        self._thread.close()  # ends once the stuck call returns, if ever
-                        self._thread = None
                     self.late = None
                     self._fall_back(f"no decision returned in {STUCK_S:g} s")
                 return
@@ -241,6 +238,9 @@ class BatchpilotScheduler(TrackingScheduler):
         )
         self.fallback_reason = reason
         self.controller = None
+        if self._thread is not None:  # no more decisions: the thread ends (once free)
+            self._thread.close()
+            self._thread = None
         self.set_limits(Limits(self.cap_seqs, self.cap_tokens))
         if self.metrics is not None:
             self.metrics.fell_back(self.max_num_active_reqs, self.max_num_scheduled_tokens)

@@ -193,6 +193,15 @@ def test_bad_numbers_are_refused_naming_the_option(argv, option, capsys) -> None
     assert f"argument {option}" in err and "Traceback" not in err, err
 
 
+def test_a_decision_deadline_below_the_budget_is_named_by_its_flag(tmp_path, capsys) -> None:
+    argv = ["serve", str(tmp_path), "--controller", "alg1", "--decision-budget-ms", "5",
+            "--decision-deadline-ms", "2"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--decision-deadline-ms '2.0': below the 5 ms decision budget" in err, err
+    assert "BATCHPILOT_" not in err
+
+
 def test_every_numeric_option_is_range_checked() -> None:
     """No command takes a bare int/float: each numeric option has a validator naming it."""
     from batchpilot.training.cli import build_parser

@@ -378,7 +378,11 @@ def test_decisions_that_keep_missing_the_deadline_fall_back(llm) -> None:
             break
         serve(llm, 4, output=100)
     assert s.controller is None and "3 decisions in a row" in s.fallback_reason
-    assert stuck.calls == 3 and decision_threads() == 1
+    assert stuck.calls == 3
+    deadline = time.monotonic() + 5
+    while decision_threads() and time.monotonic() < deadline:  # let go once its call returns
+        time.sleep(0.05)
+    assert decision_threads() == 0
 
 
 def test_decisions_on_the_decision_thread_cost_microseconds(llm) -> None:

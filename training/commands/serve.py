@@ -106,7 +106,18 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         BUDGET_ENV: str(args.decision_budget_ms),
         DEADLINE_ENV: str(deadline_ms),
     }
-    engine_settings(settings)  # as the engine will read them
+    try:
+        engine_settings(settings)  # as the engine will read them
+    except ValueError as exc:  # named as the user gave it: the flag, not the variable
+        flags = {
+            SLO_ENV: "--slo",
+            BUDGET_ENV: "--decision-budget-ms",
+            DEADLINE_ENV: "--decision-deadline-ms",
+        }
+        message = str(exc)
+        for env_name, flag in flags.items():
+            message = message.replace(f"{env_name}=", f"{flag} ")
+        raise ValueError(message) from None
     extra = list(args.vllm_args)
     if "--scheduler-cls" in extra:
         raise ValueError("--scheduler-cls is batchpilot's; drop it")
