@@ -86,8 +86,10 @@ class DecisionThread:
             try:
                 start = time.perf_counter()
                 future.set_result((call(), time.perf_counter() - start))
-            except BaseException as exc:  # the caller's to judge
+            except Exception as exc:  # the caller's to judge
                 future.set_exception(exc)
+            except BaseException as exc:  # SystemExit and the like: a fault of the controller's
+                future.set_exception(ControllerFailure(f"raised {type(exc).__name__}: {exc}"))
 
     def call(self, call: Callable[[], Limits], timeout_s: float) -> Timed:
         """`call` run on the thread, waited for up to `timeout_s`: done, unless it is late."""
@@ -185,9 +187,9 @@ class BatchpilotScheduler(TrackingScheduler):
                 self.controller.name,  # type: ignore[union-attr]
             )
             self.late = None
-        if self._thread is None:
-            self._thread = DecisionThread()
-        try:  # any fault from here to the limits, the telemetry included: fall back
+        try:  # any fault from here to the limits, the thread and telemetry included: fall back
+            if self._thread is None:
+                self._thread = DecisionThread()
             telemetry = self.telemetry().validate()
             decide = partial(self.controller.decide, telemetry)  # type: ignore[union-attr]
             decision = self._thread.call(decide, self.deadline_s)

@@ -129,6 +129,8 @@ class Faulty:
     def decide(self, telemetry: Telemetry):
         if self.fault == "raise":
             raise RuntimeError("boom")
+        if self.fault == "exit":
+            raise SystemExit("bye")  # not an Exception: it once went past the fallback
         if self.fault == "garbage":
             return 3.5
         if self.fault == "unset":
@@ -140,7 +142,13 @@ class Faulty:
 
 @pytest.mark.parametrize(
     ("fault", "reason"),
-    [("raise", "boom"), ("garbage", "not Limits"), ("unset", "max_num_seqs"), ("slow", "budget")],
+    [
+        ("raise", "boom"),
+        ("exit", "raised SystemExit: bye"),
+        ("garbage", "not Limits"),
+        ("unset", "max_num_seqs"),
+        ("slow", "budget"),
+    ],
 )
 def test_faulty_controller_falls_back_and_keeps_serving(
     llm, fault: str, reason: str, caplog: pytest.LogCaptureFixture
