@@ -248,6 +248,13 @@ class BatchpilotScheduler(TrackingScheduler):
             self.metrics.fell_back(self.max_num_active_reqs, self.max_num_scheduled_tokens)
 
     # ------------------------------------------------------------------ vLLM hook
+    def shutdown(self) -> None:
+        """vLLM's, and the decision thread let go (it ends once its call in hand returns)."""
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+        super().shutdown()
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self.controller is not None and self._due():
             self._decide()

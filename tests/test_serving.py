@@ -369,6 +369,18 @@ def test_a_decision_out_for_good_is_a_failure(llm, monkeypatch: pytest.MonkeyPat
         hanging.release.set()
 
 
+def test_the_decision_thread_ends_with_the_engine(llm) -> None:
+    s = scheduler(llm)
+    s.set_controller("static:4")
+    serve(llm, 2)
+    assert decision_threads() == 1
+    s.shutdown()
+    deadline = time.monotonic() + 5
+    while decision_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert decision_threads() == 0
+
+
 def test_decisions_that_keep_missing_the_deadline_fall_back(llm) -> None:
     """Each missed deadline is a decision over budget: the third in a row is a failure."""
 
