@@ -311,6 +311,19 @@ def test_a_control_interval_out_of_range_is_refused(spec: str, message: str) -> 
     assert ControlInterval.parse("3600s").seconds == 3600.0
 
 
+def random_episode(env: gym.Env, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """One episode from `seed` under seeded random actions: its observations and actions."""
+    obs, _ = env.reset(seed=seed)
+    seen, actions = [obs], []
+    rng = np.random.default_rng(0)
+    terminated = False
+    while not terminated:
+        actions.append(rng.integers(env.action_space.nvec))
+        obs, _, terminated, _, _ = env.step(actions[-1])
+        seen.append(obs)
+    return seen, actions
+
+
 def test_observation_is_the_deployed_controllers() -> None:
     """Train/serve parity in the simulator: the env's observation is what `PolicyController`
     computes from the same telemetry (one `Observer`), for every decision of a run."""
@@ -321,14 +334,7 @@ def test_observation_is_the_deployed_controllers() -> None:
     from batchpilot.envs.sim_engine import SimEngine
 
     env = make(slo="ttft:2000,tpot:50")
-    obs, _ = env.reset(seed=5)
-    seen_env, actions = [obs], []
-    rng = np.random.default_rng(0)
-    terminated = False
-    while not terminated:
-        actions.append(rng.integers(env.action_space.nvec))
-        obs, _, terminated, _, _ = env.step(actions[-1])
-        seen_env.append(obs)
+    seen_env, actions = random_episode(env, seed=5)
     seen_policy = []
 
     def act(o: np.ndarray) -> np.ndarray:
@@ -364,14 +370,7 @@ def test_an_env_trained_across_slos_scores_and_observes_each_episode_on_its_own(
         assert 500 <= slo.ttft_ms <= 8000 and 30 <= slo.tpot_ms <= 150
         drawn.append(slo)
     assert len(set(drawn)) == 6
-    obs, info = env.reset(seed=7)
-    seen_env, actions = [obs], []
-    rng = np.random.default_rng(0)
-    terminated = False
-    while not terminated:
-        actions.append(rng.integers(env.action_space.nvec))
-        obs, _, terminated, _, _ = env.step(actions[-1])
-        seen_env.append(obs)
+    seen_env, actions = random_episode(env, seed=7)
     base, interval = env.unwrapped, ControlInterval(None, 0.5)
     for scale in ({"ttft": (0.25, 4.0), "tpot": (0.6, 3.0)}, None):
         seen = []
