@@ -40,7 +40,9 @@ def read_json(file: Path, what: str, error: type[ValueError] = ValueError) -> ob
     except UnicodeDecodeError:
         raise error(f"{file}: {what} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise error(f"{file}: not valid JSON ({exc.msg})") from None
+        raise error(
+            f"{file}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+        ) from None
     except ValueError:  # json.loads' only other ValueError: an integer too long to convert
         raise error(
             f"{file}: {what} holds an integer of over {sys.get_int_max_str_digits()} digits"

@@ -15,6 +15,7 @@ before vLLM starts.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -62,7 +63,8 @@ def engine_settings(environ: Mapping[str, str]) -> EngineSettings:
         raise ValueError(f"{SLO_ENV}={text!r}: {exc}") from None
     goodput_slo(slo, f"{SLO_ENV}={text!r}:")
     budget_ms = milliseconds(environ, BUDGET_ENV, DEFAULT_BUDGET_MS)
-    deadline_ms = milliseconds(environ, DEADLINE_ENV, DEADLINE_BUDGETS * budget_ms)
+    default_ms = min(DEADLINE_BUDGETS * budget_ms, sys.float_info.max)  # finite past a huge budget
+    deadline_ms = milliseconds(environ, DEADLINE_ENV, default_ms)
     if deadline_ms < budget_ms:
         raise ValueError(
             f"{DEADLINE_ENV}={environ[DEADLINE_ENV]!r}: below the {budget_ms:g} ms decision budget"

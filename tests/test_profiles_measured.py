@@ -601,8 +601,8 @@ def test_model_names_and_paths_are_told_apart(tmp_path: Path) -> None:
         architecture("mistral-7b")
     with pytest.raises(ValueError, match="cannot read the model config"):
         architecture(str(tmp_path / "missing.json"))
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ValueError, match="not valid JSON"):
+    (tmp_path / "bad.json").write_text('{\n  "a": 1,\n  "b" 2\n}')
+    with pytest.raises(ValueError, match=r"not valid JSON \(.*, line 3 column 7\)"):
         architecture(str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match="its Vidur directory is fixed"):
         architecture("llama-2-7b", "meta-llama/Llama-2-7b-hf")

@@ -168,6 +168,23 @@ def test_serve_that_fails_removes_only_its_own_metrics_directory(
     assert (user_dir / "kept").exists() == users
 
 
+def test_serve_removes_the_metrics_directories_of_serves_killed_outright(tmp_path: Path) -> None:
+    """A serve killed with SIGKILL cannot remove its metrics directory; the next serve removes
+    those whose serve no longer runs, and leaves a running serve's and other directories."""
+    from batchpilot.training.commands.serve import PROMETHEUS_PREFIX, remove_orphaned_metrics
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = tmp_path / f"{PROMETHEUS_PREFIX}{dead.pid}-abc123"
+    running = tmp_path / f"{PROMETHEUS_PREFIX}{os.getpid()}-def456"
+    others = [tmp_path / f"{PROMETHEUS_PREFIX}xyz", tmp_path / "unrelated-1-2"]
+    for d in (killed, running, *others):
+        d.mkdir()
+        (d / "counter_1.db").touch()
+    remove_orphaned_metrics(tmp_path)
+    assert sorted(tmp_path.iterdir()) == sorted([running, *others])
+
+
 def test_stopping_serve_removes_its_metrics_directory(served: Server) -> None:
     """Last in this module: it stops the server the tests above share."""
     (made,) = metrics_dirs(served.tmp)

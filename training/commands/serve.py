@@ -9,7 +9,7 @@ limits take over (logged once).
 The server runs as a child of this process, in a session of its own, which passes it SIGINT,
 SIGTERM and SIGHUP and exits with its status. Unless PROMETHEUS_MULTIPROC_DIR is set, the
 metrics directory is a temporary one, removed when the server exits (normally, on an error, or
-on a signal).
+on a signal); one left by a serve that was killed outright (SIGKILL) is removed by the next.
 The controller spec and SLOs are checked before vLLM starts. With --skip-tokenizer-init, a
 prompt token id outside the model's vocabulary gets a 400 (vLLM itself would crash).
 
@@ -24,11 +24,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from contextlib import suppress
+from pathlib import Path
 from types import FrameType
 
 from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO
@@ -36,6 +38,8 @@ from batchpilot.training.commands.common import positive, slo_spec
 
 SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
 PROMETHEUS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+PROMETHEUS_PREFIX = "batchpilot-prom-"
+"""A serve's own metrics directory: PROMETHEUS_PREFIX, its pid, "-", then tempfile's suffix."""
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_WAIT_S = 10.0
 """How long a failing serve waits for the server's group to end on SIGTERM before SIGKILL."""
@@ -140,9 +144,32 @@ def main(args: argparse.Namespace) -> int:
     print(f"batchpilot serve ({args.controller}):", " ".join(cmd[2:]), flush=True)
     if PROMETHEUS_DIR in env:  # the user's: theirs to keep
         return supervise(cmd, env)
+    remove_orphaned_metrics(Path(tempfile.gettempdir()))
     # metrics written in vLLM's engine-core process reach the API server's /metrics
-    with tempfile.TemporaryDirectory(prefix="batchpilot-prom-", ignore_cleanup_errors=True) as d:
+    prefix = f"{PROMETHEUS_PREFIX}{os.getpid()}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as d:
         return supervise(cmd, env | {PROMETHEUS_DIR: d})
+
+
+def remove_orphaned_metrics(tmp: Path) -> None:
+    """Remove this user's serve metrics directories in `tmp` whose serve no longer runs (one
+    killed outright, which no handler sees); those of running serves stay."""
+    for d in tmp.glob(f"{PROMETHEUS_PREFIX}*-*"):
+        pid = d.name.removeprefix(PROMETHEUS_PREFIX).split("-", 1)[0]
+        with suppress(OSError):
+            if pid.isdigit() and d.is_dir() and d.stat().st_uid == os.getuid() and gone(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def gone(pid: int) -> bool:
+    """Whether no process `pid` runs (one of another user's still counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def supervise(cmd: list[str], env: dict[str, str]) -> int:
