@@ -166,11 +166,11 @@ def test_shipped_configs_pass(name: str) -> None:
 
 def test_the_shipped_policys_members_are_what_their_configs_train() -> None:
     """The learned README names the recipes of the shipped policy's six members (four runs of
-    mix-drsb.yml, two of mix-drsk.yml): each member (its sidecar entry) observed the entries
+    mix-drsb.yml, two of mix-drsw.yml): each member (its sidecar entry) observed the entries
     one of them names and trained on its profiles and workloads."""
     root = Path(__file__).resolve().parents[1] / "training"
     sidecar = json.loads((root / "reports/learned/policy.onnx.json").read_text())
-    configs = [load_config(root / "configs" / n) for n in ("mix-drsb.yml", "mix-drsk.yml")]
+    configs = [load_config(root / "configs" / n) for n in ("mix-drsb.yml", "mix-drsw.yml")]
     recipes = [
         (
             list(checked_fields(cfg.env_kwargs.get("observation_fields"))),
