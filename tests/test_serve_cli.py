@@ -177,7 +177,8 @@ def test_serve_removes_the_metrics_directories_of_serves_killed_outright(tmp_pat
     dead.wait()
     killed = tmp_path / f"{PROMETHEUS_PREFIX}{dead.pid}-abc123"
     running = tmp_path / f"{PROMETHEUS_PREFIX}{os.getpid()}-def456"
-    others = [tmp_path / f"{PROMETHEUS_PREFIX}xyz", tmp_path / "unrelated-1-2"]
+    others = [tmp_path / f"{PROMETHEUS_PREFIX}xyz", tmp_path / f"{PROMETHEUS_PREFIX}{10**30}-x",
+              tmp_path / "unrelated-1-2"]  # fmt: skip
     for d in (killed, running, *others):
         d.mkdir()
         (d / "counter_1.db").touch()

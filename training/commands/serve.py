@@ -167,7 +167,7 @@ def gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
+    except (PermissionError, OverflowError):  # another user's, or no pid at all: leave it
         return False
     return False
 
