@@ -281,13 +281,13 @@ def load_policy(path: str | Path) -> PolicyController:
     onnx_path = Path(path)
     meta = read_sidecar(onnx_path)
     fields = meta["observation"]["fields"]
-    scale = meta.get("slo_scale")
+    slo = SLO.parse(meta["slo"])
     return PolicyController(
         numpy_act(onnx_path, len(fields), meta["action"]["mode"]),
         meta["action"]["mode"],
-        SLO.parse(meta["slo"]),
+        slo,
         ControlInterval.parse(meta["control_interval"]),
         name=f"policy:{path}",
         fields=fields,
-        slo_scale=slo_ranges(scale, SLO.parse(meta["slo"])) or None if scale else None,
+        slo_scale=slo_ranges(meta.get("slo_scale") or {}, slo) or None,
     )

@@ -168,7 +168,7 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     except (PermissionError, OverflowError):  # another user's, or no pid at all: leave it
-        return False
+        pass
     return False
 
 
