@@ -151,7 +151,8 @@ class SimEngine:
     def reset(self, workload: Workload, limits: Limits) -> Telemetry:
         workload.check_fits(self.max_model_len, self.max_tokens)
         self._workload = workload
-        self._pending = deque(workload.requests)  # immutable: forks share them
+        self._arrivals = tuple(workload.requests)  # immutable: forks share them
+        self._next = 0  # index of the next arrival to queue
         self._future_replaced = False
         self._waiting: deque[_Req] = deque()
         self._running: list[_Req] = []
@@ -201,7 +202,7 @@ class SimEngine:
 
     @property
     def done(self) -> bool:
-        return not (self._pending or self._waiting or self._running)
+        return not (self._next < len(self._arrivals) or self._waiting or self._running)
 
     @property
     def clock_s(self) -> float:
@@ -233,8 +234,7 @@ class SimEngine:
         """The `last` requests to have arrived so far, in arrival order (true lengths)."""
         if self._workload is None or self._future_replaced:
             raise RuntimeError("arrived_requests() needs a reset engine whose future is its own")
-        arrived = len(self._workload.requests) - len(self._pending)
-        return self._workload.requests[max(0, arrived - last) : arrived]
+        return list(self._arrivals[max(0, self._next - last) : self._next])
 
     def replace_future(self, requests: list[Request]) -> None:
         """Make `requests` (sorted by arrival, none before the clock) the arrivals still to
@@ -242,7 +242,8 @@ class SimEngine:
         times = [r.arrival_s for r in requests]
         if times and (times[0] < self._clock or any(b < a for a, b in pairwise(times))):
             raise ValueError("replace_future: arrivals must be sorted and not before the clock")
-        self._pending = deque(requests)
+        self._arrivals = tuple(requests)
+        self._next = 0
         self._future_replaced = True
 
     def replace_outputs(self, outputs: list[int]) -> None:
@@ -269,8 +270,9 @@ class SimEngine:
 
         Continued with the same limits and `advance` calls, the copy produces the same
         telemetry and result; continued otherwise, it leaves this engine untouched. Only
-        mutable state is copied: the workload, the profile and unadmitted requests are
-        shared, per-request scheduler state is copied slot by slot.
+        mutable state is copied: the workload, the profile and the arrivals still to come
+        are shared (a fork costs the requests in flight, not the workload's length),
+        per-request scheduler state is copied slot by slot.
 
         With `history=False` the copy is a look-ahead: it keeps what a planner reads (its
         telemetry, `peak_demand`, and the records of the requests that finish after the
@@ -312,7 +314,7 @@ class SimEngine:
                 break
             self._admit_arrivals()
             if not self._running and not self._waiting:
-                nxt = self._pending[0].arrival_s
+                nxt = self._arrivals[self._next].arrival_s
                 if until_s is not None and nxt >= until_s:
                     self._clock = until_s
                     break
@@ -325,14 +327,16 @@ class SimEngine:
 
     def _admit_arrivals(self, clock: float | None = None) -> None:
         """Queue the requests arrived by `clock` (default: now)."""
-        pending = self._pending
+        arrivals, i = self._arrivals, self._next
         if clock is None:
             clock = self._clock
-        while pending and pending[0].arrival_s <= clock:
-            r = _Req(pending.popleft())
+        while i < len(arrivals) and arrivals[i].arrival_s <= clock:
+            r = _Req(arrivals[i])
+            i += 1
             self._waiting.append(r)
             self._waiting_tokens += r.prompt
             self._tele.arrived(r.arrival, r.prompt)
+        self._next = i
 
     def _step(self) -> None:
         """One scheduler iteration, request by request."""
@@ -619,8 +623,8 @@ class SimEngine:
         if k < 2:
             return False
         bound = until_s
-        if admission_open and self._pending:
-            nxt = self._pending[0].arrival_s
+        if admission_open and self._next < len(self._arrivals):
+            nxt = self._arrivals[self._next].arrival_s
             bound = nxt if bound is None else min(bound, nxt)
         # each step's time as `StepModel.time` gives it (base + per-KV-token term, the
         # same floating-point operations as one step), the clock summed in step order as
@@ -810,7 +814,7 @@ class SimEngine:
             iterations=self._iteration,
             mean_kv_usage=self._kv_integral / duration if duration > 0 else 0.0,
             slo=self.slo,
-            unfinished=len(self._pending) + len(self._waiting) + len(self._running),
+            unfinished=len(self._arrivals) - self._next + len(self._waiting) + len(self._running),
         )
 
 

@@ -111,6 +111,18 @@ def test_fork_without_history_reports_only_what_follows() -> None:
         light.result()
 
 
+def test_fork_shares_the_arrivals_still_to_come() -> None:
+    """A fork costs the requests in flight, not the workload's length: the arrivals still
+    to come are one shared immutable sequence, and each engine keeps its own place in it."""
+    engine = tight_engine()
+    engine.reset(bursty(250), Limits(256))
+    drive(engine, 10)
+    twin = engine.fork(history=False)
+    assert twin._arrivals is engine._arrivals
+    assert finish(twin, Limits(64))
+    assert engine._next < len(engine._arrivals) == twin._next
+
+
 def test_fork_copies_state_it_does_not_know_about() -> None:
     """State added to the engine later is copied (deep), never shared with the fork."""
     engine = tight_engine()
