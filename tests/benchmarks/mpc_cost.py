@@ -3,8 +3,9 @@
 Runs `mpc` (and static:256 for the plain simulator speed) on one scenario and prints, per
 simulated second: wall and CPU seconds, re-plans, rollouts and the candidates scored by
 a rollout they would repeat (`reused`, not rolled out); then the cost of one
-`SimEngine.fork(history=False)` in the middle of the run. CPU time is the honest figure
-on a shared machine (wall time counts other processes' turns).
+`SimEngine.fork(history=False)` in the middle of the run, and with 1k and 1M arrivals
+still to come (it should not grow with them). CPU time is the honest figure on a shared
+machine (wall time counts other processes' turns).
 
     python tests/benchmarks/mpc_cost.py [--profile llama-2-7b-a100]
         [--workload embedded:azure-conv@gamma:6:3] [--num-requests 300] [--spec mpc]
@@ -22,6 +23,7 @@ from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
+from batchpilot.envs.workload import Request, Workload
 from batchpilot.envs.workloads import make_workload
 from batchpilot.training.commands.common import parse_workload
 
@@ -65,16 +67,25 @@ def main() -> None:
     telemetry = engine.reset(workload, Limits(256))
     while telemetry.time_s < m["simulated_seconds"] / 2 and not engine.done:
         telemetry = engine.advance(until_s=telemetry.time_s + 1.0)
-    n = 2000
-    start = time.process_time()
-    for _ in range(n):
-        engine.fork(history=False)
-    per_fork = (time.process_time() - start) / n
     print(
         f"fork(history=False) at t={telemetry.time_s:.0f}s with "
         f"{telemetry.num_requests_running} running, {telemetry.num_requests_waiting} waiting: "
-        f"{per_fork * 1e6:.0f} us CPU"
+        f"{fork_cost(engine) * 1e6:.0f} us CPU"
     )
+    for size in (1_000, 1_000_000):
+        engine = SimEngine(profile, slo=slo)
+        requests = [Request(f"r{i}", 10.0 + i, 128, 128) for i in range(size)]
+        engine.reset(Workload("spaced", requests), Limits(256))
+        print(f"fork(history=False) with {size:,} arrivals to come: "
+              f"{fork_cost(engine) * 1e6:.0f} us CPU")
+
+
+def fork_cost(engine: SimEngine, n: int = 2000) -> float:
+    """CPU seconds of one `fork(history=False)` of `engine`, the mean of `n`."""
+    start = time.process_time()
+    for _ in range(n):
+        engine.fork(history=False)
+    return (time.process_time() - start) / n
 
 
 if __name__ == "__main__":
