@@ -138,6 +138,10 @@ def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
         )
     if out["gamma"] > 1.0:
         raise CheckpointError(f"{path}: gamma {out['gamma']} is over 1")
+    if out["norm_obs"] and out["clip_obs"] == 0:
+        raise CheckpointError(
+            f"{path}: clip_obs is 0 with norm_obs on: every normalised observation would be 0"
+        )
     return out
 
 

@@ -36,7 +36,7 @@ from batchpilot.agents.policy import (
 )
 from batchpilot.envs.action_grid import MODES
 from batchpilot.envs.json_objects import read_json_object
-from batchpilot.envs.metrics import DEFAULT_SLO, SLO, slo_ranges
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO, goodput_slo, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, checked_fields
 from batchpilot.envs.step_models import brief
 
@@ -185,6 +185,18 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
         )
     if not isinstance(meta["env_kwargs"], dict) or not isinstance(meta["control_interval"], str):
         raise PolicyFileError(f"{meta_path}: env_kwargs or control_interval has the wrong type")
+    algo, versions = meta.get("algo"), meta.get("versions")
+    if not isinstance(algo, str) or not (
+        isinstance(versions, dict) and isinstance(versions.get("batchpilot"), str)
+    ):
+        raise PolicyFileError(
+            f"{meta_path}: algo must be a name and versions an object naming the batchpilot "
+            f"version, got algo {brief(algo)}, versions {brief(versions)}"
+        )
+    try:
+        _slo_entries(meta["env_kwargs"])
+    except ValueError as exc:
+        raise PolicyFileError(f"{meta_path}: env_kwargs: {exc}") from None
     return meta, ckpt
 
 
@@ -278,8 +290,12 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
 
 
 def _slo_entries(env: dict[str, Any]) -> dict[str, Any]:
-    """A run's ``slo`` and ``slo_scale`` (empty: one SLO) as its sidecar records them."""
-    slo = SLO.parse(env.get("slo", str(DEFAULT_SLO)))
+    """A run's ``slo`` and ``slo_scale`` (empty: one SLO) as its sidecar records them; a
+    `ValueError` for a bad one."""
+    text = env.get("slo", str(DEFAULT_SLO))
+    if not isinstance(text, str):
+        raise ValueError(f"slo must be a string like {DEFAULT_SLO}, got {brief(text)}")
+    slo = goodput_slo(SLO.parse(text), "slo")
     ranges = slo_ranges(env.get("slo_scale") or {}, slo)
     return {"slo": str(slo), "slo_scale": {k: list(r) for k, r in ranges.items()}}
 

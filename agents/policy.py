@@ -204,8 +204,10 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
                 f"policy file {p} is a directory; name the .onnx file `batchpilot export` "
                 "wrote (e.g. DIR/policy.onnx)"
             )
+        what = "policy file" if p == onnx_path else f"{onnx_path}'s JSON sidecar"
+        if p.exists() and not p.is_file():
+            raise PolicyFileError(f"{what} {p} is not a regular file (a pipe, device or socket?)")
         if not p.is_file():
-            what = "policy file" if p == onnx_path else f"{onnx_path}'s JSON sidecar"
             raise PolicyFileError(
                 f"{what} {p} does not exist: a policy is the .onnx file and its sidecar that "
                 "`batchpilot export` writes side by side"

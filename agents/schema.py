@@ -58,6 +58,11 @@ def type_problem(value: Any, annotation: Any) -> str | None:
         ok = isinstance(value, int) and not isinstance(value, bool)
         return None if ok else f"{value!r} is not of type int"
     if annotation is float:
+        if isinstance(value, str) and _yaml_float_text(value):
+            return (
+                f"{value!r} is not of type float: YAML reads an exponent without a dot as text "
+                f"(write {_yaml_float_text(value)})"
+            )
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"{value!r} is not of type float"
         return None if math.isfinite(value) else f"{value!r} is not finite"
@@ -84,10 +89,24 @@ def type_problem(value: Any, annotation: Any) -> str | None:
     return f"{value!r}: a {_name(annotation)} cannot be given in a file"
 
 
-def unknown_key(key: str, known: Iterable[str], what: str) -> str:
-    """'unknown key ...' with the closest known key as a suggestion."""
+def _yaml_float_text(text: str) -> str:
+    """The way to write `text` (like ``1e-4``, which YAML 1.1 reads as a string) so that YAML
+    reads a float (``1.0e-4``); empty if `text` is no such number."""
+    mantissa, e, exponent = text.strip().lower().partition("e")
+    if not e or "." in mantissa:
+        return ""
+    try:
+        int(mantissa), int(exponent)
+    except ValueError:
+        return ""
+    return f"{mantissa}.0e{exponent}"
+
+
+def unknown_key(key: Any, known: Iterable[str], what: str) -> str:
+    """'unknown key ...' with the closest known key as a suggestion; `key` as parsed from
+    YAML or JSON (YAML's may be a number, a bool or null)."""
     known = sorted(known)
-    close = difflib.get_close_matches(key, known, n=1)
+    close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown key {key!r} ({what}); {hint}known: {', '.join(known)}"
 

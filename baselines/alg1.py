@@ -43,6 +43,10 @@ from batchpilot.envs.telemetry import Limits, Telemetry
 BOUNDS = ("linear", "exact")
 
 
+MIN_EPS = 1e-15
+"""Smallest eps_M taken: below about 1e-16, 1 - eps rounds to 1 and Phi^-1 is infinite."""
+
+
 def safety_factor(eps: float) -> float:
     """theta = Phi^-1(1 - eps_M)."""
     return NormalDist().inv_cdf(1.0 - eps)
@@ -91,8 +95,8 @@ class MemoryAwareController:
         b_min: int = 1,
         b_max: int | None = None,
     ) -> None:
-        if not 0.0 < eps < 0.5:
-            raise ValueError(f"eps must be in (0, 0.5), got {eps}")
+        if not MIN_EPS <= eps < 0.5:
+            raise ValueError(f"eps must be in [{MIN_EPS:g}, 0.5), got {eps}")
         if bound not in BOUNDS:
             raise ValueError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
         if refresh < 1 or min_samples < 0 or b_min < 1:

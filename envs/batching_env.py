@@ -245,8 +245,8 @@ class BatchingEnv(gym.Env):
       log-uniformly per episode that multiply `slo`'s targets: the episode is scored, and
       observed, against that SLO (its ``slo`` in the reset info), for a policy that serves
       whatever targets its users set. Default: none, every episode on `slo`.
-    - `control_interval_s` or `control_interval_iters`: one env step's length, seconds > 0
-      (default `CONTROL_INTERVAL_S`) or engine iterations >= 1.
+    - `control_interval_s` or `control_interval_iters` (not both): one env step's length,
+      seconds > 0 or engine iterations >= 1; neither: `CONTROL_INTERVAL_S` seconds.
     - `step_time_scale`, `kv_scale`: (lo, hi) ranges of factors drawn log-uniformly per
       episode that multiply the profile's step times and its KV cache blocks
       (`EngineProfile.scaled`): GPUs and memory budgets no profile describes, for a policy
@@ -282,7 +282,7 @@ class BatchingEnv(gym.Env):
         profile: str | list[str] | dict[str, float] = DEFAULT_PROFILE,
         workload: str | dict | list[str | dict] = DEFAULT_SOURCE,
         slo: str = str(DEFAULT_SLO),
-        control_interval_s: float | None = CONTROL_INTERVAL_S,
+        control_interval_s: float | None = None,
         control_interval_iters: int | None = None,
         action_mode: str = "grid",
         w_lost: float = 0.0,
@@ -299,8 +299,13 @@ class BatchingEnv(gym.Env):
             raise ValueError(f"engine must be 'sim' or 'vllm', got {engine!r}")
         if engine == "vllm" and not model:
             raise ValueError("engine='vllm' needs model=DIR (a model directory vLLM can load)")
-        if (control_interval_s is None) == (control_interval_iters is None):
-            raise ValueError("set exactly one of control_interval_s and control_interval_iters")
+        if control_interval_s is not None and control_interval_iters is not None:
+            raise ValueError(
+                f"set one of control_interval_s ({control_interval_s!r}) and "
+                f"control_interval_iters ({control_interval_iters!r}), not both"
+            )
+        if control_interval_iters is None and control_interval_s is None:
+            control_interval_s = CONTROL_INTERVAL_S
         if control_interval_s is not None:
             check_interval_s(control_interval_s, "control_interval_s")
         else:

@@ -39,7 +39,10 @@ class SLO:
             try:
                 ms = float(value)
             except ValueError:
-                raise ValueError(f"SLO {spec!r}: {key} value {value!r} is not a number") from None
+                hint = f" (write {key}:MS, no space around ':')" if not value else ""
+                raise ValueError(
+                    f"SLO {spec!r}: {key} value {value!r} is not a number{hint}"
+                ) from None
             if not (math.isfinite(ms) and ms > 0):
                 raise ValueError(
                     f"SLO {spec!r}: {key} value {value!r} must be a finite number > 0 (ms)"

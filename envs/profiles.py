@@ -827,6 +827,8 @@ def get_profile(name_or_path: str) -> EngineProfile:
     if path.suffix == ".json" or path.exists():
         if path.is_dir():
             raise ValueError(f"{path}: a directory, not a profile JSON file")
+        if path.exists() and not path.is_file():
+            raise ValueError(f"{path}: not a regular file (a pipe, device or socket?)")
         if not path.is_file():
             raise ValueError(f"{path}: no such profile file")
         return EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))

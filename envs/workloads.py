@@ -180,6 +180,8 @@ def mix_components(source: str) -> tuple[list[str], np.ndarray]:
         if not np.isfinite(weight) or weight <= 0:
             raise WorkloadError(f"workload {source!r}: {part!r} is not NAME=WEIGHT (weight > 0)")
         embedded_lengths(name)  # names the known tables if unknown
+        if name in names:
+            raise WorkloadError(f"workload {source!r}: {name!r} given twice; give it one weight")
         names.append(name)
         weights.append(weight)
     relative = np.asarray(weights) / max(weights)  # a sum of huge weights would overflow

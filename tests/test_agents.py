@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -783,6 +784,12 @@ def test_missing_policy_file(tmp_path: Path) -> None:
         load_policy(tmp_path / "bad.onnx")
     with pytest.raises(PolicyFileError, match=r"is a policy's JSON sidecar; name its \.onnx file"):
         load_policy(tmp_path / "bad.onnx.json")
+    os.mkfifo(tmp_path / "pipe.onnx")  # opening it to read would block
+    with pytest.raises(PolicyFileError, match=r"policy file .*pipe\.onnx is not a regular file"):
+        load_policy(tmp_path / "pipe.onnx")
+    os.mkfifo(tmp_path / "bad.onnx.json")
+    with pytest.raises(PolicyFileError, match=r"bad\.onnx's JSON sidecar .*bad\.onnx\.json is not a regular"):
+        load_policy(tmp_path / "bad.onnx")
 
 
 def test_tampered_onnx_is_refused(exported: Path, tmp_path: Path) -> None:

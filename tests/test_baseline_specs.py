@@ -47,6 +47,7 @@ def test_specs_build_their_controllers() -> None:
         ("alg1:eps", "bad argument 'eps'"),
         ("alg1:gamma=2", "key one of eps, bound"),
         ("alg1:eps=0.7", "eps must be in"),
+        ("alg1:eps=1e-300", r"alg1: eps must be in \[1e-15, 0.5\), got 1e-300"),
         ("alg1:blocks=yes", "blocks='yes' is not a valid bool"),
         ("alg2:alpha=1.5", "alpha='1.5' is not a valid int"),
         ("alg2:sla_ms=5", "eps_D < D_SLA"),
@@ -150,6 +151,7 @@ def test_non_finite_negative_and_empty_spec_values_are_refused(spec: str, messag
         ("tpot:inf", "tpot value 'inf' must be a finite number > 0"),
         ("e2el:0", "e2el value '0' must be a finite number > 0"),
         ("tpot:", "tpot value '' is not a number"),
+        ("ttft: 100", r"SLO 'ttft: 100': ttft value '' is not a number \(write ttft:MS, no space around ':'\)"),
         ("ttft:100,ttft:200", "ttft given twice"),
     ],
 )

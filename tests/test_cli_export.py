@@ -148,6 +148,7 @@ def test_an_old_pickle_only_run_is_refused_by_name(tmp_path: Path, capsys) -> No
         ({"obs_mean": [0.0]}, "obs_mean must be"),
         ({"clip_obs": -1}, "clip_obs"),
         ({"norm_obs": "yes"}, "norm_obs must be true or false"),
+        ({"norm_obs": True, "clip_obs": 0}, "clip_obs is 0 with norm_obs on"),
     ],
 )
 def test_bad_normalisation_file_is_named(run_dir: Path, tmp_path: Path, edit, message) -> None:
@@ -241,6 +242,34 @@ def test_unreadable_run_json_is_named(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{run / name}: {message}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m.pop("versions"), "algo must be a name and versions an object naming the batchpilot version, got algo 'ppo', versions None"),
+        (lambda m: m.update(algo=["ppo"]), "algo must be a name and versions an object naming the batchpilot version, got algo ['ppo']"),
+        (lambda m: m["env_kwargs"].update(slo=5), "env_kwargs: slo must be a string like ttft:2000,tpot:50, got 5"),
+        (lambda m: m["env_kwargs"].update(slo="ttft:0"), "env_kwargs: SLO 'ttft:0': ttft value '0' must be a finite number > 0 (ms)"),
+        (lambda m: m["env_kwargs"].update(slo=""), "env_kwargs: slo names no objective"),
+        (lambda m: m["env_kwargs"].update(slo_scale=[0, 1]), "env_kwargs: slo_scale must map ttft and/or tpot to [lo, hi], got [0, 1]"),
+    ],
+)
+def test_a_bad_run_description_is_named(
+    run_dir: Path, tmp_path: Path, capsys, edit, message: str
+) -> None:
+    """run.json entries the sidecar copies (the SLO, the algorithm, the versions) are checked
+    with the file named, not met as a KeyError or an error naming no file."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    meta = json.loads((run / "run.json").read_text())
+    edit(meta)
+    (run / "run.json").write_text(json.dumps(meta))
+    argv = ["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'run.json'}: {message}" in err, err
+    assert not (tmp_path / "p.onnx").exists()
 
 
 def test_an_export_that_would_not_load_replaces_nothing(

@@ -244,3 +244,11 @@ def test_simulate_checks_json_before_the_run(
                           (taken / "m.json", f"{taken} is a file, not a directory")):  # fmt: skip
         assert main(["simulate", "--no-progress", "--json", str(path)]) == 2
         assert f"error: --json {path}: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_json_file_that_cannot_be_written_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """A write that fails without naming its file (a full disk) names it all the same."""
+    argv = ["simulate", "--no-progress", "--num-requests", "10", "--json", "/dev/full"]
+    assert main(argv) == 2
+    assert "error: cannot write /dev/full: No space left on device" in capsys.readouterr().err

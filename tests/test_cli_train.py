@@ -4,6 +4,7 @@ the file, and a refused config leaves no run directory behind."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from importlib.resources import files
 from pathlib import Path
@@ -15,7 +16,7 @@ pytest.importorskip("stable_baselines3")
 
 from batchpilot.envs.observation import checked_fields
 from batchpilot.training.cli import main
-from batchpilot.training.train import load_config
+from batchpilot.training.train import load_config, make_env
 
 BASE = {
     "n_envs": 1,
@@ -39,6 +40,7 @@ BASE = {
         ({"seed": "abc"}, "seed: 'abc' is not of type int"),
         ({"seed": -1}, "seed: -1 is outside"),
         ({"learning_rate": "fast"}, "learning_rate: 'fast' is not of type float"),
+        ({"learning_rate": "1e-4"}, r"learning_rate: '1e-4' is not of type float: YAML reads an exponent without a dot as text \(write 1\.0e-4\)"),
         ({"learning_rate": float("nan")}, "learning_rate: nan is not finite"),
         ({"batch_size": 0}, r"batch_size: 0 is outside \[1, "),
         ({"gamma": 2}, "gamma: 2 is outside"),
@@ -76,6 +78,12 @@ BASE = {
         ({"env_kwargs": {"control_interval_s": -1}}, "env_kwargs: control_interval_s must be a number of seconds in \\[0.001, 3600\\], got -1"),
         ({"env_kwargs": {"control_interval_s": float("inf")}}, "env_kwargs.control_interval_s: inf is not of type float"),
         ({"env_kwargs": {"control_interval_s": None, "control_interval_iters": 0}}, "env_kwargs: control_interval_iters must be a whole number in \\[1, 1,000,000\\], got 0"),
+        ({"env_kwargs": {"control_interval_iters": 0}}, "env_kwargs: control_interval_iters must be a whole number in \\[1, 1,000,000\\], got 0"),
+        ({"env_kwargs": {"control_interval_s": 0.5, "control_interval_iters": 4}}, r"env_kwargs: set one of control_interval_s \(0.5\) and control_interval_iters \(4\), not both"),
+        ({1: 2}, r"1: unknown key 1 \(not a batchpilot setting nor a PPO argument\)"),
+        ({"env_kwargs": {None: 2}}, r"env_kwargs.None: unknown key None \(a keyword of"),
+        ({"policy_kwargs": {True: 2}}, r"policy_kwargs.True: unknown key True \(a policy keyword\)"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": ["embedded:gsm8k"]}}, r"eval.workload: \['embedded:gsm8k'\] is not of type"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": []}}, "eval.seeds: needs at least one seed"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": [1000, -1]}}, "eval.seeds: an entry: -1 is outside"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": [1, 2, 1]}}, r"eval.seeds: a seed given twice in \[1, 2, 1\]"),
@@ -126,6 +134,30 @@ def test_a_real_engine_config_is_checked_before_the_engine_starts(tmp_path: Path
         load_config(path)
 
 
+def test_an_interval_in_iterations_needs_no_null_seconds(tmp_path: Path) -> None:
+    """control_interval_iters alone sets the interval: the seconds' default gives way."""
+    path = tmp_path / "iters.yml"
+    env = BASE["env_kwargs"] | {"control_interval_iters": 4}
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"env_kwargs": env}}))
+    cfg = load_config(path)
+    assert cfg.control_interval == "4it"
+    env = make_env(cfg).unwrapped
+    assert (env.control_interval_s, env.control_interval_iters) == (None, 4)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("9" * 5000, "a number has over 4,300 digits"), ("2001-13-45", "month must be in 1..12")],
+)
+def test_a_value_yaml_cannot_convert_is_named_with_the_file(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(f"batchpilot/Batching-v0:\n  seed: {value}\n")
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: a value YAML cannot convert .*{message}"):
+        load_config(path)
+
+
 def test_the_recorded_interval_is_the_envs_default(tmp_path: Path) -> None:
     """A config that leaves the control interval to the env records the one it trains at."""
     from batchpilot.envs.batching_env import BatchingEnv
@@ -141,6 +173,14 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as err:
         load_config(path)
     assert "seed: 'x'" in str(err.value) and "n_envs: 0" in str(err.value)
+
+
+def test_a_config_that_is_no_file_is_named(tmp_path: Path, capsys) -> None:
+    os.mkfifo(tmp_path / "pipe.yml")  # opening it to read would block
+    for config, message in ((tmp_path / "pipe.yml", "is not a regular file"), (tmp_path, "is a directory")):
+        argv = ["train", "--config", str(config), "--out", str(tmp_path / "run"), "--no-progress"]
+        assert main(argv) == 2
+        assert f"config {config} {message}" in capsys.readouterr().err
 
 
 def test_config_not_utf8_is_named(tmp_path: Path) -> None:

@@ -266,7 +266,7 @@ def test_knee_scale_moves_the_decode_knee_only() -> None:
         ({"action_mode": "jump"}, "action_mode must be"),
         ({"w_recompute": -1}, "w_recompute must be"),
         ({"w_lost": -1}, "w_lost must be >= 0, got -1"),
-        ({"control_interval_s": None}, "exactly one of"),
+        ({"control_interval_s": 0.5, "control_interval_iters": 4}, r"set one of control_interval_s \(0.5\) and control_interval_iters \(4\), not both"),
         ({"control_interval_s": 0}, "control_interval_s must be a number of seconds in \\[0.001, 3600\\], got 0"),
         ({"control_interval_s": -1}, "control_interval_s must be a number of seconds in \\[0.001, 3600\\], got -1"),
         ({"control_interval_s": float("nan")}, "control_interval_s must be .*, got nan"),

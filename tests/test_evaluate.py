@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import replace
 from importlib.resources import files
@@ -51,6 +52,8 @@ def test_capacity_target_parses_and_checks() -> None:
         CapacityTarget.parse("p90_itl_ms=50")
     with pytest.raises(ValueError, match="not a run metric"):
         CapacityTarget.parse("p91_itl_ms:50").met({"unfinished": 0})
+    with pytest.raises(ValueError, match="capacity SLO 'p90_itl_ms:50,p90_itl_ms:60': p90_itl_ms given twice"):
+        CapacityTarget.parse("p90_itl_ms:50,p90_itl_ms:60")
 
 
 @pytest.mark.parametrize("bound", ["nan", "inf", "-inf", "0", "-5"])
@@ -337,6 +340,12 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
         assert str(path) in str(err.value) and message in str(err.value), str(err.value)
     with pytest.raises(SuiteError, match="unknown suite 'nope'; known: bursty"):
         load_suite("nope")
+    os.mkfifo(tmp_path / "pipe.yml")  # opening it to read would block
+    with pytest.raises(SuiteError, match=r"pipe.yml: not a regular file \(a pipe, device"):
+        load_suite(tmp_path / "pipe.yml")
+    (tmp_path / "dir.yml").mkdir()
+    with pytest.raises(SuiteError, match=r"dir.yml: a directory, not a suite file"):
+        load_suite(tmp_path / "dir.yml")
 
 
 SCENARIO_A = {"name": "a", "source": "embedded:gsm8k", "arrival": "'poisson:1'"}

@@ -132,3 +132,22 @@ def test_every_setting_runs_under_each_scheduler() -> None:
     from batchpilot.envs.profiles import PROFILES
 
     assert all(PROFILES[s.profile].step.kind == "table" for s in t1 + t2)  # measured profiles
+
+
+@pytest.mark.parametrize(
+    ("schedulers", "message"),
+    [
+        ("v0,", "--schedulers: use v0, v1 or both, got 'v0,'"),
+        ("v0,v0", "--schedulers: a scheduler given twice in 'v0,v0'"),
+    ],
+)
+def test_bad_schedulers_are_named_before_anything_runs(
+    tmp_path, capsys: pytest.CaptureFixture[str], schedulers: str, message: str
+) -> None:
+    """A stray comma is not dropped, nor a repeat met as clashing scenario names."""
+    from batchpilot.training.cli import main
+
+    out = tmp_path / "paper"
+    assert main(["paper", "--schedulers", schedulers, "--out", str(out), "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,9 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
         get_profile(str(path))
     with pytest.raises(ValueError, match=r": a directory, not a profile JSON file"):
         get_profile(str(tmp_path))
+    os.mkfifo(tmp_path / "pipe.json")  # opening it to read would block
+    with pytest.raises(ValueError, match=r"pipe.json: not a regular file \(a pipe, device"):
+        get_profile(str(tmp_path / "pipe.json"))
     with pytest.raises(ValueError, match=r"no profile named; known: .*llama-2-7b-a100"):
         get_profile(" ")
 

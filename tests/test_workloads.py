@@ -557,6 +557,19 @@ def test_bad_shift_sources_are_named(source: str, problem: str) -> None:
         make_workload(source, "poisson:1", num_requests=10)
 
 
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("mix:gsm8k=1,gsm8k=2", "'gsm8k' given twice; give it one weight"),
+        ("mix:gsm8k=0,sharegpt=1", "'gsm8k=0' is not NAME=WEIGHT"),
+        ("mix:gsm8k", "'gsm8k' is not NAME=WEIGHT"),
+    ],
+)
+def test_bad_mix_sources_are_named(source: str, problem: str) -> None:
+    with pytest.raises(WorkloadError, match=problem):
+        make_workload(source, "poisson:1", num_requests=10)
+
+
 def test_shift_source_cannot_replay() -> None:
     with pytest.raises(WorkloadError, match="no timestamps"):
         make_workload("shift:gsm8k@0,sharegpt@20", "replay", num_requests=10)

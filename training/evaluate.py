@@ -274,6 +274,8 @@ class CapacityTarget:
                 raise ValueError(
                     f"capacity SLO {spec!r}: {key} bound must be a finite number > 0, got {value}"
                 )
+            if key in dict(bounds):
+                raise ValueError(f"capacity SLO {spec!r}: {key} given twice")
             bounds.append((key, bound))
         if not bounds:
             raise ValueError(f"capacity SLO {spec!r}: name at least one METRIC:MAX")

@@ -96,6 +96,10 @@ def load_suite(name_or_path: str | Path) -> Suite:
     if not path.suffix and not path.is_file():
         known = ", ".join(p.stem for p in sorted(suite_dir().glob("*.yml")))
         raise SuiteError(f"unknown suite {str(name_or_path)!r}; known: {known}, all")
+    if path.is_dir():
+        raise SuiteError(f"{path}: a directory, not a suite file")
+    if path.exists() and not path.is_file():
+        raise SuiteError(f"{path}: not a regular file (a pipe, device or socket?)")
     if not path.is_file():
         raise SuiteError(f"{path}: no such suite file")
     try:

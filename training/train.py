@@ -87,7 +87,8 @@ class TrainConfig:
         iters = self.env_kwargs.get("control_interval_iters")
         if iters is not None:
             return f"{iters}it"
-        return f"{self.env_kwargs.get('control_interval_s', CONTROL_INTERVAL_S) * 1e3:g}ms"
+        seconds = self.env_kwargs.get("control_interval_s")
+        return f"{(CONTROL_INTERVAL_S if seconds is None else seconds) * 1e3:g}ms"
 
 
 RUN_KEYS = tuple(f for f in TrainConfig.__dataclass_fields__ if f not in ("env_id", "hyperparams"))
@@ -216,6 +217,8 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     workloads = (body.get("eval") or {}).get("workload")
     workloads = [workloads] if isinstance(workloads, dict) else workloads
     for i, workload in enumerate(workloads if isinstance(workloads, list) else []):
+        if not isinstance(workload, dict):  # the type check above names it
+            continue
         # what `EvalScenario.score` passes to `make_workload`
         where = "eval.workload" if len(workloads) == 1 else f"eval.workload[{i}]"
         problems += mapping_problems(

@@ -5,6 +5,7 @@ that nests too deeply for YAML's recursive parser."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,9 @@ def _more_values_than(data: Any, limit: int) -> bool:
 
 def load_yaml(path: Path) -> Any:
     """The parsed YAML file at `path`; `ValueError` naming the file if it is not UTF-8 text,
-    not valid YAML, nests too deeply, gives a key twice or expands past `MAX_VALUES` values."""
+    not valid YAML, nests too deeply, gives a key twice, holds a value PyYAML cannot convert
+    (a date like 2001-13-45, an int of thousands of digits) or expands past `MAX_VALUES`
+    values."""
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
@@ -65,6 +68,11 @@ def load_yaml(path: Path) -> Any:
         raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
     except RecursionError:  # PyYAML composes and constructs nested nodes recursively
         raise ValueError(f"{path}: not a config: its lists or mappings nest too deeply") from None
+    except ValueError as exc:  # a scalar PyYAML's int() or date() refuses
+        problem = str(exc)
+        if "integer string conversion" in problem:
+            problem = f"a number has over {sys.get_int_max_str_digits():,} digits"
+        raise ValueError(f"{path}: a value YAML cannot convert ({problem}): a bad value?") from None
     if _more_values_than(data, MAX_VALUES):
         raise ValueError(
             f"{path}: holds more than {MAX_VALUES:,} values once its aliases are expanded "

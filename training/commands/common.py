@@ -193,8 +193,14 @@ def check_output(path: Path, option: str, *, directory: bool) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    """Write `data` to `path` as indented JSON; an `OSError` naming `path` if it cannot."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        if exc.filename is not None:  # its message names the path already
+            raise
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def command_line() -> str:

@@ -135,9 +135,11 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.training.evaluate import CapacityTarget, StaticGrid, evaluate
     from batchpilot.training.report import write_report
 
-    schedulers = [s.strip() for s in args.schedulers.split(",") if s.strip()]
-    if not schedulers or set(schedulers) - set(SCHEDULERS):
+    schedulers = [s.strip() for s in args.schedulers.split(",")]
+    if not all(schedulers) or set(schedulers) - set(SCHEDULERS):
         raise ValueError(f"--schedulers: use v0, v1 or both, got {args.schedulers!r}")
+    if len(set(schedulers)) < len(schedulers):
+        raise ValueError(f"--schedulers: a scheduler given twice in {args.schedulers!r}")
     if args.seeds < 2:
         raise ValueError("--seeds must be >= 2 (Table II's intervals are paired over seeds)")
     t1, t2 = scenarios(schedulers, args.gsm8k)
