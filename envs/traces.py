@@ -87,9 +87,17 @@ def _azure_time(text: str) -> float:
     return seconds
 
 
+def _plain_float(text: str) -> float:
+    """`float(text)` for a number written in ASCII without separators: Python's float also
+    reads ``3_74`` as 374 and full-width or other scripts' digits, which no trace writes."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return float(text)
+
+
 def _seconds(text: str) -> float:
     """A finite, non-negative number of seconds."""
-    value = float(text)
+    value = _plain_float(text)
     if not math.isfinite(value) or value < 0:
         raise ValueError(text)
     return value
@@ -234,7 +242,7 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
     if isinstance(value, bool) or value is None:
         raise TraceError(f"{where}: {what} is {value!r}, not a number")
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = _plain_float(value) if isinstance(value, str) else float(value)
     except (TypeError, ValueError):
         raise TraceError(f"{where}: {what} is {value!r}, not a number") from None
     except OverflowError:  # an int past the float range, as a long digit string reads
