@@ -20,10 +20,11 @@ Decisions run on one worker thread (`DecisionThread`: a round trip costs some te
 microseconds, more when the host's cores are oversubscribed; the budget counts the
 controller's own time on it), so that the engine waits for one at most its deadline
 (``BATCHPILOT_DECISION_DEADLINE_MS``, default 10 budgets: 50 ms). A decision not back by
-then counts as a slow one and leaves the engine on the static limits, logged once, with no
-new decision started while it runs (``batchpilot:late_decisions`` counts them); when it
-returns (its stale limits unused), the controller is consulted again at once, and if it is
-still out after `STUCK_S` (30 s) the controller has failed.
+then counts as a slow one and leaves the engine on the static limits, with no new decision
+started while it runs (``batchpilot:late_decisions`` counts them; the log names one every
+`LATE_LOG_S` at most, with the count since); when it returns (its stale limits unused), the
+controller is consulted again at once, and if it is still out after `STUCK_S` (30 s) the
+controller has failed.
 Decisions, and the limits in force after a fallback, are exported as Prometheus metrics
 ``batchpilot:*`` beside vLLM's own.
 """
@@ -35,6 +36,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import suppress
@@ -47,8 +49,6 @@ from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.vllm_scheduler import TrackingScheduler
 from batchpilot.serving.config import (
     CONTROLLER_ENV,
-    DEADLINE_BUDGETS,
-    DEFAULT_BUDGET_MS,
     DEFAULT_SLO,
     engine_settings,
     serving_controller,
@@ -61,6 +61,9 @@ SLOW_CALLS = 3
 """Consecutive over-budget decisions that count as a failure."""
 STUCK_S = 30.0
 """A late decision still out after this many seconds is a failure: static limits for good."""
+LATE_LOG_S = 60.0
+"""Late decisions are logged once per this many seconds at most (a controller late on
+every other decision is never 3 in a row, and would log two lines per decision for good)."""
 
 
 class ControllerFailure(RuntimeError):
@@ -108,15 +111,20 @@ class BatchpilotScheduler(TrackingScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # the tracker's per-step log is for calibration, which reads its last step: 200,000
+        # steps (some 50 MB) kept in a server that never reads them
+        self.tracker.step_log = deque(maxlen=1)
         self.controller: Controller | None = None
         self.fallback_reason: str | None = None
-        self.budget_s = DEFAULT_BUDGET_MS / 1e3
-        self.deadline_s = DEADLINE_BUDGETS * self.budget_s
+        _, self.budget_s, self.deadline_s = engine_settings({})  # the defaults, until read
         self._slow = 0
         self._thread: DecisionThread | None = None
         self.late: Timed | None = None
         """A decision past its deadline, not yet returned: static limits until it does."""
         self._late_since = 0.0  # time.monotonic() when `late` missed its deadline
+        self._late_logged = False  # whether the log named `late`
+        self._late_log_s = -LATE_LOG_S  # time.monotonic() when the log last named one
+        self._late_unlogged = 0  # late decisions since then
         self.metrics: DecisionMetrics | None = None
         self.interval = ControlInterval()
         self._last: tuple[float, int] | None = None  # (engine s, step) of the last decision
@@ -145,6 +153,7 @@ class BatchpilotScheduler(TrackingScheduler):
             self._thread.close()  # busy with the last controller's decision: a fresh one
             self._thread = None
         self.late = None
+        self._late_log_s, self._late_unlogged = -LATE_LOG_S, 0
         self.controller = controller
         self.fallback_reason = None
         self._slow = 0
@@ -182,10 +191,11 @@ class BatchpilotScheduler(TrackingScheduler):
                     self.late = None
                     self._fall_back(f"no decision returned in {STUCK_S:g} s")
                 return
-            logger.warning(
-                "batchpilot controller %s: the late decision returned; back in charge",
-                self.controller.name,  # type: ignore[union-attr]
-            )
+            if self._late_logged:
+                logger.warning(
+                    "batchpilot controller %s: the late decision returned; back in charge",
+                    self.controller.name,  # type: ignore[union-attr]
+                )
             self.late = None
         try:  # any fault from here to the limits, the thread and telemetry included: fall back
             if self._thread is None:
@@ -217,14 +227,23 @@ class BatchpilotScheduler(TrackingScheduler):
             self.metrics.record(self.max_num_active_reqs, self.max_num_scheduled_tokens, elapsed)
 
     def _wait(self) -> None:
-        """Static limits until the late decision returns."""
-        logger.error(
-            "batchpilot controller %s: no decision in its %g ms deadline; static "
-            "max_num_seqs=%d until it returns",
-            self.controller.name,  # type: ignore[union-attr]
-            self.deadline_s * 1e3,
-            self.cap_seqs,
-        )
+        """Static limits until the late decision returns; logged once per `LATE_LOG_S`."""
+        now = time.monotonic()
+        self._late_logged = now - self._late_log_s >= LATE_LOG_S
+        if self._late_logged:
+            logger.error(
+                "batchpilot controller %s: no decision in its %g ms deadline; static "
+                "max_num_seqs=%d until it returns%s",
+                self.controller.name,  # type: ignore[union-attr]
+                self.deadline_s * 1e3,
+                self.cap_seqs,
+                f" ({self._late_unlogged} more late since the last logged)"
+                if self._late_unlogged
+                else "",
+            )
+            self._late_log_s, self._late_unlogged = now, 0
+        else:
+            self._late_unlogged += 1
         self.set_limits(Limits(self.cap_seqs, self.cap_tokens))
         if self.metrics is not None:
             self.metrics.held(self.max_num_active_reqs, self.max_num_scheduled_tokens)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import subprocess
 import sys
@@ -200,6 +202,29 @@ def test_a_decision_deadline_below_the_budget_is_named_by_its_flag(tmp_path, cap
     err = capsys.readouterr().err
     assert "--decision-deadline-ms '2.0': below the 5 ms decision budget" in err, err
     assert "BATCHPILOT_" not in err
+
+
+@pytest.mark.parametrize("flags", [["--scheduler-cls", "x.Y"], ["--scheduler-cls=x.Y"], ["--scheduler_cls", "x.Y"]])
+def test_serve_keeps_its_scheduler_class(tmp_path, capsys, flags: list[str]) -> None:
+    """The controller runs in batchpilot's scheduler class: another one, in any spelling vLLM
+    takes, is refused before vLLM starts."""
+    assert main(["serve", str(tmp_path), "--controller", "static:3", *flags]) == 2
+    assert "--scheduler-cls is batchpilot's; drop it" in capsys.readouterr().err
+
+
+def test_serve_leaves_the_default_deadline_to_the_engine() -> None:
+    """Without --decision-deadline-ms the engine's own default applies (`engine_settings`,
+    finite for any budget): serve once computed an infinite one for a huge budget and
+    blamed the flag nobody gave."""
+    from batchpilot.serving.config import DEADLINE_ENV, PARENT_ENV, engine_settings
+    from batchpilot.training.cli import build_parser
+    from batchpilot.training.commands.serve import split_arguments, vllm_command
+
+    args = build_parser().parse_args(["serve", "m", "--controller", "static:3",
+                                      "--decision-budget-ms", "1e308"])  # fmt: skip
+    _, env = vllm_command(split_arguments(args))
+    assert DEADLINE_ENV not in env and env[PARENT_ENV] == str(os.getpid())
+    assert math.isfinite(engine_settings(env).deadline_s)
 
 
 def test_every_numeric_option_is_range_checked() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -168,6 +170,31 @@ def test_serve_that_fails_removes_only_its_own_metrics_directory(
     assert (user_dir / "kept").exists() == users
 
 
+VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+
+
+def test_the_server_refuses_a_scheduler_class_of_the_users(tmp_path: Path) -> None:
+    """vLLM takes the last scheduler class it is given, in any spelling its parser accepts:
+    an abbreviation serve does not know slips past serve's own check (which takes the full
+    spellings, `test_serve_keeps_its_scheduler_class`), and the server, which reads the
+    parsed class, refuses it: once it ran with the controller silently gone."""
+    from batchpilot.envs.vllm_models import tiny_llama
+
+    model = str(tiny_llama(tmp_path / "tiny"))
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    # a host it cannot bind: were the class let through, the server fails fast, not serves
+    cmd = [sys.executable, "-m", "batchpilot.training.cli", "serve", model,
+           "--controller", "static:3", "--skip-tokenizer-init", "--host", "256.0.0.0",
+           "--scheduler-c", VLLM_SCHEDULER]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert f"the scheduler class is {VLLM_SCHEDULER}" in out.stderr
+    assert "controller static:3 would not run" in out.stderr
+    assert "Initializing a V1 LLM engine" not in out.stderr  # refused before the engine
+    assert metrics_dirs(tmp_path) == []
+
+
 def test_serve_removes_the_metrics_directories_of_serves_killed_outright(tmp_path: Path) -> None:
     """A serve killed with SIGKILL cannot remove its metrics directory; the next serve removes
     those whose serve no longer runs, and leaves a running serve's and other directories."""
@@ -186,10 +213,75 @@ def test_serve_removes_the_metrics_directories_of_serves_killed_outright(tmp_pat
     assert sorted(tmp_path.iterdir()) == sorted([running, *others])
 
 
-def test_stopping_serve_removes_its_metrics_directory(served: Server) -> None:
-    """Last in this module: it stops the server the tests above share."""
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie no one has reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_server_stops_when_serve_is_killed_outright() -> None:
+    """A serve killed with SIGKILL (no handler runs) once left its vLLM server running,
+    holding the port and the model; the server now has the kernel stop it when serve dies.
+    Here a stand-in for serve starts a stand-in server that calls `stop_with_parent`."""
+    from batchpilot.serving.config import PARENT_ENV
+
+    server = ("import time; from batchpilot.serving.api_server import stop_with_parent; "
+              "stop_with_parent(); print('ready', flush=True); time.sleep(300)")
+    serve = ("import os, subprocess, sys, time; "
+             f"env = dict(os.environ, {PARENT_ENV}=str(os.getpid())); "
+             "child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], env=env); "
+             "print(child.pid, flush=True); time.sleep(300)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", serve, server], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        assert proc.stdout.readline().strip() == "ready" and running(child)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while running(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(child)
+    finally:
+        proc.kill()
+
+
+def open_streams(url: str, model: str, n: int) -> list[http.client.HTTPConnection]:
+    """`n` long streaming completions, each read to its first chunk and left open (a
+    client with no timeout, still waiting for tokens)."""
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps({"model": model, "prompt": [1] * 16, "max_tokens": 1000,
+                       "stream": True, "ignore_eos": True})  # fmt: skip
+    streams = []
+    for _ in range(n):
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        response.read1(64)
+        streams.append(conn)
+    return streams
+
+
+def test_stopping_serve_under_load_removes_its_metrics_directory(served: Server) -> None:
+    """Last in this module: it stops the server the tests above share, SIGTERM while
+    streaming clients are connected. The server once could wait for them for good (its
+    engine already gone, their streams never ending), a second signal ignored; now it closes
+    them after `SHUTDOWN_GRACE_S` at most (sooner where vLLM ends their streams itself)."""
+    from batchpilot.serving.api_server import SHUTDOWN_GRACE_S
+
     (made,) = metrics_dirs(served.tmp)
     assert any(made.iterdir())  # the server's metrics live there
-    served.proc.send_signal(signal.SIGTERM)
+    streams = open_streams(served.url, served.model, 4)
+    try:
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(timeout=SHUTDOWN_GRACE_S + 45) == 0
+    finally:
+        for conn in streams:  # (without the grace, the server exits once they hang up)
+            conn.close()
     assert served.stop() == 0
     assert metrics_dirs(served.tmp) == []

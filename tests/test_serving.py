@@ -288,6 +288,14 @@ def test_aborted_requests_are_forgotten(llm) -> None:
     assert s.tracker.records == []  # a server keeps no per-request history
 
 
+def test_a_server_keeps_no_per_step_history(llm) -> None:
+    """The tracker's step log (for calibration) once kept the last 200,000 steps, some 50 MB
+    of a server's memory growing over its first hours, never read."""
+    s = scheduler(llm)
+    steps = len(serve(llm, 4))
+    assert steps > 1 and len(s.tracker.step_log) == 1
+
+
 class Hanging:
     """A controller whose first decision does not return until released (up to 60 s), as
     if it never did; the rest return 2 at once."""
@@ -403,6 +411,35 @@ def test_decisions_that_keep_missing_the_deadline_fall_back(llm) -> None:
     while decision_threads() and time.monotonic() < deadline:  # let go once its call returns
         time.sleep(0.05)
     assert decision_threads() == 0
+
+
+def test_a_controller_late_on_every_other_decision_is_logged_once(
+    llm, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never 3 late in a row, so never a failure: it once logged two lines per late decision
+    for as long as the server ran. Now the first is logged, the rest only counted."""
+
+    class Alternating(Hanging):
+        def decide(self, telemetry: Telemetry) -> Limits:
+            self.calls += 1
+            if self.calls % 2:
+                time.sleep(0.08)  # past the 50 ms deadline
+            return Limits(2)
+
+    s = scheduler(llm)
+    alternating = Alternating()
+    s.set_controller(alternating)
+    late = s.metrics.late._value.get()
+    with caplog.at_level(logging.WARNING, logger="batchpilot.serving"):
+        for _ in range(10):
+            serve(llm, 4, output=100)
+            if s.metrics.late._value.get() - late >= 3:
+                break
+    assert s.metrics.late._value.get() - late >= 3
+    assert s.controller is alternating and s.fallback_reason is None
+    logs = serving_logs(caplog)
+    assert len(logs) == 2, logs
+    assert "no decision in its 50 ms deadline" in logs[0] and "back in charge" in logs[1]
 
 
 def test_decisions_on_the_decision_thread_cost_microseconds(llm) -> None:

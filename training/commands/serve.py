@@ -33,10 +33,10 @@ from contextlib import suppress
 from pathlib import Path
 from types import FrameType
 
+from batchpilot.serving.api_server import SCHEDULER
 from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO
 from batchpilot.training.commands.common import positive, slo_spec
 
-SCHEDULER = "batchpilot.serving.scheduler.BatchpilotScheduler"
 PROMETHEUS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 PROMETHEUS_PREFIX = "batchpilot-prom-"
 """A serve's own metrics directory: PROMETHEUS_PREFIX, its pid, "-", then tempfile's suffix."""
@@ -98,18 +98,16 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         BUDGET_ENV,
         CONTROLLER_ENV,
         DEADLINE_ENV,
+        PARENT_ENV,
         SLO_ENV,
         engine_settings,
         serving_controller,
     )
 
     serving_controller(args.controller)  # a bad spec or policy file fails here, in seconds
-    deadline_ms = args.decision_deadline_ms or DEADLINE_BUDGETS * args.decision_budget_ms
-    settings = {
-        SLO_ENV: args.slo,
-        BUDGET_ENV: str(args.decision_budget_ms),
-        DEADLINE_ENV: str(deadline_ms),
-    }
+    settings = {SLO_ENV: args.slo, BUDGET_ENV: str(args.decision_budget_ms)}
+    if args.decision_deadline_ms:  # else the engine's default (`engine_settings`)
+        settings[DEADLINE_ENV] = str(args.decision_deadline_ms)
     try:
         engine_settings(settings)  # as the engine will read them
     except ValueError as exc:  # named as the user gave it: the flag, not the variable
@@ -123,7 +121,7 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
             message = message.replace(f"{env_name}=", f"{flag} ")
         raise ValueError(message) from None
     extra = list(args.vllm_args)
-    if "--scheduler-cls" in extra:
+    if any(a.split("=", 1)[0] in ("--scheduler-cls", "--scheduler_cls") for a in extra):
         raise ValueError("--scheduler-cls is batchpilot's; drop it")
     if not any(a.startswith(("--async-scheduling", "--no-async-scheduling")) for a in extra):
         extra.append("--no-async-scheduling")  # outputs in step with the scheduler
@@ -132,7 +130,7 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     cmd = [sys.executable, "-m", "batchpilot.serving.api_server", "--model", args.model]
     cmd += ["--scheduler-cls", SCHEDULER, *extra]
     env = dict(os.environ)
-    env |= {CONTROLLER_ENV: args.controller, **settings}
+    env |= {CONTROLLER_ENV: args.controller, PARENT_ENV: str(os.getpid()), **settings}
     return cmd, env
 
 
