@@ -1040,10 +1040,15 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     assert comparison(cfg) == (
         "llama-2-70b-a100x4",
         ["embedded:gsm8k@poisson:9", "embedded:azure-conv@gamma:1:3"],
+        ["--num-requests", "20"],
     )
+    run["eval"]["workload"][2]["num_requests"] = 30
+    cfg = load_config(write_config(tmp_path / "sizes.yml", data))
+    with pytest.raises(ValueError, match=r"one num_requests, but .* on llama-2-70b-a100x4 give 20, 30"):
+        comparison(cfg)
     del run["eval"]
     cfg = load_config(write_config(tmp_path / "none.yml", data))
-    assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD])
+    assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD], [])
 
 
 @pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "mix-drsr.yml", "mix-drsrt.yml", "mix-drsl.yml"])

@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         action="append",
-        help="comparison workload SOURCE@ARRIVAL, repeatable. Default: the config's "
-        "evaluation workloads (on fresh seeds), else compare's default workload",
+        help="comparison workload SOURCE@ARRIVAL, repeatable (compare's default number of "
+        "requests). Default: the config's evaluation workloads on fresh seeds, with their "
+        "num_requests and bad_rows; else compare's default workload",
     )
     parser.add_argument("--seeds", type=SEEDS, default=5, help="comparison seeds. Default: 5")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
@@ -64,18 +65,18 @@ def main(args: argparse.Namespace) -> int:
     if not config.is_file():
         raise ValueError(f"config {config} does not exist")
     cfg = load_config(config)
+    profile, workloads, options = comparison(cfg, args.workload)  # a problem stops it early
     run_dir, policy = args.out / "run", args.out / "policy.onnx"
     print(f"[1/3] training {cfg.n_timesteps} steps ({config}) -> {run_dir}")
     train(cfg, config, run_dir, resume=False, progress=not args.no_progress)
     print(f"[2/3] exporting -> {policy}")
     export([run_dir], policy)
     load_policy(policy)
-    profile, workloads = comparison(cfg)
-    workloads = args.workload or workloads
     argv = [
         "--controllers",
         f"{CONTROLLERS},policy:{policy}",
         *(x for w in workloads for x in ("--workload", w)),
+        *options,
         "--profile",
         profile,
         "--slo",
@@ -95,16 +96,20 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def comparison(cfg: TrainConfig) -> tuple[str, list[str]]:
-    """The profile and SOURCE@ARRIVAL workloads the policy is compared on: the config's
-    evaluation runs on its first evaluation profile, else compare's default workload on the
-    first training profile."""
+def comparison(
+    cfg: TrainConfig, workloads: list[str] | None = None
+) -> tuple[str, list[str], list[str]]:
+    """The profile, SOURCE@ARRIVAL workloads and further compare options the policy is
+    compared with: the config's evaluation runs on its first evaluation profile, with their
+    ``num_requests`` and ``bad_rows`` (compare takes one of each: a `ValueError` if the runs
+    differ), else compare's default workload on the first training profile; `workloads`, if
+    given, in place of the config's (with compare's defaults)."""
     from batchpilot.agents.callbacks import EvalScenario
     from batchpilot.envs.batching_env import profile_weights
 
     if not cfg.eval:
         given = cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
-        return next(iter(profile_weights(given))), [DEFAULT_WORKLOAD]
+        return next(iter(profile_weights(given))), workloads or [DEFAULT_WORKLOAD], []
     ev = EvalScenario(
         profile=cfg.eval["profile"],
         workload=cfg.eval["workload"],
@@ -112,5 +117,18 @@ def comparison(cfg: TrainConfig) -> tuple[str, list[str]]:
         interval=cfg.control_interval,
     )
     profile = ev.profiles[0]
+    if workloads:
+        return profile, workloads, []
     runs = [w for p, w in ev.runs() if p == profile]
-    return profile, [f"{w['source']}@{w.get('arrival', 'replay')}" for w in runs]
+    options = []
+    for key in ("num_requests", "bad_rows"):
+        values = {w.get(key) for w in runs}
+        if len(values) > 1:
+            raise ValueError(
+                f"quickstart compares with one {key}, but the config's evaluation workloads on "
+                f"{profile} give {', '.join(sorted(map(str, values)))}; give them one, or "
+                "pass --workload"
+            )
+        if (value := values.pop()) is not None:
+            options += [f"--{key.replace('_', '-')}", str(value)]
+    return profile, [f"{w['source']}@{w.get('arrival', 'replay')}" for w in runs], options
