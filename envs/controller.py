@@ -74,6 +74,8 @@ class ControlInterval:
         return cls(iterations=None, seconds=seconds)
 
     def __str__(self) -> str:
+        """The spec `parse` reads back to this interval (milliseconds without an exponent, up to
+        an hour, and to 12 significant digits)."""
         if self.iterations is not None:
             return f"{self.iterations}it"
-        return f"{self.seconds * 1e3:g}ms"
+        return f"{self.seconds * 1e3:.12g}ms"

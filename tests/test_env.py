@@ -311,6 +311,16 @@ def test_a_control_interval_out_of_range_is_refused(spec: str, message: str) -> 
     assert ControlInterval.parse("3600s").seconds == 3600.0
 
 
+@pytest.mark.parametrize("spec", ["1ms", "0.5s", "1.2345678s", "1000s", "3600s", "16it"])
+def test_a_control_interval_reads_back_as_written(spec: str) -> None:
+    """The interval a sidecar records is read back by `parse`: an hour once printed as
+    3.6e+06ms, which it refused (and 1.2345678 s as 1234.57ms)."""
+    from batchpilot.envs.controller import ControlInterval
+
+    interval = ControlInterval.parse(spec)
+    assert ControlInterval.parse(str(interval)) == interval
+
+
 def random_episode(env: gym.Env, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """One episode from `seed` under seeded random actions: its observations and actions."""
     obs, _ = env.reset(seed=seed)

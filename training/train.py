@@ -49,6 +49,7 @@ from batchpilot.agents.schema import (
 from batchpilot.baselines.specs import split_specs
 from batchpilot.envs import ENV_ID
 from batchpilot.envs.batching_env import CONTROL_INTERVAL_S
+from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.observation import checked_fields
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS
@@ -86,9 +87,10 @@ class TrainConfig:
         """The env step as a `ControlInterval` spec (the policy's deployment cadence)."""
         iters = self.env_kwargs.get("control_interval_iters")
         if iters is not None:
-            return f"{iters}it"
+            return str(ControlInterval(iterations=iters))
         seconds = self.env_kwargs.get("control_interval_s")
-        return f"{(CONTROL_INTERVAL_S if seconds is None else seconds) * 1e3:g}ms"
+        seconds = CONTROL_INTERVAL_S if seconds is None else seconds
+        return str(ControlInterval(iterations=None, seconds=seconds))
 
 
 RUN_KEYS = tuple(f for f in TrainConfig.__dataclass_fields__ if f not in ("env_id", "hyperparams"))
