@@ -1,8 +1,11 @@
 """SB3 callbacks: domain metrics in tensorboard, and evaluation against the baselines.
 
-`EvalScenario` runs (profile, workload, seeds) through `batchpilot.envs.run.run` exactly
-as a comparison does; the policy runs there as a `PolicyController` around the live
-model and its VecNormalize statistics, so what is evaluated is what is exported.
+`EvalScenario` runs (profile, workload, seeds) through `batchpilot.envs.run.run`, the
+runner a comparison uses, on the simulated V1 engine; the policy runs there as a
+`PolicyController` around the live model and its VecNormalize statistics, so what is
+evaluated is what is exported. Unlike a comparison's scenario, a trace file's
+``num_requests`` are its first requests on every seed (a comparison takes a window per
+seed), and nothing else is drawn per seed but the workload itself.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ SHIFT_PREFIX = "shift:"
 from T seconds on; with ``/PERIOD`` the schedule repeats every PERIOD seconds (a regime shift)."""
 DEFAULT_SOURCE = "embedded:azure-conv"
 """The workload used when none is given: Azure 2023 conversation lengths, no file needed."""
+DRAWN_REQUESTS = 1000
+"""Requests drawn from an embedded table, mix, shift or fixed source when no number is given."""
 
 
 def is_trace_file(source: str) -> bool:
@@ -47,7 +49,7 @@ def make_workload(
     `arrival` is an `Arrival` spec; ``replay`` on an embedded table replays its fitted
     Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the
     first N requests of a trace (all of it by default; a trace that holds fewer is an
-    error) or draws N from an embedded table or a fixed source (1,000 by default); with
+    error) or draws N from an embedded table or a fixed source (`DRAWN_REQUESTS` by default); with
     `window_start`, a trace's N requests from that one on instead, their arrival times those
     of the whole trace's draw, shifted to start at 0 (a window of the whole replay).
     `max_model_len` with `overlong` applies the context policy. `bad_rows` (`BAD_ROWS`)
@@ -67,13 +69,13 @@ def make_workload(
     if window_start is not None and (not is_trace_file(source) or num_requests is None):
         raise WorkloadError(f"{source}: window_start needs a trace file and num_requests")
     if source.startswith(FIXED_PREFIX):
-        n = num_requests or 1000
+        n = num_requests or DRAWN_REQUESTS
         prompt_len, output_len = fixed_lengths(source)
         prompt, output = np.full(n, prompt_len), np.full(n, output_len)
         times = process.times(n, rng)
         label = f"{prompt_len}/{output_len} tokens ({process_label(process)})"
     elif source.startswith(MIX_PREFIX):
-        n = num_requests or 1000
+        n = num_requests or DRAWN_REQUESTS
         names, weights = mix_components(source)
         pick = rng.choice(len(names), size=n, p=weights)
         prompt, output = _lengths_by_table(names, pick, rng)
@@ -82,7 +84,7 @@ def make_workload(
         times = process.times(n, rng)
         label = f"{source.removeprefix(MIX_PREFIX)} ({process_label(process)})"
     elif source.startswith(SHIFT_PREFIX):
-        n = num_requests or 1000
+        n = num_requests or DRAWN_REQUESTS
         names, starts, period = shift_phases(source)
         if process.kind == "replay":
             raise WorkloadError(f"workload {source!r}: a shift has no timestamps to replay")
@@ -92,7 +94,7 @@ def make_workload(
         label = f"{source.removeprefix(SHIFT_PREFIX)} ({process_label(process)})"
     elif source.startswith(EMBEDDED_PREFIX):
         name = source.removeprefix(EMBEDDED_PREFIX)
-        n = num_requests or 1000
+        n = num_requests or DRAWN_REQUESTS
         table = embedded_lengths(name)
         prompt, output = table.sample(n, rng)
         if process.kind == "replay":

@@ -258,6 +258,11 @@ class CapacityTarget:
     """Bisection stops when the failing rate is within this fraction of the passing one."""
     max_probes: int = 16
 
+    @property
+    def slo(self) -> str:
+        """The bounds as `parse` reads them: ``p90_itl_ms:50,p90_ttft_ms:2000``."""
+        return ",".join(f"{metric}:{bound:g}" for metric, bound in self.bounds)
+
     @classmethod
     def parse(cls, spec: str, **kw: Any) -> CapacityTarget:
         """``p90_itl_ms:50,p90_ttft_ms:2000`` (metric names as in the results)."""

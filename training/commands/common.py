@@ -16,7 +16,7 @@ from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
-from batchpilot.envs.workloads import is_trace_file
+from batchpilot.envs.workloads import DRAWN_REQUESTS, is_trace_file
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
@@ -142,7 +142,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         type=REQUESTS,
         default=None,
         help="first N requests of a trace (default: all), or N drawn from an embedded table "
-        "(default: 1000)",
+        f"(default: {DRAWN_REQUESTS})",
     )
     g.add_argument("--seed", type=SEED, default=0, help="seed for sampled lengths and arrivals")
     g.add_argument(

@@ -34,6 +34,7 @@ from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
+from batchpilot.envs.workloads import DRAWN_REQUESTS
 from batchpilot.training.commands.common import (
     BAD_ROWS_HELP,
     DEFAULT_WORKLOAD,
@@ -49,6 +50,7 @@ from batchpilot.training.commands.common import (
     parse_workload,
     slo_spec,
 )
+from batchpilot.training.evaluate import CapacityTarget
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
 VLLM_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2"
@@ -92,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-requests",
         type=REQUESTS,
         help="requests per run: of a trace file, a window from a random request per seed "
-        "(default: the whole trace); else drawn (default: 1000; "
+        f"(default: the whole trace); else drawn (default: {DRAWN_REQUESTS}; "
         f"{VLLM_REQUESTS} on --engine vllm; with --suite, the suite's)",
     )
     parser.add_argument(
@@ -141,13 +143,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--capacity-slo",
-        default="p90_itl_ms:50,p90_ttft_ms:2000",
+        default=CapacityTarget().slo,
         help="capacity = highest Poisson rate with every METRIC:MAX met. Default: %(default)s",
     )
     parser.add_argument(
         "--capacity-requests",
         type=REQUESTS,
-        default=500,
+        default=CapacityTarget.num_requests,
         help="requests per capacity probe. Default: %(default)s",
     )
     parser.add_argument(
@@ -186,7 +188,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from batchpilot.training.engines import parse_engine_args
     from batchpilot.training.evaluate import (
         TUNING_SEED_BASE,
-        CapacityTarget,
         Scenario,
         evaluate,
         trained_interval,

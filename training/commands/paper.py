@@ -23,6 +23,7 @@ from typing import Any
 
 from batchpilot.baselines.specs import split_specs
 from batchpilot.training.commands.common import REQUESTS, SEEDS, WORKERS, command_line
+from batchpilot.training.evaluate import CapacityTarget
 
 TABLE1_CONTROLLERS = "static:256,alg1,alg1+alg2,oracle"
 TABLE2_CONTROLLERS = "static:256,alg2,alg1+alg2,oracle"
@@ -80,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--capacity-slo",
-        default="p90_itl_ms:50,p90_ttft_ms:2000",
+        default=CapacityTarget().slo,
         help="Table II capacity criterion (METRIC:MAX list). Default: %(default)s",
     )
     parser.add_argument(
@@ -132,7 +133,7 @@ def scenarios(
 
 def main(args: argparse.Namespace) -> int:
     from batchpilot.training.commands.common import write_json
-    from batchpilot.training.evaluate import CapacityTarget, StaticGrid, evaluate
+    from batchpilot.training.evaluate import StaticGrid, evaluate
     from batchpilot.training.report import write_report
 
     schedulers = [s.strip() for s in args.schedulers.split(",")]
