@@ -529,6 +529,7 @@ def test_compare_writes_report_html_and_json(tmp_path: Path) -> None:
     sc = results["scenarios"][0]
     cap = sc["results"]["alg1+alg2"]["capacity"]
     assert cap["mean"] > 0 and len(cap["per_seed"]) == 2
+    assert cap["std"] == pytest.approx(np.std(cap["per_seed"], ddof=1))  # as the metrics' std
     md = (out / "report.md").read_text()
     means = {c: e["mean"]["output_goodput"] for c, e in sc["results"].items()}
     winner = max(means, key=means.get)

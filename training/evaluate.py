@@ -814,14 +814,14 @@ def evaluate(
             }
             if capacity is not None:
                 found = [cap_by_key[sc.name, c, s] for s in sseeds]
-                rates = np.array([f["capacity"] for f in found])
-                thr = np.array([f["output_throughput_at_capacity"] for f in found])
+                keys = ("capacity", "output_throughput_at_capacity")
+                cap_mean, cap_std = summarise([{k: f[k] for k in keys} for f in found])
                 entry["capacity"] = {
-                    "per_seed": rates.tolist(),
-                    "mean": float(rates.mean()),
-                    "std": float(rates.std()),
-                    "output_throughput_at_capacity": float(thr.mean()),
-                    "output_throughput_at_capacity_std": float(thr.std()),
+                    "per_seed": [float(f["capacity"]) for f in found],
+                    "mean": cap_mean["capacity"],
+                    "std": cap_std["capacity"],  # the sample std, as the metrics' (`summarise`)
+                    "output_throughput_at_capacity": cap_mean["output_throughput_at_capacity"],
+                    "output_throughput_at_capacity_std": cap_std["output_throughput_at_capacity"],
                     "bracketed": all(f["bracketed"] for f in found),
                     "probes": [
                         {"seed": s, **p}

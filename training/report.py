@@ -314,7 +314,7 @@ def plot_scenario(
                 ax.errorbar(
                     rates,
                     [np.mean(v) for v in vals],
-                    yerr=[np.std(v) for v in vals],
+                    yerr=[np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in vals],
                     fmt="-o",
                     ms=3,
                     capsize=2,
