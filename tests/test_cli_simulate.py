@@ -175,6 +175,7 @@ def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
         (["compare", "--capacity-requests", "0"], "--capacity-requests"),
         (["paper", "--workers", "-3"], "--workers"),
         (["paper", "--seeds", "0"], "--seeds"),
+        (["paper", "--seeds", "1"], "--seeds"),
         (["quickstart", "--seeds", "-1"], "--seeds"),
         (["quickstart", "--seeds", "1001"], "--seeds"),
         (["paper", "--seeds", "1001"], "--seeds"),

@@ -107,7 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bad-rows", choices=BAD_ROWS, help=f"{BAD_ROWS_HELP} Default: {DEFAULT_BAD_ROWS}"
     )
-    parser.add_argument("--engine", choices=["sim", "vllm"], help="Default: sim")
+    parser.add_argument(
+        "--engine",
+        choices=["sim", "vllm"],
+        help="the simulated engine, or a real vLLM engine (--model; each run in real time). "
+        "Default: sim",
+    )
     parser.add_argument("--model", help="model directory for --engine vllm")
     parser.add_argument(
         "--engine-arg",
@@ -261,8 +266,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"control interval: {trained}, the learned policy's (--interval sets another)")
     seeds = args.seeds or seeds
     tuning = args.tuning_seeds or tuning
-    if seeds < 1 or tuning < 1:
-        raise ValueError("--seeds and --tuning-seeds must be >= 1")
     if args.first_seed + seeds > TUNING_SEED_BASE:
         raise ValueError(
             f"--first-seed {args.first_seed} with {seeds} seeds reaches seed "

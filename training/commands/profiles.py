@@ -29,7 +29,13 @@ import argparse
 import json
 from pathlib import Path
 
-from batchpilot.envs.profiles import GPUS, INT_LIMITS
+from batchpilot.envs.profiles import (
+    GPUS,
+    INT_LIMITS,
+    RUNTIME_RESERVE_GIB,
+    SEQ_OVERHEAD_S,
+    STEP_OVERHEAD_S,
+)
 from batchpilot.training.commands.common import (
     COUNT,
     check_output,
@@ -97,15 +103,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="Default: %(default)s",
         )
     build.add_argument(
-        "--step-overhead-ms", type=non_negative, help="CPU time per step on the critical path (1)"
+        "--step-overhead-ms",
+        type=non_negative,
+        help=f"CPU time per step on the critical path. Default: {STEP_OVERHEAD_S * 1e3:g}",
     )
     build.add_argument(
-        "--seq-overhead-us", type=non_negative, help="CPU time per scheduled request per step (10)"
+        "--seq-overhead-us",
+        type=non_negative,
+        help=f"CPU time per scheduled request per step. Default: {SEQ_OVERHEAD_S * 1e6:g}",
     )
     build.add_argument(
         "--runtime-reserve-gib",
         type=non_negative,
-        help="non-torch memory and CUDA graphs per GPU (1)",
+        help=f"non-torch memory and CUDA graphs per GPU. Default: {RUNTIME_RESERVE_GIB:g}",
     )
     build.add_argument(
         "--vidur",

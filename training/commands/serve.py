@@ -56,7 +56,7 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
     parser.add_argument(
         "--controller",
         required=required,
-        help="controller spec: static:N, alg1[:k=v...], alg2[:...], A+B, policy:PATH",
+        help="controller spec (required): static:N, alg1[:k=v...], alg2[:...], A+B, policy:PATH",
     )
     parser.add_argument(
         "--slo",
