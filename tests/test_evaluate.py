@@ -608,6 +608,20 @@ def test_suite_run_takes_command_line_overrides(tmp_path: Path) -> None:
     assert sc["results"]["alg1"]["mean"]["completed"] == 30
 
 
+def test_suites_that_set_different_seeds_need_the_flag(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``--suite all`` once took the first suite's seeds (and controllers) for every suite."""
+    import batchpilot.training.suite
+
+    body = "profiles: [llama-2-7b-a100]\nscenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:2}\n"
+    for name, seeds in (("one", 2), ("two", 3)):
+        (tmp_path / f"{name}.yml").write_text(f"seeds: {seeds}\n{body}")
+    paths = [str(tmp_path / "one.yml"), str(tmp_path / "two.yml")]
+    monkeypatch.setattr(batchpilot.training.suite, "suite_names", lambda: paths)
+    assert main(["compare", "--suite", "all", "--out", str(tmp_path / "cmp"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"the suites set different seeds ({paths[0]}: 2, {paths[1]}: 3): give --seeds" in err
+
+
 def test_unseen_suite_loads_from_the_project_root(traces: Path, monkeypatch) -> None:
     """Its trace paths are relative to the project root, with ../shared/traces beside it."""
     monkeypatch.chdir(Path(__file__).resolve().parents[1])

@@ -232,6 +232,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if v is not None
         }  # what the command line sets overrides the suite's
         scenarios = [replace(sc, **given) for sc in scenarios]
+        for key, flag in (("seeds", "--seeds"), ("tuning_seeds", "--tuning-seeds"),
+                          ("controllers", "--controllers")):  # fmt: skip
+            set_by = {name: getattr(suite, key) for name, suite in zip(names, suites, strict=True)}
+            if len({str(v) for v in set_by.values()}) > 1 and getattr(args, key) is None:
+                given = ", ".join(f"{name}: {v or 'unset'}" for name, v in set_by.items())
+                raise ValueError(f"the suites set different {key} ({given}): give {flag}")
         first = suites[0]
         seeds, tuning = first.seeds or seeds, first.tuning_seeds or tuning
         default_controllers = ",".join(first.controllers or SUITE_CONTROLLERS.split(","))
