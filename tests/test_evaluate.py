@@ -454,6 +454,12 @@ def test_trace_window_varies_with_the_seed(tmp_path: Path) -> None:
     assert len(a) == len(b) == 50 and da["window_start"] != db["window_start"]
     assert a.requests[0].arrival_s == 0.0 and not sc.seed_free()
     assert Scenario("whole", str(trace), "replay").seed_free()
+    # training's evaluation runs take the same window per seed (once the first 50 every seed)
+    from batchpilot.agents.callbacks import EvalScenario
+
+    spec = {"source": str(trace), "arrival": "replay", "num_requests": 50}
+    for seed, workload in ((0, a), (1, b)):
+        assert EvalScenario._workload(spec, seed, 4096).requests == workload.requests
 
 
 @pytest.mark.parametrize("arrival", ["replay:2", "gamma:3:2"])

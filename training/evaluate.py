@@ -44,7 +44,7 @@ from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
 from batchpilot.envs.workload import DEFAULT_OVERLONG, Workload, scale_range
-from batchpilot.envs.workloads import FIXED_PREFIX, is_trace_file, make_workload
+from batchpilot.envs.workloads import FIXED_PREFIX, is_trace_file, make_workload, seed_window
 from batchpilot.training.engines import check_engine, make_engine
 
 DEFAULT = "default"
@@ -190,14 +190,9 @@ def scenario_workload(
         process = process.scaled(draw["rate_scale"])
     if "cv" in draw:
         process = replace(process, cv=draw["cv"])
-    num_requests, start = sc.num_requests, None
-    if sc.is_trace_file and num_requests is not None:  # a window of the trace, per seed
-        total = len(load_trace(sc.source, bad_rows=sc.bad_rows))
-        if num_requests < total:
-            rng = np.random.default_rng([seed, 0x1D0])
-            start = draw["window_start"] = int(rng.integers(0, total - num_requests + 1))
-        else:
-            num_requests = None  # the whole trace
+    num_requests, start = seed_window(sc.source, sc.num_requests, seed, sc.bad_rows)
+    if start is not None:
+        draw["window_start"] = start
     workload = make_workload(
         sc.source,
         process,
