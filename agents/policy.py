@@ -37,6 +37,7 @@ from batchpilot.agents.schema import Check, number
 from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
+from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import read_json_object
 from batchpilot.envs.metrics import SLO, slo_ranges
 from batchpilot.envs.observation import SCALES, Observer, checked_fields
@@ -199,15 +200,13 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             f"(policy:{onnx_path.with_suffix('')})"
         )
     for p in (onnx_path, side):
-        if p.is_dir():
-            raise PolicyFileError(
-                f"policy file {p} is a directory; name the .onnx file `batchpilot export` "
-                "wrote (e.g. DIR/policy.onnx)"
-            )
         what = "policy file" if p == onnx_path else f"{onnx_path}'s JSON sidecar"
-        if p.exists() and not p.is_file():
-            raise PolicyFileError(f"{what} {p} is not a regular file (a pipe, device or socket?)")
-        if not p.is_file():
+        a_file = (
+            "a policy file; name the .onnx file `batchpilot export` wrote (e.g. DIR/policy.onnx)"
+            if p == onnx_path
+            else "a JSON sidecar"
+        )
+        if not regular_file(p, a_file, PolicyFileError):
             raise PolicyFileError(
                 f"{what} {p} does not exist: a policy is the .onnx file and its sidecar that "
                 "`batchpilot export` writes side by side"

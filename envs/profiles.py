@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import read_json, read_json_object
 from batchpilot.envs.profile_tables import load_tables
 from batchpilot.envs.step_models import (
@@ -825,11 +826,7 @@ def get_profile(name_or_path: str) -> EngineProfile:
     if not name_or_path.strip():
         raise ValueError(f"no profile named; known: {', '.join(PROFILES)}, or a profile JSON")
     if path.suffix == ".json" or path.exists():
-        if path.is_dir():
-            raise ValueError(f"{path}: a directory, not a profile JSON file")
-        if path.exists() and not path.is_file():
-            raise ValueError(f"{path}: not a regular file (a pipe, device or socket?)")
-        if not path.is_file():
+        if not regular_file(path, "a profile JSON file"):
             raise ValueError(f"{path}: no such profile file")
         return EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))
     raise ValueError(f"unknown profile {name_or_path!r}; known: {', '.join(PROFILES)}")

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from batchpilot.envs import trace_fast
+from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import DuplicateKeys, unique_object
 
 
@@ -608,13 +609,10 @@ def load_trace(path: str | Path, *, bad_rows: str = DEFAULT_BAD_ROWS) -> Trace:
         raise ValueError(f"bad_rows is {bad_rows!r}; one of {', '.join(BAD_ROWS)}")
     skip_bad_rows = bad_rows == "skip"
     path = Path(path)
-    if path.is_dir():
-        raise TraceError(f"{path}: a directory, not a trace file")
-    if path.exists() and not path.is_file():
-        raise TraceError(f"{path}: not a regular file (a pipe, device or socket?)")
-    if path.is_file() and path.stat().st_size == 0:
+    exists = regular_file(path, "a trace file", TraceError)
+    if exists and path.stat().st_size == 0:
         raise TraceError(f"{path}: the file is empty")
-    if not path.is_file():
+    if not exists:
         names = ", ".join(f"{EMBEDDED_PREFIX}{n}" for n in embedded_names())
         raise TraceError(
             f"{path}: no such trace file; the embedded workloads need no file ({names}), "

@@ -777,7 +777,7 @@ def edit_sidecar(path: Path, **changes) -> None:
 def test_missing_policy_file(tmp_path: Path) -> None:
     with pytest.raises(PolicyFileError, match=r"policy file .*nope\.onnx does not exist"):
         load_policy(tmp_path / "nope.onnx")
-    with pytest.raises(PolicyFileError, match="is a directory; name the"):
+    with pytest.raises(PolicyFileError, match="a directory, not a policy file; name the"):
         load_policy(tmp_path)
     (tmp_path / "bad.onnx").write_text("not a model")
     with pytest.raises(PolicyFileError, match=r"bad\.onnx's JSON sidecar .*bad\.onnx\.json does not exist"):
@@ -785,10 +785,10 @@ def test_missing_policy_file(tmp_path: Path) -> None:
     with pytest.raises(PolicyFileError, match=r"is a policy's JSON sidecar; name its \.onnx file"):
         load_policy(tmp_path / "bad.onnx.json")
     os.mkfifo(tmp_path / "pipe.onnx")  # opening it to read would block
-    with pytest.raises(PolicyFileError, match=r"policy file .*pipe\.onnx is not a regular file"):
+    with pytest.raises(PolicyFileError, match=r"pipe\.onnx: not a regular file \(a pipe"):
         load_policy(tmp_path / "pipe.onnx")
     os.mkfifo(tmp_path / "bad.onnx.json")
-    with pytest.raises(PolicyFileError, match=r"bad\.onnx's JSON sidecar .*bad\.onnx\.json is not a regular"):
+    with pytest.raises(PolicyFileError, match=r"bad\.onnx\.json: not a regular file \(a pipe"):
         load_policy(tmp_path / "bad.onnx")
 
 

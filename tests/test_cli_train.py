@@ -177,10 +177,13 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 
 def test_a_config_that_is_no_file_is_named(tmp_path: Path, capsys) -> None:
     os.mkfifo(tmp_path / "pipe.yml")  # opening it to read would block
-    for config, message in ((tmp_path / "pipe.yml", "is not a regular file"), (tmp_path, "is a directory")):
+    for config, message in (
+        (tmp_path / "pipe.yml", "not a regular file (a pipe"),
+        (tmp_path, "a directory, not a YAML config"),
+    ):
         argv = ["train", "--config", str(config), "--out", str(tmp_path / "run"), "--no-progress"]
         assert main(argv) == 2
-        assert f"config {config} {message}" in capsys.readouterr().err
+        assert f"{config}: {message}" in capsys.readouterr().err
 
 
 def test_config_not_utf8_is_named(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.specs import split_specs
+from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS
@@ -96,11 +97,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
     if not path.suffix and not path.is_file():
         known = ", ".join(p.stem for p in sorted(suite_dir().glob("*.yml")))
         raise SuiteError(f"unknown suite {str(name_or_path)!r}; known: {known}, all")
-    if path.is_dir():
-        raise SuiteError(f"{path}: a directory, not a suite file")
-    if path.exists() and not path.is_file():
-        raise SuiteError(f"{path}: not a regular file (a pipe, device or socket?)")
-    if not path.is_file():
+    if not regular_file(path, "a suite file", SuiteError):
         raise SuiteError(f"{path}: no such suite file")
     try:
         data = load_yaml(path)

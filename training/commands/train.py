@@ -58,13 +58,10 @@ def main(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
+    from batchpilot.envs.input_files import regular_file
     from batchpilot.training.train import load_config, train_runs, write_report
 
-    if args.config.is_dir():
-        raise ValueError(f"config {args.config} is a directory, not a YAML file")
-    if args.config.exists() and not args.config.is_file():
-        raise ValueError(f"config {args.config} is not a regular file (a pipe, device or socket?)")
-    if not args.config.is_file():
+    if not regular_file(args.config, "a YAML config"):
         raise ValueError(f"config {args.config} does not exist")
     cfg = load_config(args.config)
     seeds = list(dict.fromkeys(args.seed or [cfg.seed]))

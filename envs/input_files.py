@@ -1,0 +1,17 @@
+"""The one check of a path handed in as an input file (a trace, profile, suite, config or
+policy): a directory, or a pipe, device or socket (which a read would block on or misread),
+is an error naming the path (`regular_file`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def regular_file(path: Path, what: str, error: type[Exception] = ValueError) -> bool:
+    """Whether `path` exists; a directory (not `what`: "a trace file") or a path that is not
+    a regular file raises `error` naming it. The caller says what a missing file means."""
+    if path.is_dir():
+        raise error(f"{path}: a directory, not {what}")
+    if path.exists() and not path.is_file():
+        raise error(f"{path}: not a regular file (a pipe, device or socket?)")
+    return path.exists()
