@@ -20,7 +20,7 @@ from batchpilot.envs.telemetry import Telemetry, TelemetryAccumulator, on_track
 
 CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
 STEP_LOG_LEN = 200_000
-"""Steps kept in `StepTracker.step_log` (calibration reads it)."""
+"""Steps kept in `StepTracker.step_log` by default (calibration reads it)."""
 
 
 @dataclass(slots=True)
@@ -41,12 +41,16 @@ class _Track:
 class StepTracker:
     """Per-request and per-interval accounting of a vLLM scheduler's steps."""
 
-    def __init__(self, slo: SLO | None = None, keep_records: bool = False) -> None:
+    def __init__(
+        self, slo: SLO | None = None, keep_records: bool = False, step_log_len: int = STEP_LOG_LEN
+    ) -> None:
         self.slo = slo or SLO()
         self.keep_records = keep_records
         """Keep every finished request's record (a run's `RunResult.records`); off in a
         long-running server, where they would grow without bound. The metrics accumulate
         in `stats` either way (bounded memory)."""
+        self.step_log_len = step_log_len
+        """Steps `step_log` keeps."""
         self.start()
 
     clock = staticmethod(time.monotonic)
@@ -67,7 +71,7 @@ class StepTracker:
         self._step_start = 0.0
         self._step_counts = (0, 0, 0, 0, 0, 0)
         self.step_log: deque[tuple[int, int, int, int, int, int, float]] = deque(
-            maxlen=STEP_LOG_LEN
+            maxlen=self.step_log_len
         )
         """Recent steps as the simulator's step model sees them, and their seconds:
         (prefill requests, prefill tokens, prefill contexts, sum of chunk x context,

@@ -36,7 +36,6 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import suppress
@@ -109,11 +108,12 @@ class DecisionThread:
 class BatchpilotScheduler(TrackingScheduler):
     """vLLM's V1 scheduler with per-step tracking and an optional batchpilot controller."""
 
+    step_log_len = 1
+    """The tracker's per-step log is for calibration, which a server never runs; the
+    default 200,000 steps would keep some 50 MB."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # the tracker's per-step log is for calibration, which reads its last step: 200,000
-        # steps (some 50 MB) kept in a server that never reads them
-        self.tracker.step_log = deque(maxlen=1)
         self.controller: Controller | None = None
         self.fallback_reason: str | None = None
         _, self.budget_s, self.deadline_s = engine_settings({})  # the defaults, until read
