@@ -84,8 +84,8 @@ def test_committed_policy_acts_as_onnxruntime() -> None:
 
 
 def test_an_ensembles_side_by_side_layers_run_as_blocks() -> None:
-    """The committed graph's second hidden layer is its six members' side by side: six
-    64 x 64 products, not one 384 x 384 with five sixths zeros."""
+    """The committed graph's second hidden layer is its members' side by side: one 64 x 64
+    product a member, not one square matrix mostly of zeros."""
     rng = np.random.default_rng(0)
     blocks = [rng.normal(size=(4, 3)) for _ in range(6)]
     w = np.zeros((24, 18))
@@ -95,9 +95,11 @@ def test_an_ensembles_side_by_side_layers_run_as_blocks() -> None:
     w[0, 17] = 1e-30  # one entry off the blocks: the whole matrix is one block
     assert diagonal_blocks(w) == 1
     assert diagonal_blocks(np.kron(np.eye(2), np.ones((3, 5)))) == 2
+    members = len(json.loads(sidecar_path(COMMITTED).read_text())["members"])
+    side = (64 * members, 64 * members)
     model = onnx.load(COMMITTED)
-    layer = next(t for t in model.graph.initializer if numpy_helper.to_array(t).shape == (384, 384))
-    assert diagonal_blocks(numpy_helper.to_array(layer)) == 6
+    layer = next(t for t in model.graph.initializer if numpy_helper.to_array(t).shape == side)
+    assert members > 1 and diagonal_blocks(numpy_helper.to_array(layer)) == members
 
 
 def test_loaded_network_reuses_its_buffers_soundly() -> None:
