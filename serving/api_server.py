@@ -1,5 +1,6 @@
 """vLLM's OpenAI-compatible server, with the out-of-vocabulary check that
-``--skip-tokenizer-init`` switches off put back, and a bounded shutdown.
+``--skip-tokenizer-init`` switches off put back, chat requests without a tokenizer refused by
+name, and a bounded shutdown.
 
 vLLM checks prompt token ids against the vocabulary in its renderer
 (``BaseRenderer.validate_token_ids``), but skips the check when no tokenizer is loaded. A
@@ -7,6 +8,10 @@ prompt id >= the model's vocabulary size then reaches the embedding lookup insid
 core, which raises and takes the whole server down with every request in flight. Here the
 check runs against the model's vocabulary size when there is no tokenizer, so such a request
 gets vLLM's own 400 (``VLLMValidationError``) and the server keeps serving.
+
+Without a tokenizer vLLM answers a chat completion with a bare 500 (an ``assert`` on the
+tokenizer, and an empty message); the chat template needs the tokenizer. Here such a request
+gets a 400 that says so and what to send instead.
 
 On SIGTERM or SIGINT vLLM stops its engine first (aborting what is in flight), then its
 HTTP server, which waits for open connections to close, with no limit: a streaming client
@@ -24,8 +29,8 @@ Linux) when that process dies, even killed outright: no orphan keeps the port an
 
     python -m batchpilot.serving.api_server --model DIR [vLLM's server arguments]
 
-(`batchpilot serve` runs this.) The vocabulary check is installed in this process only: the
-one that renders requests (the default single API server).
+(`batchpilot serve` runs this.) The vocabulary and chat checks are installed in this process
+only: the one that renders requests (the default single API server).
 """
 
 from __future__ import annotations
@@ -73,6 +78,33 @@ def install_vocab_check() -> None:
 
     validate_token_ids.batchpilot = True  # type: ignore[attr-defined]
     BaseRenderer.validate_token_ids = validate_token_ids  # type: ignore[method-assign]
+
+
+NO_TOKENIZER_CHAT = (
+    "chat completions render messages with the model's chat template, which needs its "
+    "tokenizer, and this server runs with --skip-tokenizer-init: send token ids to "
+    "/v1/completions, or serve without --skip-tokenizer-init"
+)
+"""The 400's message for a chat completion on a server without a tokenizer."""
+
+
+def install_chat_check() -> None:
+    """Answer a chat completion with a 400 naming the problem when the server has no
+    tokenizer, where vLLM fails an ``assert`` (vLLM 0.32:
+    ``OpenAIServingChat.create_chat_completion``)."""
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+
+    vllm_create = OpenAIServingChat.create_chat_completion
+    if getattr(vllm_create, "batchpilot", False):
+        return
+
+    async def create_chat_completion(self: Any, request: Any, raw_request: Any = None) -> Any:
+        if self.renderer.tokenizer is None:
+            return self.create_error_response(NO_TOKENIZER_CHAT)
+        return await vllm_create(self, request, raw_request)
+
+    create_chat_completion.batchpilot = True  # type: ignore[attr-defined]
+    OpenAIServingChat.create_chat_completion = create_chat_completion  # type: ignore[method-assign]
 
 
 def install_shutdown_grace(seconds: float = SHUTDOWN_GRACE_S) -> None:
@@ -143,6 +175,7 @@ def stop_with_parent() -> None:
 def main() -> None:
     stop_with_parent()
     install_vocab_check()
+    install_chat_check()
     install_shutdown_grace()
     install_scheduler_check()
     from vllm.entrypoints.launchers.api_server.entry import main as vllm_main

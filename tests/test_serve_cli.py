@@ -135,6 +135,20 @@ def test_out_of_vocabulary_prompt_is_a_400_and_the_server_keeps_serving(server, 
     assert urllib.request.urlopen(f"{url}/health", timeout=5).status == 200
 
 
+def test_a_chat_completion_without_a_tokenizer_is_a_400_naming_why(server) -> None:
+    """vLLM answers it with a bare 500 (an assert on the tokenizer, no message)."""
+    from openai import BadRequestError, OpenAI
+
+    url, model = server
+    client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(BadRequestError, match="--skip-tokenizer-init: send token ids") as caught:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    assert caught.value.status_code == 400
+    assert urllib.request.urlopen(f"{url}/health", timeout=5).status == 200
+
+
 def test_bad_controller_spec_fails_before_vllm_is_imported(tmp_path) -> None:
     code = (
         "import sys; from batchpilot.training.cli import main; "
