@@ -1,0 +1,37 @@
+"""`regular_file`, the one check of an input file's path: a directory, a pipe or a device is
+an error naming the path; otherwise it says whether the file exists."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from batchpilot.envs.input_files import regular_file
+
+
+class Refused(Exception):
+    pass
+
+
+def test_a_regular_file_exists_and_a_missing_one_does_not(tmp_path: Path) -> None:
+    (tmp_path / "trace.csv").write_text("x\n")
+    assert regular_file(tmp_path / "trace.csv", "a trace file") is True
+    assert regular_file(tmp_path / "nope.csv", "a trace file") is False
+
+
+def test_a_directory_is_named_with_what_was_wanted(tmp_path: Path) -> None:
+    with pytest.raises(Refused, match=rf"^{tmp_path}: a directory, not a trace file$"):
+        regular_file(tmp_path, "a trace file", Refused)
+
+
+@pytest.mark.parametrize("kind", ["pipe", "device"])
+def test_a_pipe_or_a_device_is_refused_before_anything_reads_it(tmp_path: Path, kind: str) -> None:
+    if kind == "pipe":
+        path = tmp_path / "pipe.csv"
+        os.mkfifo(path)  # opening it to read would block
+    else:
+        path = Path(os.devnull)  # a character device: reads as empty
+    with pytest.raises(ValueError, match=r": not a regular file \(a pipe, device or socket\?\)"):
+        regular_file(path, "a trace file")
