@@ -50,6 +50,7 @@ from batchpilot.baselines.specs import split_specs
 from batchpilot.envs import ENV_ID
 from batchpilot.envs.batching_env import CONTROL_INTERVAL_S
 from batchpilot.envs.controller import ControlInterval
+from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.observation import checked_fields
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS
@@ -252,7 +253,10 @@ def config_problems(body: dict[str, Any]) -> list[str]:
 
 
 def load_config(path: Path) -> TrainConfig:
-    """Parse and check a whole config file up front; errors name the file and every bad key."""
+    """Parse and check a whole config file up front; errors name the file and every bad key
+    (a missing file, a directory or a pipe too)."""
+    if not regular_file(path, "a YAML config"):
+        raise ValueError(f"config {path} does not exist")
     data = load_yaml(path)
     if not isinstance(data, dict) or len(data) != 1:
         raise ValueError(f"{path}: expected one top-level key, the env id ({ENV_ID})")

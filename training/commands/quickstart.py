@@ -62,8 +62,6 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.training.train import load_config, train
 
     config = args.config or Path(str(files("batchpilot.training") / "configs" / QUICK_CONFIG))
-    if not config.is_file():
-        raise ValueError(f"config {config} does not exist")
     cfg = load_config(config)
     profile, workloads, options = comparison(cfg, args.workload)  # a problem stops it early
     run_dir, policy = args.out / "run", args.out / "policy.onnx"

@@ -58,11 +58,8 @@ def main(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
-    from batchpilot.envs.input_files import regular_file
     from batchpilot.training.train import load_config, train_runs, write_report
 
-    if not regular_file(args.config, "a YAML config"):
-        raise ValueError(f"config {args.config} does not exist")
     cfg = load_config(args.config)
     seeds = list(dict.fromkeys(args.seed or [cfg.seed]))
     outs = [args.out] if len(seeds) == 1 else [args.out / f"seed{s}" for s in seeds]
