@@ -158,9 +158,9 @@ def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, fl
 
 def offered_output_tps(workload: Workload) -> float:
     """The workload's output tokens over its arrival span (at least 1 s): the reward's unit."""
-    reqs = workload.requests  # sorted by arrival
-    span = reqs[-1].arrival_s - reqs[0].arrival_s if reqs else 0.0
-    return max(int(workload.lengths()[1].sum()), 1) / max(span, 1.0)
+    times = workload.arrival_s  # sorted
+    span = float(times[-1] - times[0]) if len(times) else 0.0
+    return max(int(workload.output_tokens.sum()), 1) / max(span, 1.0)
 
 
 class BatchingEnv(gym.Env):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import chain, pairwise, repeat
 from operator import attrgetter
 
@@ -51,7 +51,7 @@ from batchpilot.envs.telemetry import (
     TelemetryAccumulator,
     on_track,
 )
-from batchpilot.envs.workload import Request, Workload
+from batchpilot.envs.workload import Request, Requests, Workload
 
 NULL_BLOCKS = 1
 """Blocks vLLM's block pool keeps back (its null block)."""
@@ -151,8 +151,10 @@ class SimEngine:
     def reset(self, workload: Workload, limits: Limits) -> Telemetry:
         workload.check_fits(self.max_model_len, self.max_tokens)
         self._workload = workload
-        self._arrivals = tuple(workload.requests)  # immutable: forks share them
+        self._arrivals: Sequence[Request] = workload.requests  # immutable: forks share them
         self._next = 0  # index of the next arrival to queue
+        self._upcoming: Request | None = self._arrivals[0] if self._arrivals else None
+        """The next arrival to queue (made from the workload's columns), None after the last."""
         self._future_replaced = False
         self._waiting: deque[_Req] = deque()
         self._running: list[_Req] = []
@@ -202,7 +204,7 @@ class SimEngine:
 
     @property
     def done(self) -> bool:
-        return not (self._next < len(self._arrivals) or self._waiting or self._running)
+        return self._upcoming is None and not (self._waiting or self._running)
 
     @property
     def clock_s(self) -> float:
@@ -244,6 +246,7 @@ class SimEngine:
             raise ValueError("replace_future: arrivals must be sorted and not before the clock")
         self._arrivals = tuple(requests)
         self._next = 0
+        self._upcoming = requests[0] if requests else None
         self._future_replaced = True
 
     def replace_outputs(self, outputs: list[int]) -> None:
@@ -314,7 +317,7 @@ class SimEngine:
                 break
             self._admit_arrivals()
             if not self._running and not self._waiting:
-                nxt = self._arrivals[self._next].arrival_s
+                nxt = self._upcoming.arrival_s  # type: ignore[union-attr]  # not done
                 if until_s is not None and nxt >= until_s:
                     self._clock = until_s
                     break
@@ -327,16 +330,20 @@ class SimEngine:
 
     def _admit_arrivals(self, clock: float | None = None) -> None:
         """Queue the requests arrived by `clock` (default: now)."""
-        arrivals, i = self._arrivals, self._next
+        upcoming = self._upcoming
         if clock is None:
             clock = self._clock
-        while i < len(arrivals) and arrivals[i].arrival_s <= clock:
-            r = _Req(arrivals[i])
+        if upcoming is None or upcoming.arrival_s > clock:
+            return
+        arrivals, i = self._arrivals, self._next
+        while upcoming is not None and upcoming.arrival_s <= clock:
+            r = _Req(upcoming)
             i += 1
+            upcoming = arrivals[i] if i < len(arrivals) else None
             self._waiting.append(r)
             self._waiting_tokens += r.prompt
             self._tele.arrived(r.arrival, r.prompt)
-        self._next = i
+        self._next, self._upcoming = i, upcoming
 
     def _step(self) -> None:
         """One scheduler iteration, request by request."""
@@ -623,8 +630,8 @@ class SimEngine:
         if k < 2:
             return False
         bound = until_s
-        if admission_open and self._next < len(self._arrivals):
-            nxt = self._arrivals[self._next].arrival_s
+        if admission_open and self._upcoming is not None:
+            nxt = self._upcoming.arrival_s
             bound = nxt if bound is None else min(bound, nxt)
         # each step's time as `StepModel.time` gives it (base + per-KV-token term, the
         # same floating-point operations as one step), the clock summed in step order as
@@ -886,7 +893,7 @@ _HISTORY = ("_stats", "_records")
 """`SimEngine` attributes a fork without history starts afresh rather than copies."""
 
 _SHARED = (int, float, bool, str, bytes, type(None), tuple, frozenset)
-_SHARED_OBJECTS = (*_SHARED, EngineProfile, SLO, Workload)
+_SHARED_OBJECTS = (*_SHARED, EngineProfile, SLO, Workload, Request, Requests)
 
 
 def _copy_state(value: object, twin: Callable[[_Req], _Req]) -> object:

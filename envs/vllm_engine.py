@@ -14,7 +14,7 @@ import math
 import os
 import time
 import zlib
-from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,8 @@ Extra keyword arguments go to `vllm.EngineArgs`.
         self.max_num_batched_tokens = int(self.scheduler.cap_tokens)
         self.vocab_size = int(self.llm.model_config.get_vocab_size())
         self._runs = 0
-        self._pending: deque[Request] = deque()
+        self._arrivals: Sequence[Request] = ()  # the workload's, made one at a time
+        self._next = 0  # index of the next arrival to add
         self._limits = Limits(self.max_num_seqs)
 
     # ------------------------------------------------------------------ Engine
@@ -120,7 +121,7 @@ Extra keyword arguments go to `vllm.EngineArgs`.
             while self.llm.has_unfinished_requests():
                 self.llm.step()
         self._runs += 1
-        self._pending = deque(workload.requests)  # sorted by arrival
+        self._arrivals, self._next = workload.requests, 0  # sorted by arrival
         self.scheduler.tracker.start()
         self.set_limits(limits)
         self._admit()
@@ -139,9 +140,9 @@ Extra keyword arguments go to `vllm.EngineArgs`.
         while True:
             self._admit()
             if not self.llm.has_unfinished_requests():
-                if not self._pending:
+                if self._next == len(self._arrivals):
                     break
-                wake = self._pending[0].arrival_s * self.time_scale
+                wake = self._arrivals[self._next].arrival_s * self.time_scale
                 if until_s is not None and wake > until_s:
                     self._idle(until_s - tracker.now())
                     break
@@ -158,7 +159,7 @@ Extra keyword arguments go to `vllm.EngineArgs`.
 
     @property
     def done(self) -> bool:
-        return not self._pending and not self.llm.has_unfinished_requests()
+        return self._next == len(self._arrivals) and not self.llm.has_unfinished_requests()
 
     def result(self) -> RunResult:
         tracker = self.scheduler.tracker
@@ -171,7 +172,7 @@ Extra keyword arguments go to `vllm.EngineArgs`.
             iterations=tracker.iterations,
             mean_kv_usage=tracker.kv_integral / duration if duration > 0 else 0.0,
             slo=self.slo,
-            unfinished=len(self._pending) + len(self.scheduler.requests),
+            unfinished=len(self._arrivals) - self._next + len(self.scheduler.requests),
         )
 
     # ------------------------------------------------------------------ helpers
@@ -185,8 +186,12 @@ Extra keyword arguments go to `vllm.EngineArgs`.
     def _admit(self) -> None:
         tracker = self.scheduler.tracker
         now = tracker.now()
-        while self._pending and self._pending[0].arrival_s * self.time_scale <= now:
-            r = self._pending.popleft()
+        arrivals = self._arrivals
+        while self._next < len(arrivals):
+            r = arrivals[self._next]
+            if r.arrival_s * self.time_scale > now:
+                break
+            self._next += 1
             rid = f"{self._runs}-{r.request_id}"
             self.llm.add_request(
                 rid,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from numbers import Real
+from typing import overload
 
 import numpy as np
 
@@ -39,12 +41,61 @@ DEFAULT_OVERLONG = OverlongPolicy.TRUNCATE
 the requests cut are counted and reported."""
 
 
-@dataclass
+class Requests(Sequence[Request]):
+    """A workload's requests, read-only, each made from the workload's columns when it is
+    read: a workload holds 32 bytes a request, not a Python object each."""
+
+    __slots__ = ("_arrival", "_ids", "_output", "_prompt")
+
+    def __init__(
+        self, ids: np.ndarray, arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray
+    ) -> None:
+        self._ids, self._arrival, self._prompt, self._output = ids, arrival_s, prompt, output
+
+    def __len__(self) -> int:
+        return len(self._arrival)
+
+    @overload
+    def __getitem__(self, index: int) -> Request: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Request]: ...
+
+    def __getitem__(self, index: int | slice) -> Request | list[Request]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return Request(
+            str(self._ids[index]),
+            float(self._arrival[index]),
+            int(self._prompt[index]),
+            int(self._output[index]),
+        )
+
+    def __iter__(self) -> Iterator[Request]:
+        return (self[i] for i in range(len(self)))
+
+
+def _column(values: object, dtype: type, name: str, n: int | None = None) -> np.ndarray:
+    """`values` as a read-only 1-D array of `dtype` (a view: the caller's array stays
+    writable), `n` long if given."""
+    array = np.asarray(values, dtype=dtype).view()
+    if array.ndim != 1 or (n is not None and len(array) != n):
+        raise WorkloadError(f"{name} must be one value a request, got shape {array.shape}")
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(eq=False)
 class Workload:
-    """A named, time-ordered list of requests."""
+    """A named, time-ordered set of requests, held as columns (one row a request)."""
 
     name: str
-    requests: list[Request]
+    arrival_s: np.ndarray
+    """Arrival times, s from the workload's start (float)."""
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    request_ids: np.ndarray | None = None
+    """Each request's id (ints or strings); by default its row in the order given."""
     dropped: int = 0
     truncated: int = 0
     source: str = field(default="")
@@ -54,27 +105,72 @@ class Workload:
     """The first left-out row's error; empty if none."""
 
     def __post_init__(self) -> None:
-        for r in self.requests:
-            if r.prompt_tokens < 1 or r.output_tokens < 1:
-                raise WorkloadError(
-                    f"{self.name}: request {r.request_id} has prompt_tokens={r.prompt_tokens}, "
-                    f"output_tokens={r.output_tokens}; both must be >= 1"
-                )
-            if not np.isfinite(r.arrival_s) or r.arrival_s < 0:
-                raise WorkloadError(
-                    f"{self.name}: request {r.request_id} has arrival_s={r.arrival_s}; "
-                    "must be finite and >= 0"
-                )
-        self.requests = sorted(self.requests, key=lambda r: r.arrival_s)
+        arrival = _column(self.arrival_s, np.float64, "arrival_s")
+        n = len(arrival)
+        prompt = _column(self.prompt_tokens, np.int64, "prompt_tokens", n)
+        output = _column(self.output_tokens, np.int64, "output_tokens", n)
+        ids = np.arange(n) if self.request_ids is None else self.request_ids
+        ids = _column(ids, np.asarray(ids).dtype, "request_ids", n)
+        short = np.flatnonzero((prompt < 1) | (output < 1))
+        if len(short):
+            i = short[0]
+            raise WorkloadError(
+                f"{self.name}: request {ids[i]} has prompt_tokens={prompt[i]}, "
+                f"output_tokens={output[i]}; both must be >= 1"
+            )
+        bad = np.flatnonzero(~(np.isfinite(arrival) & (arrival >= 0)))
+        if len(bad):
+            i = bad[0]
+            raise WorkloadError(
+                f"{self.name}: request {ids[i]} has arrival_s={arrival[i]}; must be finite and >= 0"
+            )
+        if (np.diff(arrival) < 0).any():
+            order = np.argsort(arrival, kind="stable")
+            arrival, prompt, output, ids = (
+                _column(a[order], a.dtype, "") for a in (arrival, prompt, output, ids)
+            )
+        self.arrival_s, self.prompt_tokens, self.output_tokens = arrival, prompt, output
+        self.request_ids = ids
+
+    @classmethod
+    def from_requests(cls, name: str, requests: Iterable[Request], **fields: object) -> Workload:
+        """A workload of these requests (in any order; stored by arrival)."""
+        rows = list(requests)
+        return cls(
+            name,
+            np.array([r.arrival_s for r in rows], dtype=np.float64),
+            np.array([r.prompt_tokens for r in rows], dtype=np.int64),
+            np.array([r.output_tokens for r in rows], dtype=np.int64),
+            np.array([r.request_id for r in rows], dtype=str),
+            **fields,  # type: ignore[arg-type]
+        )
+
+    @property
+    def requests(self) -> Requests:
+        """The requests in arrival order, each made when read."""
+        assert self.request_ids is not None  # set in __post_init__
+        return Requests(self.request_ids, self.arrival_s, self.prompt_tokens, self.output_tokens)
 
     def __len__(self) -> int:
-        return len(self.requests)
+        return len(self.arrival_s)
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """Prompt and output lengths as integer arrays."""
-        p = np.fromiter((r.prompt_tokens for r in self.requests), dtype=np.int64)
-        o = np.fromiter((r.output_tokens for r in self.requests), dtype=np.int64)
-        return p, o
+        """Prompt and output lengths as (read-only) integer arrays."""
+        return self.prompt_tokens, self.output_tokens
+
+    def _with(
+        self, keep: np.ndarray | slice, prompt: np.ndarray, output: np.ndarray, **counts: int
+    ) -> Workload:
+        """This workload's rows `keep` with these lengths (already cut to `keep`)."""
+        assert self.request_ids is not None
+        return replace(
+            self,
+            arrival_s=self.arrival_s[keep],
+            prompt_tokens=prompt,
+            output_tokens=output,
+            request_ids=self.request_ids[keep],
+            **counts,
+        )
 
     def scaled(
         self, prompt_scale: float = 1.0, output_scale: float = 1.0, max_model_len: int = 0
@@ -86,60 +182,60 @@ class Workload:
         if prompt_scale == output_scale == 1.0:
             return self
         cap = max_model_len or 1 << 62
-        reqs = []
-        for r in self.requests:
-            prompt = min(max(1, round(r.prompt_tokens * prompt_scale)), cap - 1)
-            output = min(max(1, round(r.output_tokens * output_scale)), cap - prompt)
-            reqs.append(Request(r.request_id, r.arrival_s, prompt, output))
-        return replace(self, requests=reqs)
+        prompt = np.maximum(1, np.round(self.prompt_tokens * prompt_scale)).astype(np.int64)
+        prompt = np.minimum(prompt, cap - 1)
+        output = np.maximum(1, np.round(self.output_tokens * output_scale)).astype(np.int64)
+        output = np.minimum(output, cap - prompt)
+        return self._with(slice(None), prompt, output)
 
     def check_fits(self, max_model_len: int, kv_tokens: int | None = None) -> None:
         """Raise `WorkloadError` for the first request longer than the engine's context
         (or, given `kv_tokens`, than its whole KV cache)."""
-        for r in self.requests:
-            total = r.prompt_tokens + r.output_tokens
-            if total > max_model_len:
-                raise WorkloadError(
-                    f"{self.name}: request {r.request_id} needs {total} tokens, over the "
-                    f"engine's max_model_len {max_model_len}; apply an overlong policy"
-                )
-            if kv_tokens is not None and total > kv_tokens:
-                raise WorkloadError(
-                    f"{self.name}: request {r.request_id} needs {total} tokens of KV cache, "
-                    f"more than the engine's {kv_tokens}"
-                )
+        total = self.prompt_tokens + self.output_tokens
+        cap = max_model_len if kv_tokens is None else min(max_model_len, kv_tokens)
+        over = np.flatnonzero(total > cap)
+        if not len(over):
+            return
+        i = over[0]
+        assert self.request_ids is not None
+        if total[i] > max_model_len:
+            raise WorkloadError(
+                f"{self.name}: request {self.request_ids[i]} needs {total[i]} tokens, over "
+                f"the engine's max_model_len {max_model_len}; apply an overlong policy"
+            )
+        raise WorkloadError(
+            f"{self.name}: request {self.request_ids[i]} needs {total[i]} tokens of KV cache, "
+            f"more than the engine's {kv_tokens}"
+        )
 
     def fit_context(self, max_model_len: int, policy: OverlongPolicy | str) -> Workload:
         """Apply `policy` to requests longer than `max_model_len` tokens in total."""
         policy = OverlongPolicy(policy)
-        kept: list[Request] = []
-        dropped = truncated = 0
-        for r in self.requests:
-            total = r.prompt_tokens + r.output_tokens
-            if total <= max_model_len:
-                kept.append(r)
-                continue
-            if policy is OverlongPolicy.ERROR:
-                raise WorkloadError(
-                    f"{self.name}: request {r.request_id} needs {total} tokens "
-                    f"(prompt {r.prompt_tokens} + output {r.output_tokens}) but the model's "
-                    f"context is {max_model_len}; drop or truncate such requests (--overlong, "
-                    "a suite's overlong:) or use a profile with a longer context"
-                )
-            if policy is OverlongPolicy.DROP:
-                dropped += 1
-                continue
-            output = min(r.output_tokens, max_model_len - 1)
-            prompt = min(r.prompt_tokens, max_model_len - output)
-            kept.append(Request(r.request_id, r.arrival_s, prompt, output))
-            truncated += 1
-        if dropped and not kept:
+        prompt, output = self.prompt_tokens, self.output_tokens
+        over = prompt + output > max_model_len
+        count = int(over.sum())
+        if not count:
+            return self
+        if policy is OverlongPolicy.ERROR:
+            i = np.flatnonzero(over)[0]
+            assert self.request_ids is not None
             raise WorkloadError(
-                f"{self.name}: all {dropped} requests are longer than the model's context of "
-                f"{max_model_len} tokens (overlong=drop)"
+                f"{self.name}: request {self.request_ids[i]} needs {prompt[i] + output[i]} "
+                f"tokens (prompt {prompt[i]} + output {output[i]}) but the model's context is "
+                f"{max_model_len}; drop or truncate such requests (--overlong, a suite's "
+                "overlong:) or use a profile with a longer context"
             )
-        counts = {"dropped": self.dropped + dropped, "truncated": self.truncated + truncated}
-        return replace(self, requests=kept, **counts)
+        if policy is OverlongPolicy.DROP:
+            if count == len(self):
+                raise WorkloadError(
+                    f"{self.name}: all {count} requests are longer than the model's context "
+                    f"of {max_model_len} tokens (overlong=drop)"
+                )
+            keep = ~over
+            return self._with(keep, prompt[keep], output[keep], dropped=self.dropped + count)
+        output = np.where(over, np.minimum(output, max_model_len - 1), output)
+        prompt = np.where(over, np.minimum(prompt, max_model_len - output), prompt)
+        return self._with(slice(None), prompt, output, truncated=self.truncated + count)
 
 
 def scale_range(value: object, what: str) -> tuple[float, float]:

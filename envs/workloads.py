@@ -10,7 +10,6 @@ from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS, MAX_TOKENS, load_
 from batchpilot.envs.workload import (
     DEFAULT_OVERLONG,
     OverlongPolicy,
-    Request,
     Workload,
     WorkloadError,
 )
@@ -142,12 +141,15 @@ def make_workload(
             label += f"[{first}:{first + n}]"
         prompt = trace.prompt_tokens[first : first + n]
         output = trace.output_tokens[first : first + n]
-    requests = [
-        Request(f"{first + i}", float(t), int(p), int(o))
-        for i, (t, p, o) in enumerate(zip(times, prompt, output, strict=True))
-    ]
     workload = Workload(
-        label, requests, source=source, skipped_rows=skipped[0], first_skipped=skipped[1]
+        label,
+        times,
+        prompt,
+        output,
+        np.arange(first, first + len(times)),
+        source=source,
+        skipped_rows=skipped[0],
+        first_skipped=skipped[1],
     )
     if max_model_len is not None:
         workload = workload.fit_context(max_model_len, overlong)

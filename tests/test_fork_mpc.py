@@ -180,7 +180,7 @@ def crowded_cache() -> tuple[Workload, EngineProfile]:
     """Eight 4+40-token requests at once on a 1 s/step engine whose cache holds two whole:
     admitting all of them runs out of blocks and preempts again and again."""
     requests = [Request(f"{i}", 0.0, 4, 40) for i in range(8)]
-    return Workload("crowded", requests), unit_profile(num_gpu_blocks=26, block_size=4)
+    return Workload.from_requests("crowded", requests), unit_profile(num_gpu_blocks=26, block_size=4)
 
 
 def test_mpc_picks_the_candidate_whose_future_is_better() -> None:
@@ -258,7 +258,7 @@ def test_mpc_ttft_ties_go_to_the_least_first_token_wait() -> None:
     goodput within the tolerance."""
     requests = [Request(f"d{i}", 0.0, 100, 400) for i in range(16)]
     requests += [Request(f"p{i}", 1.0 + 0.5 * i, 3000, 50) for i in range(3)]
-    workload = Workload("light", requests)
+    workload = Workload.from_requests("light", requests)
     metrics, budgets = {}, {}
     for ties in (0.0, 0.01):
         engine = SimEngine(get_profile("llama-7b-a100"), slo=SLO_)
@@ -293,7 +293,7 @@ def test_mpc_ttft_ties_never_leave_a_pair_the_scores_keep(
     import batchpilot.baselines.mpc as mpc_module
 
     engine = SimEngine(get_profile("llama-7b-a100"), slo=SLO_)
-    engine.reset(Workload("w", [Request(f"r{i}", 0.1 * i, 100, 50) for i in range(20)]), Limits(256, 2048))
+    engine.reset(Workload.from_requests("w", [Request(f"r{i}", 0.1 * i, 100, 50) for i in range(20)]), Limits(256, 2048))
     mpc = make_controller(spec)
     mpc.reset(engine)
     telemetry = engine.advance(until_s=0.5)
@@ -362,14 +362,14 @@ def test_mpc_with_a_sampled_future_does_not_see_the_workloads_future() -> None:
     """Two workloads alike until a burst of long prompts that only the second has: at a
     re-plan before the burst, the true-future oracle's horizon scores see it (the burst
     misses its TTFT deadlines), the sampled ones do not."""
-    calm = bursty(120).requests
+    calm = list(bursty(120).requests)
     t = calm[-1].arrival_s
     burst = [Request(f"x{i}", t + 0.5 + 1e-3 * i, 3000, 200) for i in range(200)]
     scores = {}
     for future in ("true", "sampled"):
         for name, requests in (("calm", calm), ("burst", calm + burst)):
             engine = tight_engine()
-            engine.reset(Workload(name, requests), Limits(32, 512))
+            engine.reset(Workload.from_requests(name, requests), Limits(32, 512))
             telemetry = engine.advance(until_s=t)
             mpc = make_controller(f"mpc:horizon_s=8:future={future}")
             mpc.reset(engine)
@@ -388,7 +388,7 @@ def test_a_renewal_future_keeps_the_arrivals_bursts() -> None:
 
     requests = [Request(f"r{i}", 3.0 * (i // 4), 64, 32) for i in range(400)]
     engine = tight_engine()
-    engine.reset(Workload("beat", requests), Limits(64))
+    engine.reset(Workload.from_requests("beat", requests), Limits(64))
     telemetry = engine.advance(until_s=100.0)
     draws = {}
     for future in ("renewal", "sampled"):
@@ -408,7 +408,7 @@ def test_a_renewal_future_keeps_the_arrivals_bursts() -> None:
     spread = [np.diff(t) for t in draws["sampled"]]
     assert not any(np.allclose(d / beat, np.round(d / beat)) for d in spread)
     at_once = [Request(f"r{i}", 1.0 + 1e-9 * i, 64, 32) for i in range(8)]
-    engine.reset(Workload("at once", at_once), Limits(64))
+    engine.reset(Workload.from_requests("at once", at_once), Limits(64))
     telemetry = engine.advance(until_s=2.0)
     mpc = make_controller("mpc:horizon_s=60:future=renewal")
     mpc.reset(engine)
@@ -475,7 +475,7 @@ def test_mpc_with_sampled_lengths_does_not_see_the_admitted_requests_outputs() -
         for output in (20, 600):
             first = [Request(f"first{i}", 0.0, 300, output) for i in range(24)]
             engine = tight_engine()
-            telemetry = engine.reset(Workload(f"out{output}", first + later), Limits(8, 512))
+            telemetry = engine.reset(Workload.from_requests(f"out{output}", first + later), Limits(8, 512))
             mpc = make_controller(f"mpc:horizon_s=8:lengths={lengths}")
             mpc.reset(engine)
             mpc.decide(telemetry)

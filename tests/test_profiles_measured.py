@@ -185,7 +185,7 @@ requests = st.lists(
 @settings(max_examples=50, deadline=None)
 @given(requests, st.lists(st.integers(1, 12), min_size=1, max_size=20), st.integers(20, 60))
 def test_fast_path_equals_step_by_step_with_the_table_model(reqs, limits, blocks) -> None:
-    work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
+    work = Workload.from_requests("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
     results = []
     for fast in (True, False):
         engine = SimEngine(_small_table_profile(blocks), fast_forward=fast, keep_records=True)

@@ -45,7 +45,7 @@ def _timed_profile(blocks: int, budget: int) -> EngineProfile:
 def test_blocks_bounded_and_every_request_finishes_once(
     scheduler, reqs, lims, blocks, per
 ) -> None:
-    work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
+    work = Workload.from_requests("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
     results = []
     for fast in (True, False):
         engine = SimEngine(_timed_profile(blocks, budget=32), fast_forward=fast, scheduler=scheduler, keep_records=True)
@@ -82,7 +82,7 @@ def test_blocks_bounded_and_every_request_finishes_once(
 @settings(max_examples=40, deadline=None)
 @given(requests, st.integers(1, 6))
 def test_running_never_exceeds_a_fixed_cap(scheduler, reqs, cap) -> None:
-    work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
+    work = Workload.from_requests("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
     engine = SimEngine(unit_profile(num_gpu_blocks=200), scheduler=scheduler)
     engine.reset(work, Limits(cap))
     while not engine.done:
@@ -97,7 +97,7 @@ def test_fast_path_reports_what_stepping_reports_at_time_boundaries(
 ) -> None:
     """A controller that reads the queue sees the same telemetry either way: arrivals during a
     closed-form decode run are queued as stepping queues them (before each iteration)."""
-    work = Workload("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
+    work = Workload.from_requests("p", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(reqs)])
     seen, results = [], []
     for fast in (True, False):
         engine = SimEngine(_timed_profile(blocks, budget=32), fast_forward=fast, scheduler=scheduler)

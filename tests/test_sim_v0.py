@@ -18,7 +18,7 @@ FAST = pytest.mark.parametrize("fast", [True, False], ids=["fast-forward", "per-
 
 def workload(*specs: tuple[float, int, int]) -> Workload:
     """Requests named r0, r1, ... from (arrival_s, prompt, output)."""
-    return Workload("t", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(specs)])
+    return Workload.from_requests("t", [Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(specs)])
 
 
 def steps(engine: SimEngine) -> list[tuple[int, int, int, int]]:

@@ -75,7 +75,7 @@ def main() -> None:
     for size in (1_000, 1_000_000):
         engine = SimEngine(profile, slo=slo)
         requests = [Request(f"r{i}", 10.0 + i, 128, 128) for i in range(size)]
-        engine.reset(Workload("spaced", requests), Limits(256))
+        engine.reset(Workload.from_requests("spaced", requests), Limits(256))
         print(f"fork(history=False) with {size:,} arrivals to come: "
               f"{fork_cost(engine) * 1e6:.0f} us CPU")
 
