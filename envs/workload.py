@@ -75,14 +75,40 @@ class Requests(Sequence[Request]):
         return (self[i] for i in range(len(self)))
 
 
-def _column(values: object, dtype: type, name: str, n: int | None = None) -> np.ndarray:
-    """`values` as a read-only 1-D array of `dtype` (a view: the caller's array stays
-    writable), `n` long if given."""
-    array = np.asarray(values, dtype=dtype).view()
-    if array.ndim != 1 or (n is not None and len(array) != n):
-        raise WorkloadError(f"{name} must be one value a request, got shape {array.shape}")
-    array.flags.writeable = False
-    return array
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only view of `array` (the array itself stays writable)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _column(workload: str, name: str, values: object, n: int | None, whole: bool) -> np.ndarray:
+    """`values` as a read-only column, `n` long if given: token counts (int64) if `whole`,
+    else times (float64); a `WorkloadError` naming `workload` and the column if they are not
+    one number a request."""
+    try:
+        raw = np.asarray(values)
+    except ValueError as e:  # a ragged nesting
+        raise WorkloadError(f"{workload}: {name} is not one value a request ({e})") from None
+    if raw.ndim != 1 or (n is not None and len(raw) != n):
+        want = "" if n is None else f" ({n} requests)"
+        raise WorkloadError(
+            f"{workload}: {name} must be one value a request{want}, got shape {raw.shape}"
+        )
+    if raw.dtype.kind not in "iuf":
+        raise WorkloadError(f"{workload}: {name} must be numbers, got {raw.dtype} values")
+    if not whole:
+        return _frozen(raw.astype(np.float64, copy=False))
+    if raw.dtype.kind == "f" and len(bad := np.flatnonzero(raw != np.round(raw))):
+        i = bad[0]  # NaN is never equal to itself; inf is caught below
+        raise WorkloadError(f"{workload}: {name}[{i}] is {raw[i]}; token counts are whole numbers")
+    if raw.dtype.kind in "fu" and (np.abs(raw) > MAX_COUNT).any():
+        raise WorkloadError(f"{workload}: {name} holds counts past {MAX_COUNT:,}")
+    return _frozen(raw.astype(np.int64, copy=False))
+
+
+MAX_COUNT = 2**62
+"""The largest token count a column may hold (int64 arithmetic on sums stays exact)."""
 
 
 @dataclass(eq=False)
@@ -105,12 +131,17 @@ class Workload:
     """The first left-out row's error; empty if none."""
 
     def __post_init__(self) -> None:
-        arrival = _column(self.arrival_s, np.float64, "arrival_s")
+        arrival = _column(self.name, "arrival_s", self.arrival_s, None, whole=False)
         n = len(arrival)
-        prompt = _column(self.prompt_tokens, np.int64, "prompt_tokens", n)
-        output = _column(self.output_tokens, np.int64, "output_tokens", n)
-        ids = np.arange(n) if self.request_ids is None else self.request_ids
-        ids = _column(ids, np.asarray(ids).dtype, "request_ids", n)
+        prompt = _column(self.name, "prompt_tokens", self.prompt_tokens, n, whole=True)
+        output = _column(self.name, "output_tokens", self.output_tokens, n, whole=True)
+        ids = np.arange(n) if self.request_ids is None else np.asarray(self.request_ids)
+        if ids.shape != (n,):
+            raise WorkloadError(
+                f"{self.name}: request_ids must be one value a request ({n} requests), got "
+                f"shape {ids.shape}"
+            )
+        ids = _frozen(ids)
         short = np.flatnonzero((prompt < 1) | (output < 1))
         if len(short):
             i = short[0]
@@ -127,7 +158,7 @@ class Workload:
         if (np.diff(arrival) < 0).any():
             order = np.argsort(arrival, kind="stable")
             arrival, prompt, output, ids = (
-                _column(a[order], a.dtype, "") for a in (arrival, prompt, output, ids)
+                _frozen(a[order]) for a in (arrival, prompt, output, ids)
             )
         self.arrival_s, self.prompt_tokens, self.output_tokens = arrival, prompt, output
         self.request_ids = ids

@@ -450,6 +450,32 @@ def test_scaled_lengths_round_and_fit_a_context_when_given_one() -> None:
     assert w.scaled(10.0, 1.0, max_model_len=220).requests[0].prompt_tokens == 219
 
 
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (([0.0, 1.0], [5], [5]), r"prompt_tokens must be one value a request \(2 requests\)"),
+        (([0.0], [2.5], [5]), r"prompt_tokens\[0\] is 2.5; token counts are whole numbers"),
+        (([0.0], [5], [float("nan")]), r"output_tokens\[0\] is nan"),
+        (([0.0], [float("inf")], [5]), "prompt_tokens holds counts past"),
+        (([[0.0]], [5], [5]), r"arrival_s must be one value a request, got shape \(1, 1\)"),
+        ((["soon"], [5], [5]), "arrival_s must be numbers"),
+        (([0.0], [True], [5]), "prompt_tokens must be numbers, got bool"),
+    ],
+)
+def test_bad_columns_are_named(columns: tuple[list, list, list], message: str) -> None:
+    with pytest.raises(WorkloadError, match=message):
+        Workload("w", *columns)
+
+
+def test_a_workload_is_its_columns_sorted_by_arrival_and_read_only() -> None:
+    w = Workload("w", [2.0, 0.5, 1.0], [30, 10, 20], [3.0, 1.0, 2.0], ["c", "a", "b"])
+    assert [r.request_id for r in w.requests] == ["a", "b", "c"]
+    assert w.requests[-1] == Request("c", 2.0, 30, 3) and w.output_tokens.dtype == np.int64
+    assert [r.prompt_tokens for r in w.requests[1:]] == [20, 30]
+    with pytest.raises(ValueError, match="read-only"):
+        w.prompt_tokens[0] = 1
+
+
 def test_bad_requests_are_rejected() -> None:
     with pytest.raises(WorkloadError, match="prompt_tokens=0"):
         Workload.from_requests("w", [Request("a", 0, 0, 5)])
