@@ -75,11 +75,16 @@ class Requests(Sequence[Request]):
         return (self[i] for i in range(len(self)))
 
 
+MAX_COUNT = 2**61
+"""The largest token count a column may hold: a prompt and its output sum exactly in int64."""
+
+
 def _frozen(array: np.ndarray) -> np.ndarray:
-    """A read-only view of `array` (the array itself stays writable)."""
-    view = array.view()
-    view.flags.writeable = False
-    return view
+    """`array` read-only: a copy if it is writable (the caller may hold it), else itself."""
+    if array.flags.writeable:
+        array = array.copy()
+        array.flags.writeable = False
+    return array
 
 
 def _column(workload: str, name: str, values: object, n: int | None, whole: bool) -> np.ndarray:
@@ -102,13 +107,9 @@ def _column(workload: str, name: str, values: object, n: int | None, whole: bool
     if raw.dtype.kind == "f" and len(bad := np.flatnonzero(raw != np.round(raw))):
         i = bad[0]  # NaN is never equal to itself; inf is caught below
         raise WorkloadError(f"{workload}: {name}[{i}] is {raw[i]}; token counts are whole numbers")
-    if raw.dtype.kind in "fu" and (np.abs(raw) > MAX_COUNT).any():
+    if (np.abs(raw) > MAX_COUNT).any():
         raise WorkloadError(f"{workload}: {name} holds counts past {MAX_COUNT:,}")
     return _frozen(raw.astype(np.int64, copy=False))
-
-
-MAX_COUNT = 2**62
-"""The largest token count a column may hold (int64 arithmetic on sums stays exact)."""
 
 
 @dataclass(eq=False)
@@ -142,18 +143,16 @@ class Workload:
                 f"shape {ids.shape}"
             )
         ids = _frozen(ids)
-        short = np.flatnonzero((prompt < 1) | (output < 1))
-        if len(short):
-            i = short[0]
+        short = (prompt < 1) | (output < 1)
+        bad = short | ~(np.isfinite(arrival) & (arrival >= 0))
+        if bad.any():
+            i = int(np.argmax(bad))  # the first bad request, its lengths checked first
             raise WorkloadError(
                 f"{self.name}: request {ids[i]} has prompt_tokens={prompt[i]}, "
                 f"output_tokens={output[i]}; both must be >= 1"
-            )
-        bad = np.flatnonzero(~(np.isfinite(arrival) & (arrival >= 0)))
-        if len(bad):
-            i = bad[0]
-            raise WorkloadError(
-                f"{self.name}: request {ids[i]} has arrival_s={arrival[i]}; must be finite and >= 0"
+                if short[i]
+                else f"{self.name}: request {ids[i]} has arrival_s={arrival[i]}; "
+                "must be finite and >= 0"
             )
         if (np.diff(arrival) < 0).any():
             order = np.argsort(arrival, kind="stable")
@@ -212,10 +211,16 @@ class Workload:
         caller's to apply."""
         if prompt_scale == output_scale == 1.0:
             return self
-        cap = max_model_len or 1 << 62
-        prompt = np.maximum(1, np.round(self.prompt_tokens * prompt_scale)).astype(np.int64)
+        cap = max_model_len or MAX_COUNT
+        # at most `cap` before the cast to int64 (a float past its range would wrap)
+        prompt, output = (
+            np.minimum(np.maximum(1.0, np.round(tokens * scale)), float(cap)).astype(np.int64)
+            for tokens, scale in (
+                (self.prompt_tokens, prompt_scale),
+                (self.output_tokens, output_scale),
+            )
+        )
         prompt = np.minimum(prompt, cap - 1)
-        output = np.maximum(1, np.round(self.output_tokens * output_scale)).astype(np.int64)
         output = np.minimum(output, cap - prompt)
         return self._with(slice(None), prompt, output)
 

@@ -16,7 +16,7 @@ import pytest
 from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
 from batchpilot.envs.embedded import derive, embedded_lengths, embedded_names
 from batchpilot.envs.traces import TraceError, load_trace
-from batchpilot.envs.workload import Request, Workload, WorkloadError, scale_range
+from batchpilot.envs.workload import MAX_COUNT, Request, Workload, WorkloadError, scale_range
 from batchpilot.envs.workloads import make_workload
 
 
@@ -460,6 +460,7 @@ def test_scaled_lengths_round_and_fit_a_context_when_given_one() -> None:
         (([[0.0]], [5], [5]), r"arrival_s must be one value a request, got shape \(1, 1\)"),
         ((["soon"], [5], [5]), "arrival_s must be numbers"),
         (([0.0], [True], [5]), "prompt_tokens must be numbers, got bool"),
+        (([0.0], [2**62], [1]), "prompt_tokens holds counts past"),
     ],
 )
 def test_bad_columns_are_named(columns: tuple[list, list, list], message: str) -> None:
@@ -474,6 +475,17 @@ def test_a_workload_is_its_columns_sorted_by_arrival_and_read_only() -> None:
     assert [r.prompt_tokens for r in w.requests[1:]] == [20, 30]
     with pytest.raises(ValueError, match="read-only"):
         w.prompt_tokens[0] = 1
+
+
+def test_a_workload_keeps_its_own_copy_and_names_the_first_bad_request() -> None:
+    prompt = np.array([5, 6])
+    w = Workload("w", [0.0, 1.0], prompt, [1, 1])
+    prompt[0] = 0  # the caller's array, not the workload's
+    assert w.prompt_tokens[0] == 5
+    with pytest.raises(WorkloadError, match=r"request a has arrival_s=-1\.0"):
+        Workload.from_requests("w", [Request("a", -1.0, 1, 1), Request("b", 0.0, 0, 1)])
+    big = Workload("w", [0.0], [2**40], [1]).scaled(2.0**30)  # past int64: capped, not wrapped
+    assert big.prompt_tokens[0] == MAX_COUNT - 1
 
 
 def test_bad_requests_are_rejected() -> None:
