@@ -198,7 +198,7 @@ def test_config_not_utf8_is_named(tmp_path: Path) -> None:
     [
         "quick.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml",
         "mix-drsk.yml", "mix-drsr.yml", "mix-drsrt.yml", "mix-drsw.yml", "mix-drsl.yml", "mix-drsbl.yml",
-        "llama-7b.yml", "llama3-70b.yml",
+        "mix-drsc.yml", "llama-7b.yml", "llama3-70b.yml",
         "cpu-tiny.yml",
     ],
 )
