@@ -120,7 +120,9 @@ class Workload:
     arrival_s: np.ndarray
     """Arrival times, s from the workload's start (float)."""
     prompt_tokens: np.ndarray
+    """Prompt lengths (int64, read-only, as every column)."""
     output_tokens: np.ndarray
+    """Output lengths (int64)."""
     request_ids: np.ndarray | None = None
     """Each request's id (ints or strings); by default its row in the order given."""
     dropped: int = 0
@@ -183,10 +185,6 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.arrival_s)
-
-    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """Prompt and output lengths as (read-only) integer arrays."""
-        return self.prompt_tokens, self.output_tokens
 
     def _with(
         self, keep: np.ndarray | slice, prompt: np.ndarray, output: np.ndarray, **counts: int

@@ -163,7 +163,7 @@ def test_output_estimate_is_not_biased_short_early_on(source: str, arrival: str)
     """After 20 finishes (7B/A100) the finished requests' mean is far below the true mean
     (short requests finish first); the estimate that counts running requests is near it."""
     workload = make_workload(source, arrival, num_requests=300, seed=0)
-    true_mean = float(workload.lengths()[1].mean())
+    true_mean = float(workload.output_tokens.mean())
     c = MemoryAwareController()
     seen = {}
     decide = c.decide
@@ -187,7 +187,7 @@ def test_admits_up_to_its_own_bound_on_a_small_kv_cache() -> None:
     running requests fill it."""
     profile = replace(get_profile("llama-7b-a100"), num_gpu_blocks=1500)
     workload = make_workload("embedded:sharegpt", "poisson:2", num_requests=150, seed=0)
-    prompt, output = workload.lengths()
+    prompt, output = workload.prompt_tokens, workload.output_tokens
     mu, sigma = prompt.mean() + output.mean() + 7.5, math.sqrt(prompt.var() + output.var())
     own = math.floor(exact_bound(profile.kv_capacity_tokens, mu, sigma, safety_factor(0.05)))
     tl = run(workload, SimEngine(profile), MemoryAwareController(), max_engine_s=120).timeline

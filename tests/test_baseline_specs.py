@@ -109,7 +109,7 @@ def test_oracle_packs_without_preemption() -> None:
 
 def test_fixed_source_gives_every_request_the_same_lengths() -> None:
     w = make_workload("fixed:128:64", "poisson:2", num_requests=50, seed=3)
-    prompt, output = w.lengths()
+    prompt, output = w.prompt_tokens, w.output_tokens
     assert len(w) == 50 and set(prompt) == {128} and set(output) == {64}
     assert w.name == "128/64 tokens (poisson 2/s)"
     for bad in ("fixed:128", "fixed:a:1", "fixed:0:5"):
