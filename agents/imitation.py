@@ -12,6 +12,11 @@ choices the teacher scored within `TIE_TOLERANCE` of its best (`acceptable`), an
 policy is fitted to put its probability anywhere in that set (the negative log of the set's
 total probability), so where every choice ties the label pulls toward none of them (the
 teacher breaks ties toward the larger value, which a plain clone learns as a preference).
+With ``seq_tie_break: knee`` a ``max_num_seqs`` label is, of the teacher's near-ties, the one
+nearest the decode knee (`decode_knee`: the most requests a pure-decode step serves within
+the TPOT target), so where the cap does not matter the clone learns a default that the SLO
+and the GPU set, not the grid's top, which it would keep where the cap does matter and the
+SLO or GPU is one it never trained on.
 The policy is SB3's own policy object (`ActorCriticPolicy`), so PPO continues from exactly
 what was cloned. The ``imitation`` library would fit, but pins gymnasium 0.29 and
 stable-baselines3 2.2; this loop is the few lines it needs.
@@ -19,6 +24,7 @@ stable-baselines3 2.2; this loop is the few lines it needs.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import threading
 from collections import Counter
@@ -31,6 +37,7 @@ import gymnasium as gym
 import numpy as np
 
 from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID, nearest
+from batchpilot.envs.telemetry import Telemetry
 
 KNOBS = ("max_num_seqs", "budget")
 """The action's knobs, in order, as ``stakes_knobs`` names them."""
@@ -43,6 +50,8 @@ not drown the rest)."""
 TIE_TOLERANCE = 0.01
 """A grid choice whose horizon score trails the best by less than this (relative, as
 `knob_stakes` measures leads) ties with it."""
+SEQ_TIE_BREAKS = ("teacher", "knee")
+"""How a ``max_num_seqs`` label breaks the teacher's near-ties (`ImitationSpec.seq_tie_break`)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,10 @@ class ImitationSpec:
     tie_sets: list[str] = field(default_factory=list)
     """Knobs (`KNOBS`) whose labels are the teacher's near-tie sets (module doc; needs a
     teacher that reports its sweeps: ``mpc``); empty: the teacher's one choice."""
+    seq_tie_break: str = "teacher"
+    """Which of the teacher's near-ties a ``max_num_seqs`` label takes (`SEQ_TIE_BREAKS`):
+    ``teacher``, its own choice (the current limit, else the larger); ``knee``, the one
+    nearest the decode knee (module doc; needs a teacher that reports its sweeps)."""
 
     def __post_init__(self) -> None:
         for key in ("rounds", "episodes", "epochs", "batch_size"):
@@ -78,6 +91,11 @@ class ImitationSpec:
             raise ValueError(f"imitation: beta must be in [0, 1], got {self.beta}")
         if self.learning_rate <= 0 or self.value_epochs < 0:
             raise ValueError("imitation: need learning_rate > 0 and value_epochs >= 0")
+        if self.seq_tie_break not in SEQ_TIE_BREAKS:
+            raise ValueError(
+                f"imitation: seq_tie_break must be one of {SEQ_TIE_BREAKS}, "
+                f"got {self.seq_tie_break!r}"
+            )
         for key in ("stakes_knobs", "tie_sets"):
             unknown = [k for k in getattr(self, key) if k not in KNOBS]
             if unknown:
@@ -86,7 +104,8 @@ class ImitationSpec:
             from batchpilot.baselines.specs import make_controller
 
             if not hasattr(make_controller(self.teacher), "sweeps"):
-                key = "stakes_knobs" if self.stakes_knobs else "tie_sets"
+                used = ("stakes_knobs", "tie_sets", "seq_tie_break")
+                key = next(k for k in used if getattr(self, k) not in ([], "teacher"))
                 raise ValueError(
                     f"imitation: {key} needs a teacher that reports how much each "
                     f"choice mattered (mpc); {self.teacher!r} does not"
@@ -94,8 +113,8 @@ class ImitationSpec:
 
     @property
     def sweeps(self) -> bool:
-        """Whether labelling reads the teacher's sweeps (for stakes or tie sets)."""
-        return bool(self.stakes_knobs or self.tie_sets)
+        """Whether labelling reads the teacher's sweeps (for stakes, tie sets or the knee)."""
+        return bool(self.stakes_knobs or self.tie_sets) or self.seq_tie_break != "teacher"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,6 +170,24 @@ def acceptable(sweep: dict[int, float], grid: tuple[int, ...], label: int) -> np
     return mask
 
 
+def decode_knee(telemetry: Telemetry, tpot_ms: float | None) -> float:
+    """The most requests one pure-decode step serves within `tpot_ms` on the engine's measured
+    step line (`Telemetry.step_base_s` + `Telemetry.step_s_per_token` x requests), at least
+    1; infinite before any step or without a TPOT target. The observation's
+    ``step_base_over_tpot`` and ``log2_tokens_per_tpot`` entries carry the same line."""
+    per_token = telemetry.step_s_per_token
+    if tpot_ms is None or per_token <= 0:
+        return math.inf
+    return max(1.0, (tpot_ms / 1e3 - telemetry.step_base_s) / per_token)
+
+
+def nearest_tie(mask: np.ndarray, grid: tuple[int, ...], target: float) -> int:
+    """Of the grid choices `mask` accepts, the one nearest `target` on a log scale (an
+    infinite one: the largest); of two as near, the larger."""
+    x = math.log(max(1.0, min(target, grid[-1])))
+    return int(min(np.flatnonzero(mask), key=lambda i: (round(abs(math.log(grid[i]) - x), 9), -i)))
+
+
 def label_weights(stakes: np.ndarray, knobs: list[str]) -> np.ndarray:
     """Per-knob weights from stakes (rows: labels, columns: `KNOBS`): for each of `knobs`,
     its stakes over the median of its non-zero ones (robust to a few huge leads), capped at
@@ -173,12 +210,15 @@ def collect_episode(
     beta: float,
     stakes: bool = False,
     tie_sets: tuple[str, ...] = (),
+    seq_tie_break: str = "teacher",
 ) -> Episode:
     """Run one episode; the teacher labels every state; who acts: see the module doc.
 
     `policy` is an SB3 policy (None: the teacher always acts); with `stakes`, the teacher's
     `sweeps` give each label's stakes (1 each otherwise); the knobs named in `tie_sets`
-    accept the sweep's near-ties (`acceptable`), the others only the teacher's choice.
+    accept the sweep's near-ties (`acceptable`), the others only the label;
+    `seq_tie_break` (`ImitationSpec.seq_tie_break`) picks the ``max_num_seqs`` label among
+    the near-ties. Where the teacher drives, it applies the label.
     """
     import torch as th
 
@@ -196,7 +236,11 @@ def collect_episode(
     done = False
     info: dict[str, Any] = {}
     while not done:
-        label = base.grid.action_for(teacher.decide(base.telemetry))
+        telemetry = base.telemetry
+        label = base.grid.action_for(teacher.decide(telemetry))
+        if seq_tie_break == "knee":
+            ties = acceptable(teacher.sweeps[0], SEQ_GRID, int(label[0]))
+            label[0] = nearest_tie(ties, SEQ_GRID, decode_knee(telemetry, base.engine.slo.tpot_ms))
         states.append(obs)
         labels.append(label)
         if stakes:
@@ -316,7 +360,7 @@ class Collector:
         self, make_env: Callable[[], gym.Env], spec: ImitationSpec, workers: int = 1
     ) -> None:
         self._common = (make_env, spec.teacher)
-        self._labelling = (spec.sweeps, tuple(spec.tie_sets))
+        self._labelling = (spec.sweeps, tuple(spec.tie_sets), spec.seq_tie_break)
         self._pool: ProcessPoolExecutor | None = None
         workers = min(workers, spec.episodes)
         if workers > 1:  # one pool for every round: each worker imports torch once

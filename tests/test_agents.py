@@ -183,7 +183,7 @@ def test_the_collector_collects_a_claimed_round_0_episode_once(monkeypatch) -> N
 
     collected: list[tuple[int, object]] = []
 
-    def fake(make_env, teacher, seed, policy, beta, stakes=False, tie_sets=()):
+    def fake(make_env, teacher, seed, policy, beta, stakes=False, tie_sets=(), seq_tie_break=""):
         collected.append((seed, policy))
         return (seed, len(collected))
 
@@ -330,6 +330,28 @@ def test_imitation_stakes_errors_name_the_problem(
         ImitationSpec(teacher=teacher, tie_sets=knobs)
     assert ImitationSpec(teacher="mpc:horizon_s=4", stakes_knobs=["budget"]).stakes_knobs
     assert ImitationSpec(teacher="mpc:horizon_s=4", tie_sets=["max_num_seqs"]).sweeps
+    with pytest.raises(ValueError, match="seq_tie_break needs a teacher that reports"):
+        ImitationSpec(teacher="static:48:1024", seq_tie_break="knee")
+    with pytest.raises(ValueError, match="seq_tie_break must be one of"):
+        ImitationSpec(teacher="mpc", seq_tie_break="smallest")
+    assert ImitationSpec(teacher="mpc:horizon_s=4", seq_tie_break="knee").sweeps
+
+
+def test_the_decode_knee_is_where_a_decode_step_takes_the_tpot_target() -> None:
+    from types import SimpleNamespace
+
+    from batchpilot.agents.imitation import decode_knee, nearest_tie
+
+    line = SimpleNamespace(step_base_s=0.030, step_s_per_token=0.0002)
+    assert decode_knee(line, 40.0) == pytest.approx(50.0)  # 30 ms + 50 x 0.2 ms = 40 ms
+    assert decode_knee(line, 25.0) == 1.0  # slower than the target alone: one at a time
+    idle = SimpleNamespace(step_base_s=0.0, step_s_per_token=0.0)  # before any step
+    assert decode_knee(line, None) == decode_knee(idle, 40.0) == float("inf")
+    mask = np.isin(SEQ_GRID, (16, 48, 64, 1024))
+    assert SEQ_GRID[nearest_tie(mask, SEQ_GRID, 50.0)] == 48
+    assert SEQ_GRID[nearest_tie(mask, SEQ_GRID, 2.0)] == 16
+    assert SEQ_GRID[nearest_tie(mask, SEQ_GRID, float("inf"))] == 1024
+    assert SEQ_GRID[nearest_tie(np.isin(SEQ_GRID, (32, 128)), SEQ_GRID, 64.0)] == 128
 
 
 def test_mpc_teacher_labels_carry_their_stakes() -> None:
@@ -358,6 +380,32 @@ def test_mpc_teacher_labels_carry_their_stakes() -> None:
     assert (seqs.sum(1) > 1).any()  # where the sweep tied, more than one choice
     assert (seqs.sum(1)[episode.stakes[:, 0] >= 0.01] == 1).all()  # decisive: one choice
     np.testing.assert_array_equal(budget, plain.acceptable[1])
+
+
+@pytest.mark.parametrize("tpot_ms", [50, 15])
+def test_knee_labels_take_the_near_tie_nearest_the_decode_knee(tpot_ms: int) -> None:
+    """A 7B on an A100 decodes far more than 1,024 requests within 50 ms a step: there each
+    knee label is its tie set's largest choice. Within 15 ms it decodes a few dozen: there
+    the knee labels lie below the teacher's own (which break ties toward the top)."""
+    import functools
+
+    import gymnasium as gym
+
+    from batchpilot.agents.imitation import collect_episode
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"] | {"slo": f"ttft:2000,tpot:{tpot_ms}"}
+    make_env = functools.partial(gym.make, "batchpilot/Batching-v0", **kwargs)
+    teacher = "mpc:horizon_s=2:seqs=4/64:tokens=256/2048"
+    own = collect_episode(make_env, teacher, 5, None, 1.0, True, ("max_num_seqs",))
+    knee = collect_episode(make_env, teacher, 5, None, 1.0, True, ("max_num_seqs",), "knee")
+    ties, labels = knee.acceptable[0], knee.labels[:, 0]
+    assert ties[np.arange(len(ties)), labels].all()  # each label is one of its near-ties
+    assert (ties.sum(1) > 1).any()
+    if tpot_ms == 50:
+        np.testing.assert_array_equal(labels, len(SEQ_GRID) - 1 - ties[:, ::-1].argmax(1))
+        assert (labels != own.labels[: len(labels), 0]).any()
+    else:
+        assert labels.mean() < own.labels[:, 0].mean() - 2
 
 
 @pytest.fixture(scope="module")
