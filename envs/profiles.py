@@ -321,6 +321,19 @@ HF_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 """Architecture field -> the Hugging Face config.json keys that may hold it, the first one set
 wins (``num_key_value_heads`` unset or null: as many as the attention heads)."""
 
+ARCHITECTURE_LIMITS: dict[str, int] = {
+    "layers": 2**12,
+    "hidden": 2**20,
+    "heads": 2**14,
+    "kv_heads": 2**14,
+    "intermediate": 2**22,
+    "vocab": 2**24,
+    "max_model_len": INT_LIMITS["max_model_len"],
+}
+"""An `Architecture`'s counts and their upper bounds: far beyond any released model (Llama
+3.1 405B: 126 layers, hidden 16,384, 128 heads, intermediate 53,248, vocabulary 128,256),
+low enough that no size built from them overflows a float."""
+
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 LLAMA_FAMILY = (
     "llama", "mistral", "qwen2", "qwen3", "internlm", "internlm2", "baichuan", "granite",
@@ -338,6 +351,7 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
     another ``model_type`` is refused). `vidur_name` is its directory under Vidur's
     ``compute/<gpu>/`` (default: the config's ``_name_or_path``)."""
     file = path / "config.json" if path.is_dir() else path
+    regular_file(file, "a model config file")  # a missing file: read_json cannot read it
     data = read_json_object(file, "the model config")
     model_type = data.get("model_type")
     if model_type is not None and model_type not in LLAMA_FAMILY:
@@ -362,14 +376,19 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
             value = data.get(key)
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ValueError(f"{file}: {key} must be a positive integer, got {value!r}")
+                    raise ValueError(
+                        f"{file}: {key} must be a positive integer, got {brief(value)}"
+                    )
+                high = ARCHITECTURE_LIMITS[field]
+                if value > high:
+                    raise ValueError(f"{file}: {key} is {brief(value)}, over {high:,}")
                 return value
         raise ValueError(f"{file}: no {' or '.join(keys)} (the model's {field})")
 
     shape = {field: count(field, keys) for field, keys in HF_CONFIG_KEYS.items()}
     kv_heads = shape["heads"]
     if data.get("num_key_value_heads") is not None:
-        kv_heads = count("KV heads", ("num_key_value_heads",))
+        kv_heads = count("kv_heads", ("num_key_value_heads",))
     if shape["hidden"] % shape["heads"] or shape["heads"] % kv_heads:
         raise ValueError(
             f"{file}: hidden_size {shape['hidden']}, {shape['heads']} attention heads and "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -606,6 +607,78 @@ def test_model_names_and_paths_are_told_apart(tmp_path: Path) -> None:
         architecture(str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match="its Vidur directory is fixed"):
         architecture("llama-2-7b", "meta-llama/Llama-2-7b-hf")
+
+
+
+def test_a_model_config_that_is_no_regular_file_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A device would be read to its end (/dev/zero: until memory runs out), a pipe waited on
+    forever: both are refused by name before any read, as every other input file is."""
+    with pytest.raises(ValueError, match=r"^/dev/null: not a regular file \(a pipe, device"):
+        architecture("/dev/null")
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=re.escape(f"{fifo}: not a regular file (a pipe, device")):
+        architecture(str(tmp_path))  # the model's directory: its config.json
+    out = str(tmp_path / "p.json")
+    assert cli(["profiles", "build", "--model", str(fifo), "--gpu", "a100", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"batchpilot profiles: error: {fifo}: not a regular file (a pipe, device or socket?)" in err
+    )
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("num_hidden_layers", 10**300, "num_hidden_layers is a 301-digit integer, over 4,096"),
+        ("vocab_size", 10**200, "vocab_size is a 201-digit integer, over 16,777,216"),
+        ("hidden_size", 2**21, "hidden_size is 2097152, over 1,048,576"),
+        ("num_attention_heads", 2**15, "num_attention_heads is 32768, over 16,384"),
+        ("num_key_value_heads", 2**15, "num_key_value_heads is 32768, over 16,384"),
+        ("intermediate_size", 2**23, "intermediate_size is 8388608, over 4,194,304"),
+        (
+            "max_position_embeddings",
+            2**24 + 1,
+            "max_position_embeddings is 16777217, over 16,777,216",
+        ),
+        (
+            "num_hidden_layers",
+            -(10**300),
+            "num_hidden_layers must be a positive integer, got a 301-digit integer",
+        ),
+    ],
+)
+def test_a_model_configs_counts_are_bounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, value: int, message: str
+) -> None:
+    """A count past any model's is refused naming the file, the key and the bound, before
+    the weights' size overflows a float or prints hundreds of digits."""
+    path = _write(tmp_path / "config.json", dict(LLAMA_2_7B_CONFIG, **{key: value}))
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{path}: {message}')}"):
+        architecture(str(path))
+    out = str(tmp_path / "p.json")
+    assert cli(["profiles", "build", "--model", str(path), "--gpu", "a100", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {message}" in err and "Traceback" not in err
+
+
+def test_a_model_config_at_every_bound_is_read(tmp_path: Path) -> None:
+    """The bounds themselves are accepted, and the weights' size stays a finite float."""
+    widest = {
+        "num_hidden_layers": 4096,
+        "hidden_size": 2**20,
+        "num_attention_heads": 2**14,
+        "num_key_value_heads": 2**14,
+        "intermediate_size": 2**22,
+        "vocab_size": 2**24,
+        "max_position_embeddings": 2**24,
+    }
+    path = _write(tmp_path / "widest.json", dict(LLAMA_2_7B_CONFIG, **widest))
+    arch = architecture_from_hf_config(path)
+    assert math.isfinite(arch.weight_bytes_per_gpu(1)) and arch.layers == 4096
 
 
 @pytest.mark.parametrize(

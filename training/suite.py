@@ -243,17 +243,21 @@ def _field(key: str, value: Any, where: str) -> Any:
 
 
 def _check(sc: Scenario) -> None:
-    """Parse what a run would parse, so a bad value fails at load time."""
+    """Parse what a run would parse, so a bad value fails at load time: a trace file is read
+    whole (`load_trace` keeps it read, so the run reads it no more)."""
     from batchpilot.envs.controller import ControlInterval
     from batchpilot.envs.metrics import SLO, goodput_slo
+    from batchpilot.envs.traces import load_trace
     from batchpilot.envs.workloads import make_workload
 
     goodput_slo(SLO.parse(sc.slo), "'slo'")
     ControlInterval.parse(sc.interval)
     if not sc.is_trace_file:
         make_workload(sc.source, sc.arrival, num_requests=2, seed=0)
-    elif not Path(sc.source).is_file():
+    elif not regular_file(Path(sc.source), "a trace file"):
         raise ValueError(
             f"no trace file {sc.source!r} (a relative path is taken from the working "
             f"directory, {Path.cwd()})"
         )
+    else:
+        load_trace(sc.source, bad_rows=sc.bad_rows)

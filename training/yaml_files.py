@@ -1,7 +1,7 @@
 """Reading the YAML files a user writes (training configs, scenario suites): YAML's safe
 loader, refusing a key given twice in one mapping (YAML keeps the last) and a document whose
-aliases expand past `MAX_VALUES` values (a few lines of anchors can stand for billions) or
-that nests too deeply for YAML's recursive parser."""
+aliases or merge keys expand past `MAX_VALUES` values (a few lines of anchors can stand for
+billions) or that nests too deeply for YAML's recursive parser."""
 
 from __future__ import annotations
 
@@ -19,10 +19,29 @@ YAML file given to batchpilot may hold: far above any config or suite, far below
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping."""
 
+    merged = 0
+    """The pairs merge keys have copied into this document's mappings so far."""
 
-def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+
+class _MergedTooMuch(Exception):
+    """Merge keys copied in more than `MAX_VALUES` pairs (each mapping that merges another
+    copies its pairs: a chain of a few thousand lines copies millions)."""
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+"""The tag of a merge key (``<<: *anchor``), which takes in another mapping's pairs."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    """The mapping `node`, its merge keys resolved as `SafeLoader` does; a key `node` gives
+    twice is refused, one it gives over a merged one overrides it (YAML's rule)."""
+    own = sum(key_node.tag != MERGE_TAG for key_node, _ in node.value)
+    loader.flatten_mapping(node)  # the merged pairs first, then `node`'s own
+    loader.merged += len(node.value) - own
+    if loader.merged > MAX_VALUES:
+        raise _MergedTooMuch
     seen: set[Any] = set()
-    for key_node, _ in node.value:
+    for key_node, _ in node.value[len(node.value) - own :]:
         key = loader.construct_object(key_node, deep=deep)
         try:
             duplicate = key in seen
@@ -55,15 +74,34 @@ def _more_values_than(data: Any, limit: int) -> bool:
     return False
 
 
+def _syntax_error(path: Path, text: str, exc: yaml.YAMLError) -> str:
+    """The YAML error `exc` in `path` (which holds `text`) as one line: ``PATH:LINE:COL: not
+    valid YAML (problem)``."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position)
+        column = exc.position - text.rfind("\n", 0, exc.position) - 1
+        problem = f"character #x{exc.character:04x}: {exc.reason}"
+    elif isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        line, column = exc.problem_mark.line, exc.problem_mark.column
+        problem = ", ".join(part for part in (exc.context, exc.problem) if part)
+    else:
+        return f"{path}: not valid YAML ({exc})"
+    return f"{path}:{line + 1}:{column + 1}: not valid YAML ({problem})"
+
+
 def load_yaml(path: Path) -> Any:
     """The parsed YAML file at `path`; `ValueError` naming the file if it is not UTF-8 text,
     not valid YAML, nests too deeply, gives a key twice, holds a value PyYAML cannot convert
     (a date like 2001-13-45, an int of thousands of digits) or expands past `MAX_VALUES`
     values."""
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        text = path.read_text(encoding="utf-8")
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        expanded = _more_values_than(data, MAX_VALUES)
+    except _MergedTooMuch:
+        expanded = True
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+        raise ValueError(_syntax_error(path, text, exc)) from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
     except RecursionError:  # PyYAML composes and constructs nested nodes recursively
@@ -73,7 +111,7 @@ def load_yaml(path: Path) -> Any:
         if "integer string conversion" in problem:
             problem = f"a number has over {sys.get_int_max_str_digits():,} digits"
         raise ValueError(f"{path}: a value YAML cannot convert ({problem}): a bad value?") from None
-    if _more_values_than(data, MAX_VALUES):
+    if expanded:
         raise ValueError(
             f"{path}: holds more than {MAX_VALUES:,} values once its aliases are expanded "
             "(anchors repeating one another?)"
