@@ -18,6 +18,7 @@ raises `CheckpointError` naming the file.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
+from batchpilot.agents.schema import number
 from batchpilot.envs.json_objects import read_json_object
 
 FORMAT = "batchpilot-checkpoint"
@@ -38,6 +40,9 @@ _OPT = "optimizer."
 
 MAX_LAYER = 65_536
 """Widest layer (``net_arch`` entry) a config or checkpoint may ask for."""
+MAX_PARAMETERS = 100_000_000
+"""Most weights and biases a policy may have (`policy_parameters`): 400 MB of float32, about
+four times that while training (gradients, Adam's two moments)."""
 
 
 def ints(value: Any) -> list[int]:
@@ -47,6 +52,32 @@ def ints(value: Any) -> list[int]:
     if isinstance(value, list):
         return [i for v in value for i in ints(v)]
     return [value] if isinstance(value, int) and not isinstance(value, bool) else []
+
+
+def policy_parameters(net_arch: Any, n_obs: int, n_outputs: int) -> int:
+    """The weights and biases of an SB3 MlpPolicy with `net_arch` (None: SB3's default) on
+    `n_obs` inputs with `n_outputs` action outputs: its policy and value networks and heads
+    (a Box action's log_std aside). Only arithmetic: a size is refused before it is allocated."""
+    if net_arch is None:
+        net_arch = {"pi": [64, 64], "vf": [64, 64]}
+    if isinstance(net_arch, dict):  # as SB3's MlpExtractor reads it
+        nets = [net_arch.get("pi", []), net_arch.get("vf", [])]
+    else:
+        nets = [net_arch, net_arch]
+    total = 0
+    for layers, head in zip(nets, (n_outputs, 1), strict=True):
+        widths = [n_obs, *ints(layers), head]
+        total += sum((a + 1) * b for a, b in itertools.pairwise(widths))
+    return total
+
+
+def policy_size_problem(net_arch: Any, n_obs: int, n_outputs: int) -> str | None:
+    """None if a policy of `net_arch` (`policy_parameters`) is within `MAX_PARAMETERS`, else
+    the problem."""
+    n = policy_parameters(net_arch, n_obs, n_outputs)
+    if n <= MAX_PARAMETERS:
+        return None
+    return f"a policy of {n:.3g} parameters, over the {MAX_PARAMETERS:,} limit"
 
 
 class CheckpointError(ValueError):
@@ -264,21 +295,54 @@ def _load_weights(policy: Any, tensors: dict[str, Any], directory: Path) -> None
         ) from None
 
 
+def _optimizer_state(
+    optimizer: Any, tensors: dict[str, Any], groups: list[Any], directory: Path
+) -> dict[int, dict[str, Any]]:
+    """The ``optimizer.<index>.<name>`` tensors of `directory` as `optimizer`'s state by
+    parameter index, each of its parameter's shape (``step``: one number); torch checks
+    neither, and a wrong shape fails only in the first update. `groups` (the saved param
+    groups) must number the parameters in order, as torch saves them and maps them back."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    saved = [g.get("params") if isinstance(g, dict) else None for g in groups]
+    in_order = all(isinstance(n, list) for n in saved) and [
+        *itertools.chain.from_iterable(saved)
+    ] == [*range(len(params))]
+    if not in_order:
+        raise CheckpointError(
+            f"{directory / STATE}: optimizer_param_groups do not number the model's "
+            f"{len(params)} parameters 0 to {len(params) - 1} in order"
+        )
+    path = directory / WEIGHTS
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if not key.startswith(_OPT):
+            continue
+        idx, _, name = key.removeprefix(_OPT).partition(".")
+        if not (idx.isascii() and idx.isdigit() and name) or int(idx) >= len(params):
+            raise CheckpointError(
+                f"{path}: tensor {key!r} is not optimizer.<index>.<state> with an index below "
+                f"{len(params)} (the model's parameters)"
+            )
+        want = () if name == "step" else tuple(params[int(idx)].shape)
+        if tuple(value.shape) != want:
+            raise CheckpointError(
+                f"{path}: optimizer tensor {key} has shape {tuple(value.shape)}, "
+                f"{'a step count' if name == 'step' else 'the parameter'} {want}"
+            )
+        state.setdefault(int(idx), {})[name] = value
+    return state
+
+
 def load_checkpoint(model: Any, directory: Path) -> None:
     """Load weights, optimizer state and step counts of `directory` into `model` (built from
     the same config)."""
     state = read_state(directory)
     tensors = _read_tensors(directory)
     _load_weights(model.policy, tensors, directory)
-    opt_state: dict[int, dict[str, Any]] = {}
-    for key, value in tensors.items():
-        if key.startswith(_OPT):
-            idx, _, name = key.removeprefix(_OPT).partition(".")
-            opt_state.setdefault(int(idx), {})[name] = value
+    groups = state["optimizer_param_groups"]
+    opt_state = _optimizer_state(model.policy.optimizer, tensors, groups, directory)
     try:
-        model.policy.optimizer.load_state_dict(
-            {"state": opt_state, "param_groups": state["optimizer_param_groups"]}
-        )
+        model.policy.optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{directory}: optimizer state does not fit ({exc})") from None
     model.num_timesteps = state["num_timesteps"]
@@ -304,7 +368,12 @@ def load_policy_module(directory: Path) -> Any:
             bounds[key] = np.asarray(state[key], dtype=np.float32)
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: {key} is missing or not numbers") from None
-    too_big = [v for v in ints(state["policy_kwargs"].get("net_arch")) if not 1 <= v <= MAX_LAYER]
+    knobs = state.get("action_nvec", [])
+    for n in knobs if isinstance(knobs, list) else [knobs]:  # astype(int64) would truncate
+        if problem := number(1, math.inf, integer=True)(n):
+            raise CheckpointError(f"{path}: action_nvec: {problem} (a knob's number of choices)")
+    net_arch = state["policy_kwargs"].get("net_arch")
+    too_big = [v for v in ints(net_arch) if not 1 <= v <= MAX_LAYER]
     n_obs = bounds["observation_low"].size
     # the action head's width: one logit per choice of each knob, or one output per dimension
     outputs = bounds["action_nvec"].sum() if "action_nvec" in bounds else bounds["action_low"].size
@@ -313,6 +382,8 @@ def load_policy_module(directory: Path) -> Any:
             f"{path}: policy sizes over {MAX_LAYER:,} (layers {too_big[:3]}, {n_obs} "
             f"observations, {outputs:g} action outputs)"
         )
+    if problem := policy_size_problem(net_arch, n_obs, int(outputs)):
+        raise CheckpointError(f"{path}: policy_kwargs.net_arch: {problem}")
     try:
         obs = spaces.Box(bounds["observation_low"], bounds["observation_high"], dtype=np.float32)
         if "action_nvec" in bounds:

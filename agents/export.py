@@ -28,6 +28,7 @@ from batchpilot.agents.policy import (
     FORMAT_VERSION,
     PolicyFileError,
     action_layout,
+    ensemble_fields,
     load_policy,
     observation_layout,
     seal,
@@ -79,7 +80,7 @@ class OnnxableEnsemble(th.nn.Module):
         super().__init__()
         first = members[0].policy
         self.nvec = [int(n) for n in first.action_space.nvec]
-        self.fields = tuple(f for f in OBSERVATION_FIELDS if any(f in m for m in fields))
+        self.fields = ensemble_fields(fields)
         copies: dict[bytes, int] = {}  # each distinct (entries, normalisation): its copy
         copy_of = [
             copies.setdefault(

@@ -39,8 +39,8 @@ from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import read_json_object
-from batchpilot.envs.metrics import SLO, slo_ranges
-from batchpilot.envs.observation import SCALES, Observer, checked_fields
+from batchpilot.envs.metrics import SLO, goodput_slo, slo_ranges
+from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer, checked_fields
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 FORMAT = "batchpilot-policy"
@@ -161,7 +161,14 @@ class PolicyController:
     def decide(self, telemetry: Telemetry) -> Limits:
         if not self._ready:
             raise RuntimeError("call reset(engine) before decide()")
-        return self.grid.apply(self.act(self.observer(telemetry)))
+        try:
+            action = self.act(self.observer(telemetry))
+        except FloatingPointError as exc:  # the observation is finite: the file is at fault
+            raise PolicyFileError(
+                f"{self.name}: {exc} at t={telemetry.time_s:.3f} s from a finite observation "
+                "(its weights overflow float32)"
+            ) from None
+        return self.grid.apply(action)
 
 
 def slo_outside(base: SLO, scale: dict[str, tuple[float, float]], slo: SLO) -> list[str]:
@@ -237,7 +244,7 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             "belongs to another export"
         )
     try:
-        slo_ranges(meta.get("slo_scale", {}), SLO.parse(meta["slo"]))
+        slo_ranges(meta.get("slo_scale", {}), goodput_slo(SLO.parse(meta["slo"]), "slo"))
         ControlInterval.parse(meta["control_interval"])
         mode = meta["action"]["mode"]
     except (KeyError, TypeError, ValueError) as exc:
@@ -255,15 +262,46 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             raise ValueError(f"scaling constants differ from this version's {SCALES}")
     except (TypeError, ValueError) as exc:
         raise PolicyFileError(
-            f"{side}: observation layout {observation} is not one this version builds "
-            f"({exc}); retrain with this version"
+            f"{side}: observation layout is not one this version builds ({exc}); retrain with "
+            "this version"
         ) from None
+    if "members" in meta:
+        _check_members(meta["members"], observation["fields"], side)
     if mode not in MODES or meta["action"] != action_layout(mode):
         raise PolicyFileError(
             f"{side}: action {meta['action']} differs from this version's "
             f"{action_layout(mode if mode in MODES else MODES[0])}; retrain with this version"
         )
     return meta
+
+
+def ensemble_fields(fields: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    """The observation entries of an ensemble whose members observe `fields` (one list each):
+    their union, in `OBSERVATION_FIELDS` order."""
+    return tuple(f for f in OBSERVATION_FIELDS if any(f in m for m in fields))
+
+
+def _check_members(members: Any, fields: list[str], side: Path) -> None:
+    """Refuse an ensemble sidecar whose ``observation.fields`` are not its members'
+    ``observation_fields`` as the export joins them (`ensemble_fields`): the graph would read
+    its inputs in another order."""
+    try:
+        if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
+            raise TypeError("members must be a list of objects")
+        named = [m.get("observation_fields") for m in members]
+        if not all(isinstance(f, list) for f in named):
+            raise TypeError("each member needs a list of observation_fields")
+        union = [*ensemble_fields([checked_fields(f) for f in named])]
+    except (TypeError, ValueError) as exc:
+        raise PolicyFileError(f"{side}: members: {exc}") from None
+    if union != fields:
+        pairs = enumerate(zip(fields, union, strict=False))
+        i = next((i for i, (a, b) in pairs if a != b), min(len(fields), len(union)))
+        raise PolicyFileError(
+            f"{side}: observation.fields are not the members' observation_fields joined in "
+            f"layout order: entry {i} is {fields[i] if i < len(fields) else 'missing'}, theirs "
+            f"{union[i] if i < len(union) else 'missing'}; re-export the policy"
+        )
 
 
 def numpy_act(onnx_path: Path, n_obs: int, mode: str) -> Act:

@@ -9,6 +9,7 @@ and a controller refuses a file made with other ones.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,12 +66,17 @@ def checked_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
     one (None: all of them); otherwise a ValueError naming the problem."""
     if fields is None:
         return OBSERVATION_FIELDS
-    unknown = sorted(set(fields) - set(OBSERVATION_FIELDS))
-    if unknown or len(set(fields)) != len(fields) or not fields:
+    if not fields:
+        raise ValueError("observation fields name none; name at least one")
+    unknown = [f for f in fields if f not in OBSERVATION_FIELDS]
+    if unknown:
         raise ValueError(
-            f"observation fields {list(fields)}: each must be one of "
-            f"{list(OBSERVATION_FIELDS)}, once (unknown: {unknown})"
+            f"observation fields name entries this version does not compute (unknown: "
+            f"{unknown[:3]}); known: {', '.join(OBSERVATION_FIELDS)}"
         )
+    twice = [f for f, n in Counter(fields).items() if n > 1]
+    if twice:
+        raise ValueError(f"observation fields name {twice} more than once; name each once")
     return tuple(fields)
 
 

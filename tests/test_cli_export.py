@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -408,3 +409,97 @@ def test_export_names_a_checkpoint_given_for_its_run_and_says_a_run_given_twice_
     assert f"note: {run_dir.resolve()} is 2 members: it counts that often in the vote" in (
         capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            {"policy_kwargs": {"net_arch": [65536, 65536]}},
+            "policy_kwargs.net_arch: a policy of 8.59e+09 parameters, over the 100,000,000 limit",
+        ),
+        ({"action_nvec": [17.5, 8]}, "action_nvec: 17.5 is not a whole number"),
+        ({"action_nvec": [0, 8]}, "action_nvec: 0 is outside [1, inf]"),
+    ],
+)
+def test_a_checkpoint_sized_beyond_the_limits_is_refused(
+    run_dir: Path, tmp_path: Path, capsys, edit: dict, message: str
+) -> None:
+    """Layers each within MAX_LAYER can still ask for gigabytes in all (torch once tried to
+    allocate 32 GiB), and a knob of 17.5 choices was truncated to 17: refused, naming the
+    file, before the network is built."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    path = run / "final" / "checkpoint.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | edit))
+    argv = ["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {message}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (
+            "shape",
+            r"policy\.safetensors: optimizer tensor optimizer\.\d+\.exp_avg has shape \(3,\), "
+            r"the parameter \(\d+, \d+\)",
+        ),
+        (
+            "step",
+            r"policy\.safetensors: optimizer tensor optimizer\.\d+\.step has shape \(3,\), "
+            r"a step count \(\)",
+        ),
+        (
+            "index",
+            r"policy\.safetensors: tensor 'optimizer\.abc\.exp_avg' is not "
+            r"optimizer\.<index>\.<state> with an index below \d+",
+        ),
+        (
+            "beyond",
+            r"policy\.safetensors: tensor 'optimizer\.999\.exp_avg' is not "
+            r"optimizer\.<index>\.<state> with an index below \d+",
+        ),
+        (
+            "groups",
+            r"checkpoint\.json: optimizer_param_groups do not number the model's \d+ "
+            r"parameters 0 to \d+ in order",
+        ),
+    ],
+)
+def test_resume_refuses_optimizer_state_that_does_not_fit(
+    run_dir: Path, tmp_path: Path, capsys, tamper: str, message: str
+) -> None:
+    """torch loads optimizer tensors of any shape (and maps them to parameters by the saved
+    groups' numbering): a wrong one failed only in the first PPO update, with a traceback,
+    and a malformed key with int()'s error. All are refused at resume, naming the file and
+    the tensor."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from batchpilot.agents.checkpoint import latest_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    ckpt = latest_checkpoint(run / "checkpoints")
+    tensors = load_file(str(ckpt / "policy.safetensors"))
+    kept = "step" if tamper == "step" else "exp_avg"
+    key = next(k for k in tensors if k.startswith("optimizer.") and k.endswith(f".{kept}"))
+    if tamper in ("shape", "step"):
+        tensors[key] = torch.zeros(3)
+    elif tamper in ("index", "beyond"):
+        tensors[f"optimizer.{'abc' if tamper == 'index' else 999}.exp_avg"] = tensors.pop(key)
+    else:  # the saved state maps to the parameters in reverse
+        state = json.loads((ckpt / "checkpoint.json").read_text())
+        state["optimizer_param_groups"][0]["params"].reverse()
+        (ckpt / "checkpoint.json").write_text(json.dumps(state))
+    save_file(tensors, str(ckpt / "policy.safetensors"))
+    data = json.loads(json.dumps(CONFIG))
+    data["batchpilot/Batching-v0"]["n_timesteps"] = 96  # an update follows the resume
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump(data))
+    argv = ["train", "--config", str(config), "--out", str(run), "--resume", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(f"{re.escape(str(ckpt))}/{message}", err), err

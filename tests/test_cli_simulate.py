@@ -278,3 +278,34 @@ def test_a_json_file_that_cannot_be_written_is_named(capsys: pytest.CaptureFixtu
     argv = ["simulate", "--no-progress", "--num-requests", "10", "--json", "/dev/full"]
     assert main(argv) == 2
     assert "error: cannot write /dev/full: No space left on device" in capsys.readouterr().err
+
+
+def test_a_policy_whose_network_overflows_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finite weights that overflow float32 pass the load checks; the first decision's
+    infinite logits are then an error naming the policy, not a traceback."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from batchpilot.agents.policy import seal, sha256
+
+    shipped = Path(__file__).resolve().parents[1] / "training/reports/learned/policy.onnx"
+    model = onnx.load(str(shipped))
+    last = [n for n in model.graph.node if n.op_type == "Gemm"][-1].input[1]
+    for init in model.graph.initializer:
+        if init.name == last:
+            huge = np.sign(numpy_helper.to_array(init)) * np.float32(3e38)
+            init.CopyFrom(numpy_helper.from_array(huge.astype(np.float32), init.name))
+    policy = tmp_path / "overflow.onnx"
+    onnx.save(model, str(policy))
+    meta = json.loads(Path(f"{shipped}.json").read_text())
+    del meta["sidecar_sha256"]
+    Path(f"{policy}.json").write_text(json.dumps(seal(meta | {"sha256": sha256(policy)})))
+    argv = ["simulate", "--controller", f"policy:{policy}", "--num-requests", "20",
+            "--workload", "embedded:gsm8k@poisson:4", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"policy:{policy}: the policy's network output NaN or infinite logits" in err
+    assert "weights overflow float32" in err and "Traceback" not in err

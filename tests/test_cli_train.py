@@ -236,8 +236,196 @@ def test_a_key_given_twice_is_named(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_yaml_merge_keys_read_as_yaml_says(tmp_path: Path) -> None:
+    """``<<: *anchor`` takes in the anchor's pairs, as `yaml.safe_load` reads them; a key
+    given over a merged one overrides it, one given twice in the mapping itself is refused."""
+    path = tmp_path / "merge.yml"
+    path.write_text(
+        "batchpilot/Batching-v0:\n"
+        "  n_envs: 1\n  n_timesteps: 64\n  n_steps: 32\n"
+        "  env_kwargs:\n"
+        "    profile: llama-7b-a100\n"
+        "    workload:\n"
+        "      - &w {source: embedded:gsm8k, num_requests: 20, arrival: 'poisson:1'}\n"
+        "      - {<<: *w, source: embedded:sharegpt}\n"
+    )
+    gsm8k = {"source": "embedded:gsm8k", "num_requests": 20, "arrival": "poisson:1"}
+    assert load_config(path).env_kwargs["workload"] == [
+        gsm8k,
+        gsm8k | {"source": "embedded:sharegpt"},
+    ]
+    path.write_text("base: &b {n_envs: 1}\nbatchpilot/Batching-v0: {<<: *b, seed: 1, seed: 2}\n")
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}:2:43: not valid YAML (duplicate key 'seed')")
+    ):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        (
+            "a: [1, 2\nb: 3\n",
+            "2:2",
+            "while parsing a flow sequence, expected ',' or ']', but got ':'",
+        ),
+        ("a: 1\n  b: 2\n", "2:4", "mapping values are not allowed here"),
+        ("a: *nope\n", "1:4", "found undefined alias 'nope'"),
+        ("a: 1\nb: \x07\n", "2:4", "character #x0007: special characters are not allowed"),
+        (
+            "a: {<<: 5}\n",
+            "1:9",
+            "while constructing a mapping, expected a mapping or list of mappings for merging, but found scalar",
+        ),
+        ("a: 1\na: 2\n", "2:1", "duplicate key 'a'"),
+    ],
+)
+def test_a_yaml_error_is_one_line_naming_the_file(
+    tmp_path: Path, text: str, where: str, problem: str
+) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}:{where}: not valid YAML ({problem})"
+
+
+def test_a_chain_of_merge_keys_is_refused_before_it_expands(tmp_path: Path) -> None:
+    """Each mapping that merges the one before copies its pairs: 3,000 lines would build
+    4.5 million; the copying stops past the values any file may hold."""
+    lines = ["m0: &m0 {k0: 0}"] + [
+        f"m{i}: &m{i} {{<<: *m{i - 1}, k{i}: {i}}}" for i in range(1, 3000)
+    ]
+    path = tmp_path / "chain.yml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"{path}: holds more than 100,000 values once its aliases are expanded"),
+    ):
+        load_config(path)
+
+
+def test_a_report_suites_unreadable_trace_is_refused_before_training(tmp_path: Path) -> None:
+    """The report runs after training: its suites' trace files are read when the config is
+    loaded, so a bad one costs no training run."""
+    trace = tmp_path / "twice.csv"
+    trace.write_text(
+        "ContextTokens,GeneratedTokens,TIMESTAMP,ContextTokens\n1,2,2023-11-16 18:15:46,3\n"
+    )
+    suite = tmp_path / "bad-trace.yml"
+    suite.write_text(
+        f"scenarios:\n  - {{name: b, source: {trace}, arrival: replay, num_requests: 20}}\n"
+    )
+    path = tmp_path / "report.yml"
+    path.write_text(
+        yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"report": {"suites": [suite.name]}}})
+    )
+    message = (
+        f"{path}: report.suites: {suite}: scenarios[0] (b): {trace}:1: the header names column(s)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config(path)
+
+
 def test_huge_layers_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "wide.yml"
     path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"policy_kwargs": {"net_arch": [10**9]}}}))
     with pytest.raises(ValueError, match=r"policy_kwargs.net_arch: layer sizes \[1000000000\]"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("net_arch", "count"),
+    [
+        ([65536, 65536], "8.59e+09"),
+        ([4096] * 200, "6.68e+09"),
+        ({"pi": [8], "vf": [20000] * 2}, "4.01e+08"),
+    ],
+)
+def test_a_policy_too_big_in_all_is_refused(tmp_path: Path, capsys, net_arch, count: str) -> None:
+    """Layers each within MAX_LAYER can still ask for gigabytes in all: refused by the total
+    count of parameters before anything is allocated (torch once raised a RuntimeError for
+    16 GiB, or the machine ran out of memory)."""
+    path = tmp_path / "big.yml"
+    path.write_text(
+        yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"policy_kwargs": {"net_arch": net_arch}}})
+    )
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(path), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{path}: policy_kwargs.net_arch: a policy of {count} parameters, over the 100,000,000 limit"
+        in err
+    ), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("action_space", "n_outputs"),
+    [("grid", 25), ("box", 2)],
+)
+@pytest.mark.parametrize("net_arch", [None, [64, 64], [], {"pi": [32], "vf": [16, 8]}, {"pi": [5]}])
+def test_the_parameter_count_is_sb3s(action_space: str, n_outputs: int, net_arch) -> None:
+    """`policy_parameters` counts what SB3 builds: both networks and both heads (a Box
+    action's log_std aside)."""
+    import numpy as np
+    from gymnasium import spaces
+    from stable_baselines3 import PPO
+
+    from batchpilot.agents.checkpoint import policy_parameters
+
+    obs = spaces.Box(-1, 1, (21,), np.float32)
+    act = (
+        spaces.MultiDiscrete([17, 8])
+        if action_space == "grid"
+        else spaces.Box(-1, 1, (2,), np.float32)
+    )
+    kwargs = {} if net_arch is None else {"net_arch": net_arch}
+    policy = PPO.policy_aliases["MlpPolicy"](obs, act, lambda _: 0.0, **kwargs)
+    log_std = 0 if action_space == "grid" else n_outputs
+    assert (
+        policy_parameters(net_arch, 21, n_outputs)
+        == sum(p.numel() for p in policy.parameters()) - log_std
+    )
+
+
+def test_an_slo_with_no_objective_is_refused(tmp_path: Path) -> None:
+    """Goodput, the reward and the evaluation's score, needs an objective: `--slo ''` is
+    refused, and so is a config's."""
+    path = tmp_path / "slo.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {"batchpilot/Batching-v0": BASE | {"env_kwargs": BASE["env_kwargs"] | {"slo": ""}}}
+        )
+    )
+    with pytest.raises(
+        ValueError, match=f"{re.escape(str(path))}: env_kwargs: slo names no objective"
+    ):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            ["waiting", "running", "waiting", "running", "kv_fit"],
+            r"observation fields name \['waiting', 'running'\] more than once; name each once",
+        ),
+        (
+            [*checked_fields(None), "queue_mood"],
+            r"observation fields name entries this version does not compute \(unknown: \['queue_mood'\]\); known: kv_cache_usage, ",
+        ),
+        ([], "observation fields name none; name at least one"),
+    ],
+)
+def test_bad_observation_fields_are_named_briefly(
+    tmp_path: Path, fields: list[str], message: str
+) -> None:
+    """The entries given twice or unknown are named, without repeating the whole list (a
+    duplicate once gave 2 kB naming none)."""
+    path = tmp_path / "fields.yml"
+    env = BASE["env_kwargs"] | {"observation_fields": fields}
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"env_kwargs": env}}))
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: env_kwargs: {message}") as err:
+        load_config(path)
+    assert len(str(err.value)) - len(str(path)) < 600

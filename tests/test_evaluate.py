@@ -50,8 +50,9 @@ def test_capacity_target_parses_and_checks() -> None:
     assert not t.met({"p90_itl_ms": 1.0, "p90_ttft_ms": 1.0, "unfinished": 3})
     with pytest.raises(ValueError, match="not METRIC:MAX"):
         CapacityTarget.parse("p90_itl_ms=50")
-    with pytest.raises(ValueError, match="not a run metric"):
-        CapacityTarget.parse("p91_itl_ms:50").met({"unfinished": 0})
+    for metric in ("p91_itl_ms", "output_goodput"):  # an upper bound: a latency a run reports
+        with pytest.raises(ValueError, match=f"'{metric}' is not a latency a run reports"):
+            CapacityTarget.parse(f"{metric}:50")
     with pytest.raises(ValueError, match="capacity SLO 'p90_itl_ms:50,p90_itl_ms:60': p90_itl_ms given twice"):
         CapacityTarget.parse("p90_itl_ms:50,p90_itl_ms:60")
 
@@ -62,10 +63,11 @@ def test_capacity_target_refuses_non_finite_or_non_positive_bounds(bound: str) -
         CapacityTarget.parse(f"p90_ttft_ms:2000,p90_itl_ms:{bound}")
 
 
+@pytest.mark.parametrize("capacity", ["--capacity", "--no-capacity"])
 def test_compare_refuses_a_nan_capacity_slo(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], capacity: str
 ) -> None:
-    args = ["compare", "--capacity", "--capacity-slo", "p90_itl_ms:nan", "--out", str(tmp_path)]
+    args = ["compare", capacity, "--capacity-slo", "p90_itl_ms:nan", "--out", str(tmp_path)]
     assert main(args) == 2
     assert "batchpilot compare: error: capacity SLO 'p90_itl_ms:nan'" in capsys.readouterr().err
 
@@ -414,6 +416,77 @@ def test_suite_settings_are_type_checked_at_load(tmp_path: Path, top: str, messa
     path = _suite_file(tmp_path, top=top)
     with pytest.raises(SuiteError, match=re.escape(f"{path}: {message}")):
         load_suite(path)
+
+
+def test_a_suites_trace_file_is_read_at_load(tmp_path: Path) -> None:
+    """A trace a run could not read fails the suite's load, not its run (after training, or
+    after the suites before it have run in full), as its bad_rows setting reads it; a pipe or
+    a directory is no regular file (it is there, not missing)."""
+    bad = tmp_path / "twice.csv"
+    bad.write_text(
+        "ContextTokens,GeneratedTokens,TIMESTAMP,ContextTokens\n1,2,2023-11-16 18:15:46,3\n"
+    )
+    trace = tmp_path / "zero.csv"
+    rows = "".join(
+        f"2023-11-16 18:15:{i:02d}.0000000,{100 + i},{0 if i == 3 else 10}\n" for i in range(30)
+    )
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    folder, pipe = tmp_path / "dir.csv", tmp_path / "pipe.csv"
+    folder.mkdir()
+    os.mkfifo(pipe)
+    cases = [
+        (bad, f"{bad}:1: the header names column(s) ['ContextTokens'] more than once"),
+        (trace, f"{trace}:5: GeneratedTokens is 0; a request needs at least 1 token"),
+        (folder, f"{folder}: a directory, not a trace file"),
+        (pipe, f"{pipe}: not a regular file (a pipe, device or socket?)"),
+    ]
+    for source, message in cases:
+        path = _suite_file(tmp_path, source=str(source), arrival="replay")
+        with pytest.raises(SuiteError, match=re.escape(f"{path}: scenarios[0] (a): {message}")):
+            load_suite(path)
+    path = _suite_file(tmp_path, source=str(trace), arrival="replay", bad_rows="skip")
+    assert load_suite(path).scenarios[0].bad_rows == "skip"
+
+
+def test_suite_scenarios_may_merge_an_anchored_mapping(tmp_path: Path) -> None:
+    """``<<: *defaults`` (YAML's merge key) fills a scenario in; its own keys override."""
+    path = tmp_path / "anchors.yml"
+    path.write_text(
+        "defaults: &d {num_requests: 20, source: embedded:gsm8k, arrival: 'poisson:1'}\n"
+        "scenarios:\n  - {<<: *d, name: a}\n  - {<<: *d, name: b, num_requests: 30}\n"
+    )
+    scenarios = load_suite(path).scenarios
+    assert [(sc.name, sc.source, sc.num_requests) for sc in scenarios] == [
+        ("anchors/a on llama-7b-a100", "embedded:gsm8k", 20),
+        ("anchors/b on llama-7b-a100", "embedded:gsm8k", 30),
+    ]
+
+
+def test_a_suites_trace_file_is_read_once_for_load_and_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load's read is the run's: the reader keeps the trace, so checking it at load costs
+    no second read."""
+    import batchpilot.envs.traces as traces
+
+    trace = tmp_path / "once.csv"
+    rows = "".join(f"2023-11-16 18:15:{i:02d}.0000000,{100 + i},{10 + i}\n" for i in range(30))
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    reads: list[Path] = []
+    read_csv = traces._read_csv
+
+    def counted(path: Path, skip_bad_rows: bool) -> traces.Trace:
+        reads.append(path)
+        return read_csv(path, skip_bad_rows)
+
+    monkeypatch.setattr(traces, "_read_csv", counted)
+    path = _suite_file(tmp_path, source=str(trace), arrival="replay", num_requests="20")
+    load_suite(path)
+    assert reads == [trace]
+    argv = ["compare", "--suite", str(path), "--controllers", "static:8", "--seeds", "2",
+            "--no-capacity", "--no-progress", "--workers", "1", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 0
+    assert reads == [trace]
 
 
 def test_suite_takes_every_allowed_value(tmp_path: Path) -> None:

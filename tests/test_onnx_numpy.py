@@ -323,3 +323,69 @@ def test_observer_values_are_the_documented_ones() -> None:
     for bad in (["kv_cache_usage", "kv_cache_usage"], ["queue_mood"], []):
         with pytest.raises(ValueError, match="observation fields"):
             Observer(slo, bad)
+
+
+def resealed(tmp_path: Path, edit) -> Path:
+    """A copy of the committed policy whose sidecar `edit` changed and re-sealed (as anyone
+    can)."""
+    path = tmp_path / "p.onnx"
+    path.write_bytes(COMMITTED.read_bytes())
+    meta = json.loads(sidecar_path(COMMITTED).read_text())
+    edit(meta)
+    sidecar_path(path).write_text(json.dumps(seal(meta)))
+    return path
+
+
+def _reverse_fields(meta: dict) -> None:
+    meta["observation"]["fields"].reverse()
+
+
+def _drop_first_field(meta: dict) -> None:
+    del meta["observation"]["fields"][0]
+
+
+def _unknown_member_field(meta: dict) -> None:
+    meta["members"][0]["observation_fields"][0] = "queue_mood"
+
+
+def _no_members(meta: dict) -> None:
+    meta["members"] = []
+
+
+def _no_slo(meta: dict) -> None:
+    meta["slo"] = ""
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            _reverse_fields,
+            r"observation\.fields are not the members' observation_fields joined in layout order: entry 0 is \w+, theirs kv_cache_usage",
+        ),
+        (
+            _drop_first_field,
+            r"observation\.fields are not .* entry 0 is kv_usage_trend, theirs kv_cache_usage",
+        ),
+        (
+            _unknown_member_field,
+            r"members: observation fields name entries .*unknown: \['queue_mood'\]",
+        ),
+        (_no_members, "entry 0 is kv_cache_usage, theirs missing"),
+        (_no_slo, "slo names no objective"),
+    ],
+)
+def test_a_resealed_sidecar_at_odds_with_itself_is_refused(
+    tmp_path: Path, edit, message: str
+) -> None:
+    """An ensemble's inputs are its members' entries joined in layout order: a sidecar whose
+    ``observation.fields`` say otherwise (reordered: the network would read permuted inputs)
+    is refused, and so is one trained for an SLO with no objective."""
+    with pytest.raises(PolicyFileError, match=f"p\\.onnx\\.json: .*{message}"):
+        load_policy(resealed(tmp_path, edit))
+
+
+def test_a_resealed_sidecar_that_changes_nothing_loads(tmp_path: Path) -> None:
+    path = resealed(tmp_path, lambda meta: None)
+    obs = np.linspace(-1, 1, COMMITTED_N_OBS, dtype=np.float32)
+    np.testing.assert_array_equal(load_policy(path).act(obs), load_policy(COMMITTED).act(obs))

@@ -39,7 +39,7 @@ from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.controller import ControlInterval
-from batchpilot.envs.metrics import DEFAULT_SLO, SLO
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
@@ -241,6 +241,10 @@ def unreachable_slos(scenarios: Sequence[Scenario]) -> list[str]:
     return [f"note: {name}: {problem}" for name, problem in problems.items() if problem]
 
 
+LATENCY_METRICS = frozenset(k for k in RunMetrics().metrics(1.0) if k.endswith("_ms"))
+"""The run metrics a capacity SLO may bound from above: the latencies, in ms."""
+
+
 @dataclass(frozen=True)
 class CapacityTarget:
     """What meeting the SLO means for capacity: each metric at or below its bound."""
@@ -274,6 +278,11 @@ class CapacityTarget:
                 raise ValueError(
                     f"capacity SLO {spec!r}: {key} bound must be a finite number > 0, got {value}"
                 )
+            if key not in LATENCY_METRICS:
+                raise ValueError(
+                    f"capacity SLO {spec!r}: {key!r} is not a latency a run reports (one of "
+                    f"{', '.join(sorted(LATENCY_METRICS))})"
+                )
             if key in dict(bounds):
                 raise ValueError(f"capacity SLO {spec!r}: {key} given twice")
             bounds.append((key, bound))
@@ -285,12 +294,7 @@ class CapacityTarget:
         """Every request finished and every bound holds."""
         if metrics.get("unfinished", 0):
             return False
-        for key, bound in self.bounds:
-            if key not in metrics:
-                raise ValueError(f"capacity SLO names {key!r}, which is not a run metric")
-            if metrics[key] > bound:
-                return False
-        return True
+        return all(metrics[key] <= bound for key, bound in self.bounds)
 
     def __str__(self) -> str:
         return ", ".join(f"{k} <= {v:g}" for k, v in self.bounds)

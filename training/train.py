@@ -51,7 +51,7 @@ from batchpilot.envs import ENV_ID
 from batchpilot.envs.batching_env import CONTROL_INTERVAL_S
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.input_files import regular_file
-from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.metrics import DEFAULT_SLO, goodput_slo
 from batchpilot.envs.observation import checked_fields
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS
 from batchpilot.training.yaml_files import load_yaml
@@ -282,14 +282,21 @@ def load_config(path: Path) -> TrainConfig:
 
 def _check_values(cfg: TrainConfig, path: Path) -> None:
     """The env's, the evaluation's, the teacher's and the report's own value checks (profiles,
-    workload specs, SLO, control interval, engine keywords, controller specs, suites), run
-    before anything is written or trained; errors name the file."""
+    workload specs, SLO, control interval, engine keywords, controller specs, suites) and the
+    policy's size, run before anything is written or trained; errors name the file."""
+    from batchpilot.agents.checkpoint import policy_size_problem
+
     try:
         env = _env_class()(**cfg.env_kwargs)  # a real engine starts at the first reset only
         env.check_workloads()
         env.close()
+        goodput_slo(env.slo, "slo")  # the reward and the evaluation score goodput
     except (ValueError, TypeError, OSError) as exc:
         raise ValueError(f"{path}: env_kwargs: {exc}") from None
+    net_arch = (cfg.hyperparams.get("policy_kwargs") or {}).get("net_arch")
+    n_obs, n_outputs = env.observation_space.shape[0], int(env.action_space.nvec.sum())
+    if problem := policy_size_problem(net_arch, n_obs, n_outputs):
+        raise ValueError(f"{path}: policy_kwargs.net_arch: {problem}")
     if cfg.eval:
         _check_eval(cfg, path)
     if cfg.imitation is not None:

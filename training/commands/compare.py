@@ -278,9 +278,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.first_seed + seeds - 1}; evaluation seeds stay below {TUNING_SEED_BASE}, "
             "where the tuning seeds start"
         )
-    capacity = None
-    if args.capacity or (args.capacity is None and engine == "sim"):
-        capacity = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
+    capacity = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
+    if not (args.capacity or (args.capacity is None and engine == "sim")):
+        capacity = None  # --capacity-slo checked all the same
     results = evaluate(
         scenarios,
         controllers,
