@@ -1034,11 +1034,18 @@ def assert_suites_report(text: str, out: Path, suites: list[str], policies: list
     assert not any(x.startswith("# ") for x in lines[1:])  # one title: the suites' went down
 
 
-def test_quickstart_trains_exports_and_reports(tmp_path: Path) -> None:
-    """The main job end to end on a tiny config: the policy is a row of the report."""
+@pytest.mark.parametrize("with_eval", [True, False])
+def test_quickstart_trains_exports_and_reports(tmp_path: Path, with_eval: bool) -> None:
+    """The main job end to end on a tiny config: the policy is a row of the report. A config
+    without ``eval`` keeps no best checkpoint: the final one is exported."""
+    import copy
+
     from batchpilot.training.cli import main
 
-    config = write_config(tmp_path / "tiny.yml", TINY)
+    data = copy.deepcopy(TINY)
+    if not with_eval:
+        del data["batchpilot/Batching-v0"]["eval"]
+    config = write_config(tmp_path / "tiny.yml", data)
     out = tmp_path / "qs"
     argv = [
         "quickstart",
@@ -1058,7 +1065,32 @@ def test_quickstart_trains_exports_and_reports(tmp_path: Path) -> None:
     assert f"policy:{out / 'policy.onnx'}" in rows
     assert "alg1+alg2" in rows
     assert "policy:" in (out / "report.md").read_text()
-    assert (out / "run" / "best" / "policy.safetensors").is_file()
+    kept = "best" if with_eval else "final"
+    assert (out / "run" / kept / "policy.safetensors").is_file()
+    assert (out / "run" / "best").exists() == with_eval
+
+
+@pytest.mark.parametrize(
+    ("workload", "problem"),
+    [
+        ("embedded:gsm8k", "use SOURCE@ARRIVAL"),
+        ("embedded:gsm8k@poisson:-1", "poisson"),
+        ("{trace}@replay", "more than once"),
+    ],
+)
+def test_quickstart_refuses_a_bad_workload_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], workload: str, problem: str
+) -> None:
+    from batchpilot.training.cli import main
+
+    trace = tmp_path / "twice.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,ContextTokens,GeneratedTokens\n")
+    out = tmp_path / "qs"
+    argv = ["quickstart", "--config", str(write_config(tmp_path / "tiny.yml", TINY)),
+            "--workload", workload.format(trace=trace), "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    assert problem in capsys.readouterr().err
+    assert not (out / "run").exists()  # nothing trained
 
 
 def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.training.commands.common import DEFAULT_WORKLOAD, SEEDS
+from batchpilot.training.commands.common import DEFAULT_WORKLOAD, SEEDS, parse_workload
 
 if TYPE_CHECKING:
     from batchpilot.training.train import TrainConfig
@@ -66,9 +66,9 @@ def main(args: argparse.Namespace) -> int:
     profile, workloads, options = comparison(cfg, args.workload)  # a problem stops it early
     run_dir, policy = args.out / "run", args.out / "policy.onnx"
     print(f"[1/3] training {cfg.n_timesteps} steps ({config}) -> {run_dir}")
-    train(cfg, config, run_dir, resume=False, progress=not args.no_progress)
+    best = train(cfg, config, run_dir, resume=False, progress=not args.no_progress)
     print(f"[2/3] exporting -> {policy}")
-    export([run_dir], policy)
+    export([run_dir], policy, checkpoint=best.name)  # "final" where the config has no eval
     load_policy(policy)
     argv = [
         "--controllers",
@@ -101,10 +101,14 @@ def comparison(
     compared with: the config's evaluation runs on its first evaluation profile, with their
     ``num_requests`` and ``bad_rows`` (compare takes one of each: a `ValueError` if the runs
     differ), else compare's default workload on the first training profile; `workloads`, if
-    given, in place of the config's (with compare's defaults)."""
+    given, in place of the config's (with compare's defaults), each checked here (a bad one
+    is a `ValueError` before any training)."""
     from batchpilot.agents.callbacks import EvalScenario
     from batchpilot.envs.batching_env import profile_weights
+    from batchpilot.envs.workloads import make_workload
 
+    for text in workloads or []:
+        make_workload(*parse_workload(text), num_requests=1)
     if not cfg.eval:
         given = cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
         return next(iter(profile_weights(given))), workloads or [DEFAULT_WORKLOAD], []

@@ -75,5 +75,6 @@ def main(args: argparse.Namespace) -> int:
             report = write_report(run_cfg, args.config, out, progress=not args.no_progress)
             print(f"evaluation report: {report}")
         else:
-            print(f"export it: batchpilot export {out} --out {out / 'policy.onnx'}")
+            pick = "" if best.name == "best" else f" --checkpoint {best.name}"  # no eval: final
+            print(f"export it: batchpilot export {out}{pick} --out {out / 'policy.onnx'}")
     return 0
