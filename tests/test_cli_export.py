@@ -411,6 +411,16 @@ def test_export_names_a_checkpoint_given_for_its_run_and_says_a_run_given_twice_
     )
 
 
+@pytest.mark.parametrize("taken", ["p.onnx", "p.onnx.json"])
+def test_export_onto_a_directory_names_it_before_exporting(
+    run_dir: Path, tmp_path: Path, capsys, taken: str
+) -> None:
+    (tmp_path / taken).mkdir()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "p.onnx")]) == 2
+    assert f"{tmp_path / taken}: is a directory, not a file" in capsys.readouterr().err
+    assert not list(tmp_path.glob(".p.onnx*"))  # nothing begun
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
