@@ -14,9 +14,11 @@ total probability), so where every choice ties the label pulls toward none of th
 teacher breaks ties toward the larger value, which a plain clone learns as a preference).
 With ``seq_tie_break: knee`` a ``max_num_seqs`` label is, of the teacher's near-ties, the one
 nearest the decode knee (`decode_knee`: the most requests a pure-decode step serves within
-the TPOT target), so where the cap does not matter the clone learns a default that the SLO
-and the GPU set, not the grid's top, which it would keep where the cap does matter and the
-SLO or GPU is one it never trained on.
+the TPOT target, on the engine's measured step line), so where the cap does not matter the
+clone learns a default that the SLO and the GPU set, not the grid's top, which it would keep
+where the cap does matter and the SLO or GPU is one it never trained on. The line fits
+prefill and decode tokens alike and puts the knee above a pure-decode step's; ``step_knee``
+takes the knee from the simulated engine's step model instead (`step_knee`).
 The policy is SB3's own policy object (`ActorCriticPolicy`), so PPO continues from exactly
 what was cloned. The ``imitation`` library would fit, but pins gymnasium 0.29 and
 stable-baselines3 2.2; this loop is the few lines it needs.
@@ -37,6 +39,7 @@ import gymnasium as gym
 import numpy as np
 
 from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID, nearest
+from batchpilot.envs.step_models import StepModel
 from batchpilot.envs.telemetry import Telemetry
 
 KNOBS = ("max_num_seqs", "budget")
@@ -50,7 +53,7 @@ not drown the rest)."""
 TIE_TOLERANCE = 0.01
 """A grid choice whose horizon score trails the best by less than this (relative, as
 `knob_stakes` measures leads) ties with it."""
-SEQ_TIE_BREAKS = ("teacher", "knee")
+SEQ_TIE_BREAKS = ("teacher", "knee", "step_knee")
 """How a ``max_num_seqs`` label breaks the teacher's near-ties (`ImitationSpec.seq_tie_break`)."""
 
 
@@ -80,8 +83,9 @@ class ImitationSpec:
     teacher that reports its sweeps: ``mpc``); empty: the teacher's one choice."""
     seq_tie_break: str = "teacher"
     """Which of the teacher's near-ties a ``max_num_seqs`` label takes (`SEQ_TIE_BREAKS`):
-    ``teacher``, its own choice (the current limit, else the larger); ``knee``, the one
-    nearest the decode knee (module doc; needs a teacher that reports its sweeps)."""
+    ``teacher``, its own choice (the current limit, else the larger); ``knee`` and
+    ``step_knee``, the one nearest the decode knee of the measured step line or of the
+    simulator's step model (module doc; needs a teacher that reports its sweeps)."""
 
     def __post_init__(self) -> None:
         for key in ("rounds", "episodes", "epochs", "batch_size"):
@@ -181,6 +185,26 @@ def decode_knee(telemetry: Telemetry, tpot_ms: float | None) -> float:
     return max(1.0, (tpot_ms / 1e3 - telemetry.step_base_s) / per_token)
 
 
+def step_knee(step: StepModel, context: float, tpot_ms: float | None) -> float:
+    """The most requests of `context` tokens each that one pure-decode step of `step` serves
+    within `tpot_ms`, at least 1; infinite past the grid's top (`SEQ_GRID`) or without a TPOT
+    target."""
+    top = SEQ_GRID[-1]
+    if tpot_ms is None:
+        return math.inf
+
+    def fits(n: int) -> bool:
+        return step.decode_time(n, round(n * context)) <= tpot_ms / 1e3
+
+    if fits(top):
+        return math.inf
+    lo, hi = 1, top  # fits(hi) is False; the answer is lo where fits(lo), else 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return float(lo)
+
+
 def nearest_tie(mask: np.ndarray, grid: tuple[int, ...], target: float) -> int:
     """Of the grid choices `mask` accepts, the one nearest `target` on a log scale (an
     infinite one: the largest); of two as near, the larger."""
@@ -238,9 +262,15 @@ def collect_episode(
     while not done:
         telemetry = base.telemetry
         label = base.grid.action_for(teacher.decide(telemetry))
-        if seq_tie_break == "knee":
+        if seq_tie_break != "teacher":
+            tpot_ms = base.engine.slo.tpot_ms
+            if seq_tie_break == "knee":
+                knee = decode_knee(telemetry, tpot_ms)
+            else:  # a request decoding midway: its prompt and half its output
+                context = telemetry.prompt_mean + telemetry.output_mean / 2
+                knee = step_knee(base.engine.profile.step, context, tpot_ms)
             ties = acceptable(teacher.sweeps[0], SEQ_GRID, int(label[0]))
-            label[0] = nearest_tie(ties, SEQ_GRID, decode_knee(telemetry, base.engine.slo.tpot_ms))
+            label[0] = nearest_tie(ties, SEQ_GRID, knee)
         states.append(obs)
         labels.append(label)
         if stakes:

@@ -382,6 +382,38 @@ def test_mpc_teacher_labels_carry_their_stakes() -> None:
     np.testing.assert_array_equal(budget, plain.acceptable[1])
 
 
+def test_the_step_knee_is_where_the_step_models_decode_step_takes_the_tpot_target() -> None:
+    from batchpilot.agents.imitation import step_knee
+
+    step = get_profile("llama-2-70b-a100x4").step
+    knee = step_knee(step, 600, 40.0)
+    assert 1 < knee < SEQ_GRID[-1]
+    n = int(knee)
+    assert step.decode_time(n, n * 600) <= 0.040 < step.decode_time(n + 1, (n + 1) * 600)
+    assert step_knee(step, 600, 20.0) == 1.0  # one request alone takes over 20 ms
+    assert step_knee(step, 600, 10_000.0) == step_knee(step, 600, None) == float("inf")
+    assert step_knee(step, 2000, 40.0) < knee  # longer contexts read more KV a step
+
+
+def test_step_knee_labels_lie_below_the_teachers_own() -> None:
+    """At 50 ms a 7B on an A100 decodes about 150 requests of 600 tokens a step: labels at
+    that knee lie below the teacher's, which break near-ties toward the grid's top."""
+    import functools
+
+    import gymnasium as gym
+
+    from batchpilot.agents.imitation import collect_episode
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
+    make_env = functools.partial(gym.make, "batchpilot/Batching-v0", **kwargs)
+    teacher = "mpc:horizon_s=2:seqs=4/64:tokens=256/2048"
+    own = collect_episode(make_env, teacher, 5, None, 1.0, True, ("max_num_seqs",))
+    knee = collect_episode(make_env, teacher, 5, None, 1.0, True, ("max_num_seqs",), "step_knee")
+    ties, labels = knee.acceptable[0], knee.labels[:, 0]
+    assert ties[np.arange(len(ties)), labels].all()
+    assert labels.mean() < own.labels[:, 0].mean() - 1
+
+
 @pytest.mark.parametrize("tpot_ms", [50, 15])
 def test_knee_labels_take_the_near_tie_nearest_the_decode_knee(tpot_ms: int) -> None:
     """A 7B on an A100 decodes far more than 1,024 requests within 50 ms a step: there each
