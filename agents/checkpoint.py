@@ -107,7 +107,7 @@ def _floats(data: dict[str, Any], key: str, path: Path, n: int | None = None) ->
     """`data[key]` as a finite float64 vector (of length `n` if given)."""
     try:
         arr = np.asarray(data[key], dtype=np.float64)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):  # an int past any float
         raise CheckpointError(f"{path}: {key} is missing or not a list of numbers") from None
     if arr.ndim != 1 or (n is not None and len(arr) != n) or not np.isfinite(arr).all():
         want = f"{n} finite numbers" if n is not None else "a list of finite numbers"
@@ -366,7 +366,7 @@ def load_policy_module(directory: Path) -> Any:
     for key in keys:
         try:
             bounds[key] = np.asarray(state[key], dtype=np.float32)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # an int past any float
             raise CheckpointError(f"{path}: {key} is missing or not numbers") from None
     knobs = state.get("action_nvec", [])
     for n in knobs if isinstance(knobs, list) else [knobs]:  # astype(int64) would truncate

@@ -90,28 +90,28 @@ class ImitationSpec:
     def __post_init__(self) -> None:
         for key in ("rounds", "episodes", "epochs", "batch_size"):
             if getattr(self, key) < 1:
-                raise ValueError(f"imitation: {key} must be >= 1, got {getattr(self, key)}")
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if not 0.0 <= self.beta <= 1.0:
-            raise ValueError(f"imitation: beta must be in [0, 1], got {self.beta}")
+            raise ValueError(f"beta must be in [0, 1], got {self.beta}")
         if self.learning_rate <= 0 or self.value_epochs < 0:
-            raise ValueError("imitation: need learning_rate > 0 and value_epochs >= 0")
+            raise ValueError("need learning_rate > 0 and value_epochs >= 0")
         if self.seq_tie_break not in SEQ_TIE_BREAKS:
             raise ValueError(
-                f"imitation: seq_tie_break must be one of {SEQ_TIE_BREAKS}, "
+                f"seq_tie_break must be one of {SEQ_TIE_BREAKS}, "
                 f"got {self.seq_tie_break!r}"
             )
         for key in ("stakes_knobs", "tie_sets"):
             unknown = [k for k in getattr(self, key) if k not in KNOBS]
             if unknown:
-                raise ValueError(f"imitation: {key}: {unknown[0]!r} is not one of {KNOBS}")
+                raise ValueError(f"{key}: {unknown[0]!r} is not one of {KNOBS}")
         if self.sweeps:
             from batchpilot.baselines.specs import make_controller
 
             if not hasattr(make_controller(self.teacher), "sweeps"):
                 used = ("stakes_knobs", "tie_sets", "seq_tie_break")
-                key = next(k for k in used if getattr(self, k) not in ([], "teacher"))
+                key = next(k for k in used if getattr(self, k) and getattr(self, k) != "teacher")
                 raise ValueError(
-                    f"imitation: {key} needs a teacher that reports how much each "
+                    f"{key} needs a teacher that reports how much each "
                     f"choice mattered (mpc); {self.teacher!r} does not"
                 )
 

@@ -288,7 +288,8 @@ def _check_members(members: Any, fields: list[str], side: Path) -> None:
     try:
         if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
             raise TypeError("members must be a list of objects")
-        named = [m.get("observation_fields") for m in members]
+        # members exported before they recorded their entries all observed the sidecar's
+        named = [m.get("observation_fields", fields) for m in members]
         if not all(isinstance(f, list) for f in named):
             raise TypeError("each member needs a list of observation_fields")
         union = [*ensemble_fields([checked_fields(f) for f in named])]

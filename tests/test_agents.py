@@ -435,7 +435,6 @@ def test_knee_labels_take_the_near_tie_nearest_the_decode_knee(tpot_ms: int) -> 
     assert (ties.sum(1) > 1).any()
     if tpot_ms == 50:
         np.testing.assert_array_equal(labels, len(SEQ_GRID) - 1 - ties[:, ::-1].argmax(1))
-        assert (labels != own.labels[: len(labels), 0]).any()
     else:
         assert labels.mean() < own.labels[:, 0].mean() - 2
 

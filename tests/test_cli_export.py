@@ -430,6 +430,8 @@ def test_export_onto_a_directory_names_it_before_exporting(
         ),
         ({"action_nvec": [17.5, 8]}, "action_nvec: 17.5 is not a whole number"),
         ({"action_nvec": [0, 8]}, "action_nvec: 0 is outside [1, inf]"),
+        ({"action_nvec": [10**400, 8]}, "action_nvec is missing or not numbers"),  # past a float
+        ({"observation_low": [-(10**400)] * 23}, "observation_low is missing or not numbers"),
     ],
 )
 def test_a_checkpoint_sized_beyond_the_limits_is_refused(

@@ -262,6 +262,29 @@ def test_yaml_merge_keys_read_as_yaml_says(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "duplicate"),
+    [
+        # a mapping merged into another is flattened first: its merged keys are not its own
+        ("b: &b {x: 1}\nt: {a: &m {<<: *b, x: 2}, <<: *m}\n", None),
+        ("t: {<<: {x: 1, x: 2}, y: 3}\n", "x"),  # an inline merge source is checked too
+        ("t: {<<: [{x: 1}, {y: 2, y: 3}]}\n", "y"),
+    ],
+)
+def test_merged_mappings_are_checked_for_their_own_keys(
+    tmp_path: Path, text: str, duplicate: str | None
+) -> None:
+    from batchpilot.training.yaml_files import load_yaml
+
+    path = tmp_path / "m.yml"
+    path.write_text(text)
+    if duplicate is None:
+        assert load_yaml(path) == yaml.safe_load(text)
+    else:
+        with pytest.raises(ValueError, match=f"duplicate key '{duplicate}'"):
+            load_yaml(path)
+
+
+@pytest.mark.parametrize(
     ("text", "where", "problem"),
     [
         (

@@ -50,9 +50,13 @@ def test_capacity_target_parses_and_checks() -> None:
     assert not t.met({"p90_itl_ms": 1.0, "p90_ttft_ms": 1.0, "unfinished": 3})
     with pytest.raises(ValueError, match="not METRIC:MAX"):
         CapacityTarget.parse("p90_itl_ms=50")
-    for metric in ("p91_itl_ms", "output_goodput"):  # an upper bound: a latency a run reports
-        with pytest.raises(ValueError, match=f"'{metric}' is not a latency a run reports"):
+    for metric in ("p91_itl_ms", "output_goodput"):  # an upper bound: lower must be better
+        with pytest.raises(ValueError, match=f"'{metric}' is no metric a run reports that lower"):
             CapacityTarget.parse(f"{metric}:50")
+    assert CapacityTarget.parse("p99_tpot_ms:80,num_preemptions:5").bounds[1] == (
+        "num_preemptions",
+        5.0,
+    )
     with pytest.raises(ValueError, match="capacity SLO 'p90_itl_ms:50,p90_itl_ms:60': p90_itl_ms given twice"):
         CapacityTarget.parse("p90_itl_ms:50,p90_itl_ms:60")
 

@@ -389,3 +389,15 @@ def test_a_resealed_sidecar_that_changes_nothing_loads(tmp_path: Path) -> None:
     path = resealed(tmp_path, lambda meta: None)
     obs = np.linspace(-1, 1, COMMITTED_N_OBS, dtype=np.float32)
     np.testing.assert_array_equal(load_policy(path).act(obs), load_policy(COMMITTED).act(obs))
+
+
+def _members_before_their_fields(meta: dict) -> None:
+    for member in meta["members"]:  # as exports before members recorded their entries
+        del member["observation_fields"]
+
+
+def test_an_ensemble_sidecar_from_before_members_named_their_fields_loads(tmp_path: Path) -> None:
+    """Such members all observed the sidecar's own entries: the file decides as before."""
+    path = resealed(tmp_path, _members_before_their_fields)
+    obs = np.linspace(-1, 1, COMMITTED_N_OBS, dtype=np.float32)
+    np.testing.assert_array_equal(load_policy(path).act(obs), load_policy(COMMITTED).act(obs))

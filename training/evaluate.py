@@ -241,13 +241,19 @@ def unreachable_slos(scenarios: Sequence[Scenario]) -> list[str]:
     return [f"note: {name}: {problem}" for name, problem in problems.items() if problem]
 
 
-LATENCY_METRICS = frozenset(k for k in RunMetrics().metrics(1.0) if k.endswith("_ms"))
-"""The run metrics a capacity SLO may bound from above: the latencies, in ms."""
+BOUNDED_METRICS = frozenset(
+    k
+    for k in RunMetrics().metrics(1.0)
+    if k.endswith("_ms") or k in ("num_preemptions", "recomputed_tokens")
+)
+"""The run metrics a capacity SLO may bound from above: the latencies (ms), preemptions and
+recomputed tokens (lower is better in each)."""
 
 
 @dataclass(frozen=True)
 class CapacityTarget:
-    """What meeting the SLO means for capacity: each metric at or below its bound."""
+    """What meeting the SLO means for capacity: each metric (`BOUNDED_METRICS`) at or below
+    its bound."""
 
     bounds: tuple[tuple[str, float], ...] = (("p90_itl_ms", 50.0), ("p90_ttft_ms", 2000.0))
     num_requests: int = 500
@@ -278,10 +284,10 @@ class CapacityTarget:
                 raise ValueError(
                     f"capacity SLO {spec!r}: {key} bound must be a finite number > 0, got {value}"
                 )
-            if key not in LATENCY_METRICS:
+            if key not in BOUNDED_METRICS:
                 raise ValueError(
-                    f"capacity SLO {spec!r}: {key!r} is not a latency a run reports (one of "
-                    f"{', '.join(sorted(LATENCY_METRICS))})"
+                    f"capacity SLO {spec!r}: {key!r} is no metric a run reports that lower is "
+                    f"better in (one of {', '.join(sorted(BOUNDED_METRICS))})"
                 )
             if key in dict(bounds):
                 raise ValueError(f"capacity SLO {spec!r}: {key} given twice")

@@ -21,7 +21,7 @@ the imitation result included, in ``best/``: best by the geometric mean, over th
 
 A run directory holds ``config.yml``, ``run.json``, ``tb/`` (tensorboard), ``checkpoints/``,
 ``best/`` (best evaluation) and ``final/``; with a ``report`` setting, also
-``policy.onnx`` (the best checkpoint, exported) and ``report/`` (`write_report`).
+``policy.onnx`` (`kept_checkpoint`, exported) and ``report/`` (`write_report`).
 """
 
 from __future__ import annotations
@@ -426,7 +426,7 @@ class _Run:
 
 
 def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progress: bool) -> Path:
-    """Train (or resume) a run in `out`; returns the directory of the best checkpoint."""
+    """Train (or resume) a run in `out`; returns the checkpoint to export (`kept_checkpoint`)."""
     return train_runs(cfg, config_path, [(cfg.seed, out)], resume=resume, progress=progress)[0]
 
 
@@ -439,11 +439,11 @@ def train_runs(
     progress: bool,
 ) -> list[Path]:
     """Train (or resume) runs of `cfg` with these (training seed, directory) pairs; returns
-    each one's best checkpoint directory. Their imitation phases run side by side on one
-    `collector` (round-0 episodes collected once; one run's episodes keep the workers busy
-    while another fits), then their PPO phases one after another (PPO draws from the global
-    random generators; beside a busy pool its env steps crawl); each run is the run it would
-    be alone, bit for bit."""
+    each one's checkpoint to export (`kept_checkpoint`). Their imitation phases run side by
+    side on one `collector` (round-0 episodes collected once; one run's episodes keep the
+    workers busy while another fits), then their PPO phases one after another (PPO draws from
+    the global random generators; beside a busy pool its env steps crawl); each run is the run
+    it would be alone, bit for bit."""
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -554,7 +554,7 @@ def _random_state() -> tuple[Any, Any, Any]:
 
 def _learn(run: _Run, progress: bool) -> Path:
     """The PPO phase of a started run, on its envs (in subprocesses), from the random state
-    its model was built with; returns the best checkpoint's directory."""
+    its model was built with; returns the checkpoint to export (`kept_checkpoint`)."""
     import random
 
     import numpy as np
@@ -589,8 +589,14 @@ def _learn(run: _Run, progress: bool) -> Path:
     finally:
         venv.close()
     save_checkpoint(model, run.out / "final")
-    best = run.out / "best"
-    return best if (best / "checkpoint.json").exists() else run.out / "final"
+    return kept_checkpoint(run.out)
+
+
+def kept_checkpoint(out: Path) -> Path:
+    """The checkpoint of the run in `out` to export: its best (by the evaluation), or its final
+    one where the config has no ``eval`` (no best is kept)."""
+    best = out / "best"
+    return best if (best / "checkpoint.json").exists() else out / "final"
 
 
 def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bool) -> Path:
@@ -610,7 +616,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
 
     assert cfg.report is not None
     policy = out / "policy.onnx"
-    export([out], policy, "best" if (out / "best").is_dir() else "final")
+    export([out], policy, kept_checkpoint(out).name)
     sections = []
     for suite in cfg.report.get("suites", []):
         path = _suite_path(suite, config_path)

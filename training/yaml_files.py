@@ -22,6 +22,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     merged = 0
     """The pairs merge keys have copied into this document's mappings so far."""
 
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.own_keys: dict[int, list[yaml.Node]] = {}
+        """Each mapping node's own key nodes (by id), taken before merging rewrites it."""
+
 
 class _MergedTooMuch(Exception):
     """Merge keys copied in more than `MAX_VALUES` pairs (each mapping that merges another
@@ -32,16 +37,38 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 """The tag of a merge key (``<<: *anchor``), which takes in another mapping's pairs."""
 
 
+def _own_keys(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool) -> list[yaml.Node]:
+    """The key nodes `node` gives itself (not merged in), each once (a key given twice is
+    refused), and likewise for the mappings it merges: all taken before `flatten_mapping`
+    rewrites them (it flattens a merged mapping in place, its merged pairs with its own)."""
+    own = loader.own_keys.get(id(node))
+    if own is None:
+        own = loader.own_keys[id(node)] = [k for k, _ in node.value if k.tag != MERGE_TAG]
+        for key_node, value in node.value:
+            if key_node.tag == MERGE_TAG:
+                merged = value.value if isinstance(value, yaml.SequenceNode) else [value]
+                for source in merged:
+                    if isinstance(source, yaml.MappingNode):
+                        _own_keys(loader, source, deep)
+        _refuse_duplicates(loader, own, deep)
+    return own
+
+
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
     """The mapping `node`, its merge keys resolved as `SafeLoader` does; a key `node` gives
     twice is refused, one it gives over a merged one overrides it (YAML's rule)."""
-    own = sum(key_node.tag != MERGE_TAG for key_node, _ in node.value)
+    own = _own_keys(loader, node, deep)
     loader.flatten_mapping(node)  # the merged pairs first, then `node`'s own
-    loader.merged += len(node.value) - own
+    loader.merged += len(node.value) - len(own)
     if loader.merged > MAX_VALUES:
         raise _MergedTooMuch
+    return loader.construct_mapping(node, deep)
+
+
+def _refuse_duplicates(loader: _UniqueKeyLoader, key_nodes: list[yaml.Node], deep: bool) -> None:
+    """Raise YAML's `ConstructorError` at the second of two equal keys in `key_nodes`."""
     seen: set[Any] = set()
-    for key_node, _ in node.value[len(node.value) - own :]:
+    for key_node in key_nodes:
         key = loader.construct_object(key_node, deep=deep)
         try:
             duplicate = key in seen
@@ -52,7 +79,6 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
                 None, None, f"duplicate key {key!r}", key_node.start_mark
             )
         seen.add(key)
-    return loader.construct_mapping(node, deep)
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)

@@ -149,7 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--capacity-slo",
         default=CapacityTarget().slo,
-        help="capacity = highest Poisson rate with every METRIC:MAX met. Default: %(default)s",
+        help="capacity = highest Poisson rate with every METRIC:MAX met (latencies in ms, "
+        "num_preemptions, recomputed_tokens). Default: %(default)s",
     )
     parser.add_argument(
         "--capacity-requests",
