@@ -18,7 +18,9 @@ the TPOT target, on the engine's measured step line), so where the cap does not 
 clone learns a default that the SLO and the GPU set, not the grid's top, which it would keep
 where the cap does matter and the SLO or GPU is one it never trained on. The line fits
 prefill and decode tokens alike and puts the knee above a pure-decode step's; ``step_knee``
-takes the knee from the simulated engine's step model instead (`step_knee`).
+takes the knee from the simulated engine's step model instead (`step_knee`). Neither has
+shipped: each gained a little where no run trained and lost the training suite
+(training/reports/learned/README.md).
 The policy is SB3's own policy object (`ActorCriticPolicy`), so PPO continues from exactly
 what was cloned. The ``imitation`` library would fit, but pins gymnasium 0.29 and
 stable-baselines3 2.2; this loop is the few lines it needs.
