@@ -195,13 +195,23 @@ def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> Non
         ({"policy": "CnnPolicy"}, "policy 'CnnPolicy'; batchpilot's observations need MlpPolicy"),
         ({"policy": "MultiInputPolicy"}, "policy 'MultiInputPolicy'; batchpilot's observations"),
         ({"policy": "Nope"}, "policy 'Nope'; batchpilot's observations need MlpPolicy"),
+        (
+            {"policy_kwargs": {"net_arch": [65536, 65536]}},
+            "policy_kwargs.net_arch: a policy of 8.59e+09 parameters, over the 100,000,000 limit",
+        ),
+        ({"action_nvec": [17.5, 8]}, "action_nvec: 17.5 is not a whole number"),
+        ({"action_nvec": [0, 8]}, "action_nvec: 0 is outside [1, inf]"),
+        ({"action_nvec": [10**400, 8]}, "action_nvec is missing or not numbers"),  # past a float
+        ({"observation_low": [-(10**400)] * 23}, "observation_low is missing or not numbers"),
     ],
 )
 def test_bad_checkpoint_state_is_named(
     run_dir: Path, tmp_path: Path, capsys, edit: dict, message: str
 ) -> None:
-    """checkpoint.json's fields size and shape the network export rebuilds: refused by name
-    (an action of a billion choices once asked torch for 256 GB)."""
+    """checkpoint.json's fields size and shape the network export rebuilds: refused by name,
+    before the network is built (an action of a billion choices once asked torch for 256 GB;
+    layers each within MAX_LAYER once asked for 32 GiB in all; a knob of 17.5 choices was
+    truncated to 17)."""
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
     path = run / "final" / "checkpoint.json"
@@ -419,35 +429,6 @@ def test_export_onto_a_directory_names_it_before_exporting(
     assert main(["export", str(run_dir), "--out", str(tmp_path / "p.onnx")]) == 2
     assert f"{tmp_path / taken}: is a directory, not a file" in capsys.readouterr().err
     assert not list(tmp_path.glob(".p.onnx*"))  # nothing begun
-
-
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        (
-            {"policy_kwargs": {"net_arch": [65536, 65536]}},
-            "policy_kwargs.net_arch: a policy of 8.59e+09 parameters, over the 100,000,000 limit",
-        ),
-        ({"action_nvec": [17.5, 8]}, "action_nvec: 17.5 is not a whole number"),
-        ({"action_nvec": [0, 8]}, "action_nvec: 0 is outside [1, inf]"),
-        ({"action_nvec": [10**400, 8]}, "action_nvec is missing or not numbers"),  # past a float
-        ({"observation_low": [-(10**400)] * 23}, "observation_low is missing or not numbers"),
-    ],
-)
-def test_a_checkpoint_sized_beyond_the_limits_is_refused(
-    run_dir: Path, tmp_path: Path, capsys, edit: dict, message: str
-) -> None:
-    """Layers each within MAX_LAYER can still ask for gigabytes in all (torch once tried to
-    allocate 32 GiB), and a knob of 17.5 choices was truncated to 17: refused, naming the
-    file, before the network is built."""
-    run = tmp_path / "run"
-    shutil.copytree(run_dir, run)
-    path = run / "final" / "checkpoint.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | edit))
-    argv = ["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert f"{path}: {message}" in err, err
 
 
 @pytest.mark.parametrize(
