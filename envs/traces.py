@@ -171,15 +171,51 @@ MAX_GZIP_LINE = 2**24
 (a plain file's lines are bounded by its size)."""
 
 
+MAX_GZIP_RATIO = 32
+"""Most bytes a gzip trace may decompress to per byte on disk, past `GZIP_FLOOR_BYTES`: real
+traces compress 2-10x; more is a decompression bomb, whose rows would fill memory."""
+GZIP_FLOOR_BYTES = 64 * 2**20
+"""Bytes any gzip trace may decompress to, whatever its ratio."""
+
+
+class _BoundedGzipFile(gzip.GzipFile):
+    """A gzip file read through `read` and `readline` that refuses, with a `TraceError`, to
+    decompress past `limit` bytes."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        super().__init__(filename=path, mode="rb")
+        self._trace_path = path
+        self._left = limit
+        self._limit = limit
+
+    def _count(self, data: bytes) -> bytes:
+        self._left -= len(data)
+        if self._left < 0:
+            size = self._trace_path.stat().st_size
+            raise TraceError(
+                f"{self._trace_path}: the gzip file decompresses to over {self._limit:,} bytes, "
+                f"over {self._limit / max(size, 1):,.0f}x its {size:,} bytes on disk (real "
+                "traces compress 2-10x): a decompression bomb? gunzip it to read it anyway"
+            )
+        return data
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self._count(super().read(size))
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return self._count(super().readline(size))
+
+
 def _open(path: Path) -> BinaryIO | gzip.GzipFile:
     """The file opened for reading bytes; a gzip file (by its first bytes, whatever its name)
-    through `gzip`, which decompresses as it is read."""
+    through `gzip`, which decompresses as it is read, to at most `MAX_GZIP_RATIO` times its
+    size (or `GZIP_FLOOR_BYTES`)."""
     handle = path.open("rb")
     if handle.read(len(_GZIP)) != _GZIP:
         handle.seek(0)
         return handle
     handle.close()
-    return gzip.open(path, "rb")
+    return _BoundedGzipFile(path, max(MAX_GZIP_RATIO * path.stat().st_size, GZIP_FLOOR_BYTES))
 
 
 def _raw_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[tuple[int, bytes]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from batchpilot.envs import traces as traces_module
 from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
 from batchpilot.envs.embedded import derive, embedded_lengths, embedded_names
 from batchpilot.envs.traces import TraceError, load_trace
@@ -336,6 +337,29 @@ def test_compressed_traces_name_file_and_line(tmp_path: Path, data: bytes, messa
     with pytest.raises(TraceError) as err:
         load_trace(path)
     assert str(err.value).startswith(str(path)) and message in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    ("header", "row"),
+    [(b"num_prefill_tokens,num_decode_tokens\n", b"1,1\n"), (b"", b'{"timestamp": 0, "input_length": 5, "output_length": 3}\n')],
+    ids=["csv-vectorised", "jsonl-row-by-row"],
+)
+def test_a_gzip_decompression_bomb_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traces: Path, header: bytes, row: bytes
+) -> None:
+    """A 190 kB .gz of one repeated row read 2 GB into memory; real traces compress 2-10x and
+    still read past the floor (here lowered to 1 MiB to keep the files small)."""
+    monkeypatch.setattr(traces_module, "GZIP_FLOOR_BYTES", 2**20)
+    bomb = tmp_path / "bomb.gz"
+    bomb.write_bytes(gzip.compress(header + row * (2**21 // len(row))))
+    with pytest.raises(TraceError) as err:
+        load_trace(bomb)
+    assert str(err.value).startswith(f"{bomb}: the gzip file decompresses to over 1,048,576 bytes")
+    assert "decompression bomb" in str(err.value)
+    real = tmp_path / "conv.csv.gz"  # 719 kB, about 4x its gzip size: under the ratio
+    real.write_bytes(gzip.compress((traces / "azure2023/AzureLLMInferenceTrace_conv.csv").read_bytes()))
+    monkeypatch.setattr(traces_module, "GZIP_FLOOR_BYTES", 0)
+    assert len(load_trace(real)) == len(load_trace(traces / "azure2023/AzureLLMInferenceTrace_conv.csv"))
 
 
 def test_missing_file() -> None:
