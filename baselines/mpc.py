@@ -90,7 +90,8 @@ import numpy as np
 from batchpilot.baselines.oracle import OracleController, largest_fitting, peak_blocks
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.sim_engine import NULL_BLOCKS, SimEngine
+from batchpilot.envs.profiles import NULL_BLOCKS
+from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Request
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from batchpilot.envs.engine import Engine
-from batchpilot.envs.sim_engine import NULL_BLOCKS
+from batchpilot.envs.profiles import NULL_BLOCKS
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 

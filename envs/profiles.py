@@ -48,6 +48,10 @@ from batchpilot.envs.step_models import (
 )
 
 GIB = 1024**3
+NULL_BLOCKS = 1
+"""Blocks vLLM's block pool keeps back (its null block)."""
+MIN_MODEL_LEN = 2
+"""The shortest context a request fits in: one prompt token and one output token."""
 
 INT_LIMITS: dict[str, int] = {
     "block_size": 2**16,
@@ -102,7 +106,7 @@ class EngineProfile:
         memory bandwidth. Same name (workload specs select by it)."""
         if step_time == kv == knee == 1.0:
             return self
-        least = -(-self.max_model_len // self.block_size) + 1
+        least = -(-self.max_model_len // self.block_size) + NULL_BLOCKS
         blocks = max(round(self.num_gpu_blocks * kv), least)
         step = self.step if knee == 1.0 else self.step.stretched(knee)
         step = step if step_time == 1.0 else step.slowed(step_time)
@@ -148,6 +152,18 @@ class EngineProfile:
                 values[key] = value
         profile = cls(**values)
         seqs, context = profile.max_num_seqs, profile.max_model_len
+        if context < MIN_MODEL_LEN:
+            raise ValueError(
+                f"{origin}: max_model_len is {context}; a request needs at least "
+                f"{MIN_MODEL_LEN} tokens (a prompt token and an output token)"
+            )
+        usable = (profile.num_gpu_blocks - NULL_BLOCKS) * profile.block_size
+        if usable < context:
+            raise ValueError(
+                f"{origin}: the KV cache holds {usable:,} tokens after vLLM's null block "
+                f"({profile.num_gpu_blocks:,} blocks of {profile.block_size:,}), less than one "
+                f"{context:,}-token request (max_model_len); vLLM refuses to start so"
+            )
         # V0 steps may pass the token budget: a whole prompt alone, or every running decode
         tokens = max(profile.max_num_batched_tokens, context, seqs)
         kv = min(seqs * context, profile.kv_capacity_tokens)
@@ -386,6 +402,11 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
         raise ValueError(f"{file}: no {' or '.join(keys)} (the model's {field})")
 
     shape = {field: count(field, keys) for field, keys in HF_CONFIG_KEYS.items()}
+    if shape["max_model_len"] < MIN_MODEL_LEN:
+        raise ValueError(
+            f"{file}: a {shape['max_model_len']}-token context (max_position_embeddings); a "
+            f"request needs at least {MIN_MODEL_LEN} tokens"
+        )
     kv_heads = shape["heads"]
     if data.get("num_key_value_heads") is not None:
         kv_heads = count("kv_heads", ("num_key_value_heads",))
@@ -696,10 +717,11 @@ def measured_profile(
         - runtime_reserve_gib * GIB
     )
     num_blocks = int(free // (arch.kv_bytes_per_token_per_gpu(tp) * block_size))
-    if num_blocks * block_size < arch.max_model_len:
+    usable = max(0, num_blocks - NULL_BLOCKS) * block_size
+    if usable < arch.max_model_len:
         raise ValueError(
             f"{arch.title} on {tp} x {memory_gib:g} GiB at gpu_memory_utilization "
-            f"{gpu_memory_utilization}: KV cache {max(0, num_blocks) * block_size} tokens, "
+            f"{gpu_memory_utilization}: KV cache {usable} tokens after vLLM's null block, "
             f"less than one {arch.max_model_len}-token context (weights "
             f"{weights / GIB:.1f} GiB per GPU)"
         )

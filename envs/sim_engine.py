@@ -42,7 +42,7 @@ import numpy as np
 
 from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
-from batchpilot.envs.profiles import EngineProfile
+from batchpilot.envs.profiles import NULL_BLOCKS, EngineProfile
 from batchpilot.envs.telemetry import (
     LENGTH_PRIOR,
     Limits,
@@ -53,8 +53,6 @@ from batchpilot.envs.telemetry import (
 )
 from batchpilot.envs.workload import Request, Requests, Workload
 
-NULL_BLOCKS = 1
-"""Blocks vLLM's block pool keeps back (its null block)."""
 SCHEDULERS = ("v1", "v0")
 """`v1`: vLLM V1's scheduler (chunked prefill mixed with decodes); `v0`: vLLM V0's default."""
 V0_WATERMARK = 0.01

@@ -7,8 +7,8 @@ from helpers import unit_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchpilot.envs.profiles import EngineProfile, StepTimeModel
-from batchpilot.envs.sim_engine import NULL_BLOCKS, SimEngine
+from batchpilot.envs.profiles import NULL_BLOCKS, EngineProfile, StepTimeModel
+from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.workload import Request, Workload
 
