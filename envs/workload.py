@@ -272,9 +272,14 @@ class Workload:
         return self._with(slice(None), prompt, output, truncated=self.truncated + count)
 
 
+SCALE_BOUNDS = (1e-3, 1e3)
+"""The smallest and largest scale factor a range may hold: past them a factor is a slip (a
+prompt scaled by 1e-300 is one token, a rate by 1e300 all arrives at once)."""
+
+
 def scale_range(value: object, what: str) -> tuple[float, float]:
-    """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf, else an error
-    naming `what`."""
+    """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf and within
+    `SCALE_BOUNDS`, else an error naming `what`."""
     if not (
         isinstance(value, list | tuple)
         and len(value) == 2
@@ -287,4 +292,9 @@ def scale_range(value: object, what: str) -> tuple[float, float]:
         lo = hi = np.inf
     if not 0 < lo <= hi < np.inf:
         raise ValueError(f"{what} must be 0 < lo <= hi < inf, got {value!r}")
+    if lo < SCALE_BOUNDS[0] or hi > SCALE_BOUNDS[1]:
+        raise ValueError(
+            f"{what} must lie within [{SCALE_BOUNDS[0]:g}, {SCALE_BOUNDS[1]:g}] (a factor), "
+            f"got [{lo:g}, {hi:g}]"
+        )
     return lo, hi

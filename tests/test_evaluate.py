@@ -377,6 +377,8 @@ def _suite_file(tmp_path: Path, top: str = "", **fields: str) -> Path:
         ("rate_scale", "[x, 1]", "'rate_scale' must be [LOW, HIGH] (two numbers), got ['x', 1]"),
         ("prompt_scale", "[true, 2]", "'prompt_scale' must be [LOW, HIGH] (two numbers)"),
         ("output_scale", "[.nan, 2]", "output_scale must be 0 < lo <= hi < inf"),
+        ("prompt_scale", "[1.0e-300, 1.0e-300]", "prompt_scale must lie within [0.001, 1000] (a factor), got [1e-300, 1e-300]"),
+        ("rate_scale", "[1, 1.0e+300]", "rate_scale must lie within [0.001, 1000]"),
         ("num_requests", "x", "'num_requests' must be an integer in [1, 10000000], got 'x'"),
         ("num_requests", "2.5", "'num_requests' must be an integer in [1, 10000000], got 2.5"),
         ("num_requests", "true", "'num_requests' must be an integer in [1, 10000000], got True"),
@@ -398,6 +400,14 @@ def test_suite_scenario_fields_are_type_checked_at_load(
     where = re.escape(f"{path}: scenarios[0] (a): ")
     with pytest.raises(SuiteError, match=f"{where}.*{re.escape(message)}"):
         load_suite(path)
+
+
+def test_a_suite_cv_outside_gamma_arrivals_range_is_refused_at_load(tmp_path: Path) -> None:
+    """A CV of 0.001 was refused only when its first run drew it, after the runs before it."""
+    path = _suite_file(tmp_path, arrival="'gamma:3:2'", cv="[0.001, 0.002]")
+    with pytest.raises(SuiteError, match=re.escape("cv must lie within gamma arrivals' [0.01, 100], got [0.001, 0.002]")):
+        load_suite(path)
+    assert load_suite(_suite_file(tmp_path, arrival="'gamma:3:2'", cv="[0.01, 100]"))
 
 
 @pytest.mark.parametrize(

@@ -410,6 +410,9 @@ def test_scale_ranges_are_two_numbers(value: object) -> None:
     with pytest.raises(ValueError, match="rate_scale must be"):
         scale_range(value, "rate_scale")
     assert scale_range([1, 2.5], "rate_scale") == (1.0, 2.5)
+    with pytest.raises(ValueError, match=r"must lie within \[0.001, 1000\] \(a factor\), got \[1e-300, 1\]"):
+        scale_range([1e-300, 1], "prompt_scale")
+    assert scale_range([1e-3, 1e3], "rate_scale") == (1e-3, 1e3)
 
 
 def test_arrival_processes_have_their_rates_and_cv() -> None:

@@ -37,7 +37,7 @@ import numpy as np
 from batchpilot.agents.specs import make_controller
 from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.envs.action_grid import BUDGET_GRID
-from batchpilot.envs.arrivals import Arrival
+from batchpilot.envs.arrivals import CV_RANGE, Arrival
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics
 from batchpilot.envs.profiles import DEFAULT_PROFILE
@@ -146,6 +146,11 @@ class Scenario:
             scale_range(value, f"scenario {self.name!r}: {key}")
         if self.cv is not None and arrival.kind != "gamma":
             raise ValueError(f"scenario {self.name!r}: cv is drawn for gamma arrivals only")
+        if self.cv is not None and not CV_RANGE[0] <= self.cv[0] <= self.cv[1] <= CV_RANGE[1]:
+            raise ValueError(
+                f"scenario {self.name!r}: cv must lie within gamma arrivals' "
+                f"[{CV_RANGE[0]:g}, {CV_RANGE[1]:g}], got {list(self.cv)!r}"
+            )
 
     def draw(self, seed: int) -> dict[str, float]:
         """The randomised values of this seed (one stream per seed, shared by all runs)."""
