@@ -7,7 +7,8 @@ Keyword arguments are ``:``-separated: ``alg2:sla_ms=40:alpha=10``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.alg1 import MemoryAwareController
@@ -109,15 +110,56 @@ ALG2_ARGS = {
 }
 
 
+KEYWORD_ARGS: dict[str, dict[str, type]] = {
+    "alg1": ALG1_ARGS,
+    "alg2": ALG2_ARGS,
+    "oracle": {"slack_blocks": int},
+    "mpc": MPC_ARGS,
+}
+"""The keyword arguments of each controller spelled ``name:key=value:...``."""
 FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
     "static": _static,
-    "alg1": _keyword_factory("alg1", MemoryAwareController, ALG1_ARGS),
-    "alg2": _keyword_factory("alg2", SLAController, ALG2_ARGS),
-    "oracle": _keyword_factory("oracle", OracleController, {"slack_blocks": int}),
-    "mpc": _keyword_factory("mpc", MPCController, MPC_ARGS),
+    "alg1": _keyword_factory("alg1", MemoryAwareController, KEYWORD_ARGS["alg1"]),
+    "alg2": _keyword_factory("alg2", SLAController, KEYWORD_ARGS["alg2"]),
+    "oracle": _keyword_factory("oracle", OracleController, KEYWORD_ARGS["oracle"]),
+    "mpc": _keyword_factory("mpc", MPCController, KEYWORD_ARGS["mpc"]),
 }
 """Spec name -> factory taking the spec's ':'-separated arguments. Learned policies
 (``policy:PATH``) live a layer up: `batchpilot.agents.specs.make_controller`."""
+
+
+def spec_key(spec: str) -> str:
+    """One spelling of the controller a spec names, to find one given twice: numbers as they
+    parse, keywords in order, a policy's path resolved, the parts of ``A+B`` sorted (``static:08``
+    and ``static:8`` are one controller). A part that does not parse is kept as written."""
+    return "+".join(sorted(_part_key(part.strip()) for part in spec.split("+")))
+
+
+def given_twice(specs: Sequence[str]) -> str:
+    """The first controller `specs` name twice, as they spell it (``alg1``, ``static:8 and
+    static:08``); empty if none is."""
+    seen: dict[str, str] = {}
+    for spec in specs:
+        key = spec_key(spec)
+        if key in seen:
+            return spec if seen[key] == spec else f"{seen[key]} and {spec}"
+        seen[key] = spec
+    return ""
+
+
+def _part_key(part: str) -> str:
+    name, *args = part.split(":")
+    try:
+        if name == "static":
+            return ":".join([name, *(str(int(a)) for a in args)])
+        if name == "policy":
+            return f"{name}:{Path(':'.join(args)).resolve()}"
+        if name in KEYWORD_ARGS:
+            values = keyword_args(name, args, KEYWORD_ARGS[name])
+            return ":".join([name, *(f"{k}={values[k]!r}" for k in sorted(values))])
+    except (ValueError, OSError):
+        pass
+    return part
 
 
 def split_specs(text: str) -> list[str]:

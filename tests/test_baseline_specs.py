@@ -12,7 +12,12 @@ from batchpilot.baselines.alg1 import MemoryAwareController
 from batchpilot.baselines.alg2 import SLAController
 from batchpilot.baselines.combined import MinController
 from batchpilot.baselines.oracle import OracleController, peak_blocks
-from batchpilot.baselines.specs import ControllerSpecError, make_controller, simulator_only
+from batchpilot.baselines.specs import (
+    ControllerSpecError,
+    given_twice,
+    make_controller,
+    simulator_only,
+)
 from batchpilot.baselines.static import StaticController
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO
 from batchpilot.envs.profiles import get_profile
@@ -177,3 +182,19 @@ def test_serve_refuses_any_simulator_only_part(spec: str) -> None:
     with pytest.raises(ValueError, match="cannot serve"):
         serving_controller(spec)
     assert serving_controller("alg1+alg2").name == "alg1+alg2"
+
+
+@pytest.mark.parametrize(
+    ("specs", "twice"),
+    [
+        (["static:8", "alg1", "static:08"], "static:8 and static:08"),
+        (["alg1+alg2", "alg2+alg1"], "alg1+alg2 and alg2+alg1"),
+        (["mpc:horizon_s=4:future=sampled", "mpc:future=sampled:horizon_s=4.0"], "mpc:horizon_s=4"),
+        (["policy:a/p.onnx", "policy:./a/p.onnx"], "policy:a/p.onnx and policy:./a/p.onnx"),
+        (["alg1", "alg1"], "alg1"),
+        (["static:8", "static:8:8", "alg1", "alg1:eps=0.01", "alg2", "mpc", "static:x", "static:x2"], ""),
+    ],
+)
+def test_one_controller_spelled_twice_is_found(specs: list[str], twice: str) -> None:
+    """static:8 and static:08 ran the same controller twice: the check compared spellings."""
+    assert given_twice(specs).startswith(twice) and bool(given_twice(specs)) == bool(twice)

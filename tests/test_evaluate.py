@@ -900,6 +900,8 @@ def test_duplicate_controllers_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match="controller alg1 given twice"):
         check_controllers(["alg1", "static:8", "alg1"])
+    with pytest.raises(ValueError, match="controller static:8 and static:08 given twice"):
+        check_controllers(["static:8", "static:08"])
     assert main(["compare", "--controllers", "static:256,static:256", "--out", str(tmp_path)]) == 2
     assert "controller static:256 given twice" in capsys.readouterr().err
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from batchpilot.agents.specs import make_controller
-from batchpilot.baselines.specs import BEST_STATIC
+from batchpilot.baselines.specs import BEST_STATIC, given_twice
 from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.arrivals import CV_RANGE, Arrival
 from batchpilot.envs.controller import ControlInterval
@@ -670,9 +670,9 @@ def check_controllers(specs: Sequence[str], scenarios: Sequence[Scenario] = ()) 
     """Raise ValueError on a controller spec that cannot be built (`PSEUDO` ones pass), that
     is given twice (its rows would be one), or that cannot run at a scenario's control
     interval (`check_interval`)."""
-    twice = sorted({spec for spec in specs if specs.count(spec) > 1})
+    twice = given_twice(specs)
     if twice:
-        raise ValueError(f"controller {', '.join(twice)} given twice in {','.join(specs)}")
+        raise ValueError(f"controller {twice} given twice in {','.join(specs)}")
     for spec in specs:
         if spec not in PSEUDO:
             controller = make_controller(spec)

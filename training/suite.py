@@ -32,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from batchpilot.baselines.specs import split_specs
+from batchpilot.baselines.specs import given_twice, split_specs
 from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
@@ -170,9 +170,9 @@ def _controllers(value: Any, path: Path) -> list[str] | None:
         raise SuiteError(
             f"{path}: 'controllers' must be a non-empty list of controller specs, got {value!r}"
         )
-    twice = sorted({c for c in value or [] if value.count(c) > 1})
+    twice = given_twice(value or [])
     if twice:
-        raise SuiteError(f"{path}: 'controllers' gives {', '.join(twice)} twice")
+        raise SuiteError(f"{path}: 'controllers' gives {twice} twice")
     return value
 
 
