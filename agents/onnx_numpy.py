@@ -118,8 +118,19 @@ def compile_graph(data: bytes, n_obs: int, choices: Sequence[int] | None = None)
         model = onnx.load_model_from_string(data)
         onnx.checker.check_model(model)
     except (DecodeError, onnx.checker.ValidationError, ValueError) as exc:  # bad bytes decode
-        raise GraphError(f"not a loadable ONNX model ({exc})") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GraphError(f"not a loadable ONNX model ({first})") from None
     return Lowering(model.graph, n_obs).act(choices)
+
+
+def _type_name(elem_type: int) -> str:
+    """An ONNX tensor element type's name (``INT64``), or its number if it has none."""
+    from onnx import TensorProto
+
+    try:
+        return TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return str(elem_type)
 
 
 class Lowering:
@@ -139,6 +150,17 @@ class Lowering:
         tensor = inputs[0].type.tensor_type
         if tensor.elem_type != FLOAT or [d.dim_value for d in tensor.shape.dim][1:] != [n_obs]:
             raise GraphError(f"input {inputs[0].name!r} is not a (batch, {n_obs}) float tensor")
+        if tensor.shape.dim[0].dim_value > 1:  # 0: a named (dynamic) batch, as exported
+            raise GraphError(
+                f"input {inputs[0].name!r} fixes its batch at {tensor.shape.dim[0].dim_value}; "
+                "a decision is a batch of 1 (export the batch as a dynamic axis)"
+            )
+        declared = graph.output[0].type.tensor_type
+        if declared.elem_type != FLOAT:
+            raise GraphError(
+                f"output {graph.output[0].name!r} is declared {_type_name(declared.elem_type)}, "
+                "not float (onnxruntime would refuse the graph)"
+            )
         self.steps: list[Callable[[], Any]] = []
         self.vectors = [np.ones(n_obs + 1, np.float32)]  # each vector's buffer, ending in 1
         self.values[inputs[0].name] = Dense(0)

@@ -259,6 +259,34 @@ def test_a_nan_weight_is_refused() -> None:
         compile_graph(model.SerializeToString(), COMMITTED_N_OBS)
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: setattr(m.graph.input[0].type.tensor_type.shape.dim[0], "dim_value", 7), "fixes its batch at 7"),
+        (lambda m: m.graph.output[0].type.tensor_type.__setattr__("elem_type", TensorProto.INT64), "is declared INT64, not float"),
+    ],
+    ids=["batch-7", "int64-output"],
+)
+def test_declarations_onnxruntime_would_refuse_are_refused(edit, message: str) -> None:
+    """Both ran here though onnxruntime refuses them: a file that loads must load elsewhere."""
+    model = onnx.load(COMMITTED)
+    edit(model)
+    with pytest.raises(GraphError, match=message):
+        compile_graph(model.SerializeToString(), COMMITTED_N_OBS)
+    one = onnx.load(COMMITTED)  # a batch fixed at 1 serves: a decision is one observation
+    one.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    assert compile_graph(one.SerializeToString(), COMMITTED_N_OBS)(np.zeros(COMMITTED_N_OBS, np.float32)).shape == (2,)
+
+
+def test_a_checker_error_is_one_line() -> None:
+    """A node of an unknown domain gave the checker's message over several lines."""
+    model = onnx.load(COMMITTED)
+    model.graph.node[0].domain = "com.example"
+    with pytest.raises(GraphError, match="not a loadable ONNX model") as err:
+        compile_graph(model.SerializeToString(), COMMITTED_N_OBS)
+    assert "\n" not in str(err.value) and "com.example" in str(err.value), str(err.value)
+
+
 def test_garbage_is_not_a_loadable_model() -> None:
     with pytest.raises(GraphError, match="not a loadable ONNX model"):
         compile_graph(b"not an onnx graph", N_OBS)
