@@ -58,11 +58,6 @@ def type_problem(value: Any, annotation: Any) -> str | None:
         ok = isinstance(value, int) and not isinstance(value, bool)
         return None if ok else f"{value!r} is not of type int"
     if annotation is float:
-        if isinstance(value, str) and _yaml_float_text(value):
-            return (
-                f"{value!r} is not of type float: YAML reads an exponent without a dot as text "
-                f"(write {_yaml_float_text(value)})"
-            )
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"{value!r} is not of type float"
         return None if math.isfinite(value) else f"{value!r} is not finite"
@@ -87,19 +82,6 @@ def type_problem(value: Any, annotation: Any) -> str | None:
                 return f"{key}: {problem}"
         return None
     return f"{value!r}: a {_name(annotation)} cannot be given in a file"
-
-
-def _yaml_float_text(text: str) -> str:
-    """The way to write `text` (like ``1e-4``, which YAML 1.1 reads as a string) so that YAML
-    reads a float (``1.0e-4``); empty if `text` is no such number."""
-    mantissa, e, exponent = text.strip().lower().partition("e")
-    if not e or "." in mantissa:
-        return ""
-    try:
-        int(mantissa), int(exponent)
-    except ValueError:
-        return ""
-    return f"{mantissa}.0e{exponent}"
 
 
 def unknown_key(key: Any, known: Iterable[str], what: str) -> str:
