@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchpilot.envs.plain_numbers import plain_float
 from batchpilot.envs.workload import scale_range
+
+SLO_BOUNDS_MS = (1e-3, 1e9)
+"""The least and most an SLO target may be, in ms (a microsecond to about 12 days): past
+them a target is a slip of units or digits."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,8 @@ class SLO:
     def parse(cls, spec: str) -> SLO:
         """Parse ``ttft:2000,tpot:50`` (comma or space separated, values in ms).
 
-        Each value must be a finite number > 0 and each objective given at most once.
+        Each value must be a plain number within `SLO_BOUNDS_MS` and each objective given at
+        most once.
         """
         values: dict[str, float] = {}
         for part in spec.replace(",", " ").split():
@@ -37,15 +43,16 @@ class SLO:
             if f"{key}_ms" in values:
                 raise ValueError(f"SLO {spec!r}: {key} given twice")
             try:
-                ms = float(value)
+                ms = plain_float(value)
             except ValueError:
                 hint = f" (write {key}:MS, no space around ':')" if not value else ""
                 raise ValueError(
                     f"SLO {spec!r}: {key} value {value!r} is not a number{hint}"
                 ) from None
-            if not (math.isfinite(ms) and ms > 0):
+            if not SLO_BOUNDS_MS[0] <= ms <= SLO_BOUNDS_MS[1]:
                 raise ValueError(
-                    f"SLO {spec!r}: {key} value {value!r} must be a finite number > 0 (ms)"
+                    f"SLO {spec!r}: {key} value {value!r} must lie within "
+                    f"[{SLO_BOUNDS_MS[0]:g}, {SLO_BOUNDS_MS[1]:g}] ms"
                 )
             values[f"{key}_ms"] = ms
         return cls(**values)

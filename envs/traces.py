@@ -32,6 +32,7 @@ import numpy as np
 from batchpilot.envs import trace_fast
 from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import DuplicateKeys, unique_object
+from batchpilot.envs.plain_numbers import plain_float
 
 
 class TraceError(ValueError):
@@ -88,17 +89,9 @@ def _azure_time(text: str) -> float:
     return seconds
 
 
-def _plain_float(text: str) -> float:
-    """`float(text)` for a number written in ASCII without separators: Python's float also
-    reads ``3_74`` as 374 and full-width or other scripts' digits, which no trace writes."""
-    if not text.isascii() or "_" in text:
-        raise ValueError(text)
-    return float(text)
-
-
 def _seconds(text: str) -> float:
     """A finite, non-negative number of seconds."""
-    value = _plain_float(text)
+    value = plain_float(text)
     if not math.isfinite(value) or value < 0:
         raise ValueError(text)
     return value
@@ -279,7 +272,7 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
     if isinstance(value, bool) or value is None:
         raise TraceError(f"{where}: {what} is {value!r}, not a number")
     try:
-        number = _plain_float(value) if isinstance(value, str) else float(value)
+        number = plain_float(value) if isinstance(value, str) else float(value)
     except (TypeError, ValueError):
         raise TraceError(f"{where}: {what} is {value!r}, not a number") from None
     except OverflowError:  # an int past the float range, as a long digit string reads

@@ -261,7 +261,7 @@ def test_unreadable_run_json_is_named(
         (lambda m: m.pop("versions"), "algo must be a name and versions an object naming the batchpilot version, got algo 'ppo', versions None"),
         (lambda m: m.update(algo=["ppo"]), "algo must be a name and versions an object naming the batchpilot version, got algo ['ppo']"),
         (lambda m: m["env_kwargs"].update(slo=5), "env_kwargs: slo must be a string like ttft:2000,tpot:50, got 5"),
-        (lambda m: m["env_kwargs"].update(slo="ttft:0"), "env_kwargs: SLO 'ttft:0': ttft value '0' must be a finite number > 0 (ms)"),
+        (lambda m: m["env_kwargs"].update(slo="ttft:0"), "env_kwargs: SLO 'ttft:0': ttft value '0' must lie within [0.001, 1e+09] ms"),
         (lambda m: m["env_kwargs"].update(slo=""), "env_kwargs: slo names no objective"),
         (lambda m: m["env_kwargs"].update(slo_scale=[0, 1]), "env_kwargs: slo_scale must map ttft and/or tpot to [lo, hi], got [0, 1]"),
     ],

@@ -1,0 +1,12 @@
+"""Numbers as users write them in files and on the command line."""
+
+from __future__ import annotations
+
+
+def plain_float(text: str) -> float:
+    """`float(text)` for a number written in ASCII without separators: Python's float also
+    reads ``3_74`` as 374 and full-width or other scripts' digits, which no file or flag of
+    ours means; a `ValueError` for those."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return float(text)
