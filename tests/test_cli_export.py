@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import re
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -429,6 +431,17 @@ def test_export_onto_a_directory_names_it_before_exporting(
     assert main(["export", str(run_dir), "--out", str(tmp_path / "p.onnx")]) == 2
     assert f"{tmp_path / taken}: is a directory, not a file" in capsys.readouterr().err
     assert not list(tmp_path.glob(".p.onnx*"))  # nothing begun
+
+
+
+def test_export_onto_a_pipe_names_it_before_exporting(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """A FIFO at --out was replaced by a regular file."""
+    os.mkfifo(tmp_path / "p.onnx")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "p.onnx")]) == 2
+    assert f"{tmp_path / 'p.onnx'}: is not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO((tmp_path / "p.onnx").stat().st_mode)
 
 
 @pytest.mark.parametrize(

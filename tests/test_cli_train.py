@@ -40,6 +40,7 @@ BASE = {
         ({"seed": "abc"}, "seed: 'abc' is not of type int"),
         ({"seed": -1}, "seed: -1 is outside"),
         ({"learning_rate": "fast"}, "learning_rate: 'fast' is not of type float"),
+        ({"report": {}}, "report.suites: needs at least one suite"),  # was no report, silently
         ({"learning_rate": float("nan")}, "learning_rate: nan is not finite"),
         ({"batch_size": 0}, r"batch_size: 0 is outside \[1, "),
         ({"gamma": 2}, "gamma: 2 is outside"),

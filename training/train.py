@@ -306,7 +306,7 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
             make_controller(cfg.imitation.teacher)
         except ValueError as exc:
             raise ValueError(f"{path}: imitation.teacher: {exc}") from None
-    if cfg.report:
+    if cfg.report is not None:
         _check_report(cfg.report, path)
 
 

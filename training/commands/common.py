@@ -178,13 +178,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, unset: bool = False
     )
 
 
-def check_output(path: Path, option: str, *, directory: bool) -> None:
+def check_output(path: Path, option: str, *, directory: bool, replaced: bool = False) -> None:
     """Raise ValueError naming `option` if `path` cannot be written as a directory (or, not
-    `directory`, a file): it exists as the other kind, or its nearest existing parent is not
-    a writable directory. Commands call it before any run."""
+    `directory`, a file): it exists as the other kind, or as a pipe or device where the file
+    is `replaced` whole (written beside it and renamed), or its nearest existing parent is
+    not a writable directory. Commands call it before any run."""
     want, other = ("a directory", "a file") if directory else ("a file", "a directory")
     if path.exists() and path.is_dir() != directory:
         raise ValueError(f"{option} {path}: is {other}, not {want}")
+    if replaced and path.exists() and not path.is_file():
+        raise ValueError(
+            f"{option} {path}: is not a regular file (a pipe or device), which the written "
+            "file would replace"
+        )
     existing = next(p for p in (path, *path.parents) if p.exists())
     if existing != path and not existing.is_dir():
         raise ValueError(f"{option} {path}: {existing} is a file, not a directory")

@@ -42,8 +42,8 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.policy import load_policy, sidecar_path
     from batchpilot.training.commands.common import check_output
 
-    check_output(args.out, "--out", directory=False)
-    check_output(sidecar_path(args.out), "--out's sidecar", directory=False)
+    check_output(args.out, "--out", directory=False, replaced=True)
+    check_output(sidecar_path(args.out), "--out's sidecar", directory=False, replaced=True)
     sidecar = export(args.run_dirs, args.out, args.checkpoint)
     load_policy(args.out)  # the file just written must load as a controller
     print(f"wrote {args.out} and {sidecar_path(args.out)} (sha256 {sidecar['sha256'][:12]}…)")

@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"trained {len(runs)} run(s) to {cfg.n_timesteps:,} steps in {took:.0f} s")
     for (seed, out), best in zip(runs, bests, strict=True):
         print(f"seed {seed}: policy {best}{best_summary(best)}")
-        if cfg.report:
+        if cfg.report is not None:
             run_cfg = dataclasses.replace(cfg, seed=seed)
             report = write_report(run_cfg, args.config, out, progress=not args.no_progress)
             print(f"evaluation report: {report}")
