@@ -55,3 +55,13 @@ def assert_profile_file_refused(
     with pytest.raises(ValueError, match=message) as info:
         get_profile(str(path))
     assert str(path) in str(info.value)
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
+"""The committed training configs and suites (`experiments/` holds the recipes not shipped)."""
+
+
+def train_configs() -> list[str]:
+    """Every committed training config (suites left out), as a path under `CONFIGS`."""
+    paths = sorted(CONFIGS.rglob("*.yml"))
+    return [str(p.relative_to(CONFIGS)) for p in paths if "batchpilot/Batching-v0:" in p.read_text()]

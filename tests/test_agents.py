@@ -14,6 +14,8 @@ import yaml
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("onnx")
 
+from helpers import train_configs
+
 from batchpilot.agents.policy import (
     PolicyController,
     PolicyFileError,
@@ -1162,7 +1164,7 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD], [])
 
 
-@pytest.mark.parametrize("name", ["quick.yml", "llama-7b.yml", "llama3-70b.yml", "mix.yml", "mix-dr.yml", "mix-dra.yml", "mix-drs.yml", "mix-drsb.yml", "mix-drsr.yml", "mix-drsrt.yml", "mix-drsl.yml"])
+@pytest.mark.parametrize("name", train_configs())
 def test_shipped_configs_build_their_envs(name: str) -> None:
     from importlib.resources import files
 
