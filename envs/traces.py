@@ -166,7 +166,7 @@ MAX_GZIP_LINE = 2**24
 
 MAX_GZIP_RATIO = 32
 """Most bytes a gzip trace may decompress to per byte on disk, past `GZIP_FLOOR_BYTES`: real
-traces compress 2-10x; more is a decompression bomb, whose rows would fill memory."""
+traces compress 2-5x; more is a decompression bomb, whose rows would fill memory."""
 GZIP_FLOOR_BYTES = 64 * 2**20
 """Bytes any gzip trace may decompress to, whatever its ratio."""
 
@@ -187,16 +187,20 @@ class _BoundedGzipFile(gzip.GzipFile):
             size = self._trace_path.stat().st_size
             raise TraceError(
                 f"{self._trace_path}: the gzip file decompresses to over {self._limit:,} bytes, "
-                f"over {self._limit / max(size, 1):,.0f}x its {size:,} bytes on disk (real "
-                "traces compress 2-10x): a decompression bomb? gunzip it to read it anyway"
+                f"over {self._limit / max(size, 1):,.0f}x its {size:,} bytes on disk (the "
+                "public traces compress 2-5x): a decompression bomb? gunzip it to read it anyway"
             )
         return data
 
+    def _bounded(self, size: int | None) -> int:
+        """`size` cut to one byte past the limit: no read holds more than that."""
+        return self._left + 1 if size is None or size < 0 else min(size, self._left + 1)
+
     def read(self, size: int | None = -1) -> bytes:
-        return self._count(super().read(size))
+        return self._count(super().read(self._bounded(size)))
 
     def readline(self, size: int | None = -1) -> bytes:
-        return self._count(super().readline(size))
+        return self._count(super().readline(self._bounded(size)))
 
 
 def _open(path: Path) -> BinaryIO | gzip.GzipFile:
