@@ -173,32 +173,43 @@ class StepTracker:
             iv.output_tokens += n
         for rid in finished:
             track = self.tracks.pop(rid, None)
-            if track is None:
-                continue
-            rec = RequestRecord(
-                rid,
-                track.arrival_s,
-                track.prompt_tokens,
-                track.output_tokens,
-                track.first_token_s,
-                now,
-                track.preemptions,
-                track.recomputed,
-                track.max_itl_s,
-            )
-            good = self.slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s)
-            self.stats.add_request(rec, good)
-            self.last_finish_s = now
-            if self.keep_records:
-                self.records.append(rec)
-            self.tele.finished(track.output_tokens, good)
+            if track is not None:
+                self._finish(rid, track, now)
+
+    def _finish(self, rid: str, track: _Track, now: float) -> None:
+        """Count a request that ended at `now` with the tokens it produced."""
+        rec = RequestRecord(
+            rid,
+            track.arrival_s,
+            track.prompt_tokens,
+            track.output_tokens,
+            track.first_token_s,
+            now,
+            track.preemptions,
+            track.recomputed,
+            track.max_itl_s,
+        )
+        good = self.slo.met(rec.ttft_s, rec.tpot_s, rec.e2el_s)
+        self.stats.add_request(rec, good)
+        self.last_finish_s = now
+        if self.keep_records:
+            self.records.append(rec)
+        self.tele.finished(track.output_tokens, good)
 
     def on_abort(self, request_ids: list[str] | None) -> None:
-        """Requests finished from outside (client gone, abort): forget them; None: all."""
+        """Requests ended from outside the engine core; None: all (a reset), forgotten.
+
+        One with output counts as finished with the tokens it produced: vLLM ends a request
+        on a client's stop string this way (its front end finds the string and aborts the
+        request in the core), which the scheduler cannot tell from a client gone mid-stream.
+        One with none yet is forgotten: it never served a token."""
         if request_ids is None:
             self.tracks.clear()
+        now = self.now()
         for rid in request_ids or ():
-            self.tracks.pop(rid, None)
+            track = self.tracks.pop(rid, None)
+            if track is not None and track.output_tokens > 0:
+                self._finish(rid, track, now)
 
     # ------------------------------------------------------------------ reporting
     def telemetry(
