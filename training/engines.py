@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
+from batchpilot.envs.plain_numbers import plain_float
+from batchpilot.envs.profiles import INT_LIMITS
 from batchpilot.envs.vllm_tracker import CLOCKS
+from batchpilot.envs.workload import scale_factor
 
 ENGINES = ("sim", "vllm")
 WHOLE_ARGS = ("num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
@@ -15,8 +17,8 @@ POSITIVE_ARGS = ("time_scale", "kv_cache_gib")
 SWITCH_ARGS = ("enable_chunked_prefill",)
 SWITCHES = {"true": True, "false": False}
 ENGINE_ARGS = (*WHOLE_ARGS, *POSITIVE_ARGS, *SWITCH_ARGS, "clock")
-"""The `VLLMEngine` settings ``--engine-arg`` takes (whole numbers >= 1, finite numbers > 0,
-true/false, and the clock's name)."""
+"""The `VLLMEngine` settings ``--engine-arg`` takes (whole numbers up to a profile's
+`INT_LIMITS`, factors within `SCALE_BOUNDS` (`scale_factor`), true/false, and the clock's name)."""
 _VLLM: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
 """Real engines of this process by (model, engine args): start-up costs seconds."""
 
@@ -91,21 +93,23 @@ def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
             out[key] = SWITCHES[text]
         else:
             value = _number(text)
-            if key in WHOLE_ARGS and not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"{where}: {key} must be a whole number >= 1")
-            if key in POSITIVE_ARGS and not (
-                value is not None and math.isfinite(value) and value > 0
-            ):
-                raise ValueError(f"{where}: {key} must be a finite number > 0")
+            high = INT_LIMITS.get(key, 0)
+            if key in WHOLE_ARGS and not (isinstance(value, int) and 1 <= value <= high):
+                raise ValueError(f"{where}: {key} must be a whole number in [1, {high:,}]")
+            if key in POSITIVE_ARGS:
+                try:
+                    scale_factor(value, key)
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
             out[key] = value
     return tuple(sorted(out.items()))
 
 
 def _number(text: str) -> int | float | None:
-    """`text` as an int, else a float, else None."""
-    for cast in (int, float):
+    """`text` as an int, else a float (plain ASCII, no ``_``), else None."""
+    for cast in (int, plain_float):
         try:
-            return cast(text)
+            return cast(text) if text.isascii() and "_" not in text else None
         except ValueError:
             pass
     return None

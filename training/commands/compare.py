@@ -120,8 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="real-engine setting, repeatable: num_gpu_blocks (KV pressure), max_num_seqs, "
-        "max_model_len, max_num_batched_tokens (whole numbers), time_scale, kv_cache_gib "
-        "(numbers > 0), enable_chunked_prefill (true or false), clock (wall or cpu)",
+        "max_model_len, max_num_batched_tokens (whole numbers); time_scale (arrival times "
+        "times this: 2 serves the workload at half its rates, in twice the wall time) and "
+        "kv_cache_gib (the CPU KV cache, exactly), numbers in [0.001, 1000]; "
+        "enable_chunked_prefill (true or false); clock (wall or cpu)",
     )
     add_engine_arguments(parser, unset=True)
     parser.add_argument(
