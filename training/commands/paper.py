@@ -143,10 +143,12 @@ def scenarios(
 
 
 def main(args: argparse.Namespace) -> int:
-    from batchpilot.training.commands.common import write_json
+    from batchpilot.training.commands.common import check_output, write_json
     from batchpilot.training.evaluate import StaticGrid, evaluate
     from batchpilot.training.report import write_report
 
+    check_output(args.out, "--out", directory=True)
+    target = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
     schedulers = [s.strip() for s in args.schedulers.split(",")]
     if not all(schedulers) or set(schedulers) - set(SCHEDULERS):
         raise ValueError(f"--schedulers: use v0, v1 or both, got {args.schedulers!r}")
@@ -165,7 +167,6 @@ def main(args: argparse.Namespace) -> int:
         return names + [c for c in extra if c not in names]
 
     r1 = evaluate(t1, controllers(TABLE1_CONTROLLERS), [0], **common)
-    target = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
     r2 = evaluate(
         t2, controllers(TABLE2_CONTROLLERS), list(range(args.seeds)), capacity=target, **common
     )
