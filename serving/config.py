@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -71,7 +72,8 @@ def engine_settings(environ: Mapping[str, str]) -> EngineSettings:
         raise ValueError(
             f"{DEADLINE_ENV}={environ[DEADLINE_ENV]!r}: below the {budget_ms:g} ms decision budget"
         )
-    return EngineSettings(slo, budget_ms / 1e3, deadline_ms / 1e3)
+    # a wait past Python's longest (about 292 years) overflows: wait that long instead
+    return EngineSettings(slo, budget_ms / 1e3, min(deadline_ms / 1e3, threading.TIMEOUT_MAX))
 
 
 def milliseconds(environ: Mapping[str, str], name: str, default: float) -> float:
