@@ -65,8 +65,24 @@ LATE_LOG_S = 60.0
 every other decision is never 3 in a row, and would log two lines per decision for good)."""
 
 
+MAX_REASON = 500
+"""Characters of a failure's reason kept (logged, `fallback_reason`): a controller's
+exception may carry megabytes."""
+
+
 class ControllerFailure(RuntimeError):
     """A controller decision that cannot be used."""
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of a controller's exception, cut to `MAX_REASON` characters; the
+    type alone where the message itself raises (a controller's fault must not be the
+    engine's)."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:
+        text = f"{type(exc).__name__} (its message raised in turn)"
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
 Timed = Future[tuple[Limits, float]]
@@ -91,7 +107,7 @@ class DecisionThread:
             except Exception as exc:  # the caller's to judge
                 future.set_exception(exc)
             except BaseException as exc:  # SystemExit and the like: a fault of the controller's
-                future.set_exception(ControllerFailure(f"raised {type(exc).__name__}: {exc}"))
+                future.set_exception(ControllerFailure(f"raised {describe(exc)}"))
 
     def call(self, call: Callable[[], Limits], timeout_s: float) -> Timed:
         """`call` run on the thread, waited for up to `timeout_s`: done, unless it is late."""
@@ -115,6 +131,8 @@ class BatchpilotScheduler(TrackingScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.controller: Controller | None = None
+        self.controller_name = ""
+        """The controller's name, read once as it takes charge (for the log and metrics)."""
         self.fallback_reason: str | None = None
         _, self.budget_s, self.deadline_s = engine_settings({})  # the defaults, until read
         self._slow = 0
@@ -147,6 +165,7 @@ class BatchpilotScheduler(TrackingScheduler):
     def set_controller(self, controller: Controller | str) -> None:
         """Use `controller` (or a spec) from the next step on; a bad spec raises here."""
         controller = serving_controller(controller)
+        name = str(controller.name)
         interval = getattr(controller, "control_interval", None) or ControlInterval()
         controller.reset(self.view)
         if self.late is not None and not self.late.done() and self._thread is not None:
@@ -154,15 +173,15 @@ class BatchpilotScheduler(TrackingScheduler):
             self._thread = None
         self.late = None
         self._late_log_s, self._late_unlogged = -LATE_LOG_S, 0
-        self.controller = controller
+        self.controller, self.controller_name = controller, name
         self.fallback_reason = None
         self._slow = 0
         self.interval = interval
         self._last = None
-        self.metrics = DecisionMetrics.get(controller.name)
+        self.metrics = DecisionMetrics.get(name)
         logger.info(
             "batchpilot controller %s in charge of vLLM's batch limits (every %s)",
-            controller.name,
+            name,
             self.interval,
         )
 
@@ -173,7 +192,7 @@ class BatchpilotScheduler(TrackingScheduler):
             self.set_controller(spec)
         except Exception as exc:  # keep serving
             self.metrics = DecisionMetrics.get(spec)
-            self._fall_back(f"{type(exc).__name__}: {exc}", spec)
+            self._fall_back(describe(exc), spec)
 
     def _due(self) -> bool:
         """Whether the controller's interval has passed since its last decision."""
@@ -194,7 +213,7 @@ class BatchpilotScheduler(TrackingScheduler):
             if self._late_logged:
                 logger.warning(
                     "batchpilot controller %s: the late decision returned; back in charge",
-                    self.controller.name,  # type: ignore[union-attr]
+                    self.controller_name,
                 )
             self.late = None
         try:  # any fault from here to the limits, the thread and telemetry included: fall back
@@ -219,7 +238,7 @@ class BatchpilotScheduler(TrackingScheduler):
                 return
             check_limits(limits)
         except Exception as exc:  # keep serving
-            self._fall_back(f"{type(exc).__name__}: {exc}")
+            self._fall_back(describe(exc))
             return
         self._last = (telemetry.time_s, telemetry.iteration)
         self.set_limits(limits)
@@ -234,7 +253,7 @@ class BatchpilotScheduler(TrackingScheduler):
             logger.error(
                 "batchpilot controller %s: no decision in its %g ms deadline; static "
                 "max_num_seqs=%d until it returns%s",
-                self.controller.name,  # type: ignore[union-attr]
+                self.controller_name,
                 self.deadline_s * 1e3,
                 self.cap_seqs,
                 f" ({self._late_unlogged} more late since the last logged)"
@@ -250,7 +269,7 @@ class BatchpilotScheduler(TrackingScheduler):
             self.metrics.late.inc()
 
     def _fall_back(self, reason: str, name: str | None = None) -> None:
-        name = name or (self.controller.name if self.controller else "?")
+        name = name or self.controller_name or "?"
         logger.error(
             "batchpilot controller %s failed (%s); falling back to static max_num_seqs=%d",
             name,

@@ -117,6 +117,11 @@ def test_oracle_is_refused(llm) -> None:
         scheduler(llm).set_controller("oracle")
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
 class Faulty:
     """A controller that misbehaves in one of several ways."""
 
@@ -131,6 +136,12 @@ class Faulty:
             raise RuntimeError("boom")
         if self.fault == "exit":
             raise SystemExit("bye")  # not an Exception: it once went past the fallback
+        if self.fault == "unprintable":  # formatting it raised out of the engine's step
+            raise Unprintable()
+        if self.fault == "exit-unprintable":  # ... and, off the engine, killed the thread
+            raise KeyboardInterrupt(Unprintable())
+        if self.fault == "verbose":
+            raise RuntimeError("x" * 10_000_000)  # logged whole, 10 MB a line
         if self.fault == "garbage":
             return 3.5
         if self.fault == "unset":
@@ -145,6 +156,9 @@ class Faulty:
     [
         ("raise", "boom"),
         ("exit", "raised SystemExit: bye"),
+        ("unprintable", "Unprintable (its message raised in turn)"),
+        ("exit-unprintable", "raised KeyboardInterrupt (its message raised in turn)"),
+        ("verbose", "RuntimeError: xxx"),
         ("garbage", "not Limits"),
         ("unset", "max_num_seqs"),
         ("slow", "budget"),
@@ -158,7 +172,7 @@ def test_faulty_controller_falls_back_and_keeps_serving(
     with caplog.at_level(logging.ERROR, logger="batchpilot.serving"):
         running = serve(llm, 10)
     assert s.controller is None
-    assert reason in s.fallback_reason
+    assert reason in s.fallback_reason and len(s.fallback_reason) <= 500
     assert s.max_num_active_reqs == CAP
     assert max(running) == 10  # static at the configured cap took over
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
