@@ -112,6 +112,14 @@ def test_calibrate_checks_its_outputs_before_measuring(tmp_path: Path, capsys, o
     assert f"{option} {tmp_path}: is a directory, not a file" in capsys.readouterr().err
 
 
+def test_calibrate_refuses_samples_written_over_the_profile(tmp_path: Path, capsys) -> None:
+    """The profile overwrote the samples, and the command said nothing."""
+    same = tmp_path / "p.json"
+    argv = ["calibrate", "--model", str(tmp_path / "none"), "--out", str(same)]
+    assert cli([*argv, "--samples", str(tmp_path / "." / "p.json")]) == 2
+    assert "the same file as --out" in capsys.readouterr().err
+
+
 def test_a_poor_fit_says_so() -> None:
     rng = np.random.default_rng(2)
     samples = [(*s, float(rng.uniform(0.001, 0.1))) for s in random_steps(rng, 200)]

@@ -93,6 +93,8 @@ def main(args: argparse.Namespace) -> int:
     check_output(args.out, "--out", directory=False)
     if args.samples:
         check_output(args.samples, "--samples", directory=False)
+        if args.samples.resolve() == args.out.resolve():
+            raise ValueError(f"--samples {args.samples}: the same file as --out")
     grid = calibration_workloads(args.max_model_len, args.max_num_seqs)  # before the engine
     engine = make_vllm_engine(
         args.model,
