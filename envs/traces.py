@@ -507,12 +507,14 @@ def _read_jsonl(path: Path, skip_bad_rows: bool) -> Trace:
                 fmt = "bailian" if "chat_id" in head else "mooncake"
                 break
         unit, per_second = JSONL_TIME_UNITS[fmt]
-        parse = functools.partial(_jsonl_row, unit=unit, per_second=per_second)
+        parse = functools.partial(_jsonl_row, fmt=fmt, unit=unit, per_second=per_second)
         return _collect(path, fmt, itertools.chain(ahead, rows), parse, True, skip_bad_rows)
 
 
-def _jsonl_row(text: str, where: str, *, unit: str, per_second: float) -> _Row:
-    """One JSONL request; its timestamp in `unit`, `per_second` to the second."""
+def _jsonl_row(text: str, where: str, *, fmt: str, unit: str, per_second: float) -> _Row:
+    """One JSONL request of a `fmt` file; its timestamp in `unit`, `per_second` to the
+    second. A row of the other format (with or without Bailian's ``chat_id``) is an error:
+    its timestamps would be read 1,000 times off."""
     try:
         row = json.loads(text, object_pairs_hook=unique_object)
     except json.JSONDecodeError as exc:
@@ -533,6 +535,12 @@ def _jsonl_row(text: str, where: str, *, unit: str, per_second: float) -> _Row:
     missing = {"timestamp", "input_length", "output_length"} - row.keys()
     if missing:
         raise TraceError(f"{where}: missing field(s) {sorted(missing)}")
+    if ("chat_id" in row) != (fmt == "bailian"):
+        first = "Bailian's, with" if fmt == "bailian" else "Mooncake's, without"
+        raise TraceError(
+            f"{where}: {'no' if fmt == 'bailian' else 'a'} chat_id, where the file's first object "
+            f"is {first} one: one file holds one format (timestamps in s or ms)"
+        )
     p = _parse_int(row["input_length"], "input_length", where)
     o = _parse_int(row["output_length"], "output_length", where)
     for key in ("input_length", "output_length"):

@@ -193,6 +193,14 @@ def test_bailian_jsonl_counts_seconds(tmp_path: Path) -> None:
         load_trace(write(tmp_path, "c.jsonl", "{nope\n" + text))
     skipped = load_trace(write(tmp_path, "d.jsonl", "{nope\n" + text), bad_rows="skip")
     assert (skipped.format, skipped.skipped_rows, skipped.arrival_s[-1]) == ("bailian", 1, 2.5)
+    # one file, one format: a first object without chat_id once made a Bailian file's later
+    # rows milliseconds, silently
+    late = json.dumps({k: rows[0][k] for k in rows[0] if k != "chat_id"}) + "\n" + text
+    with pytest.raises(TraceError, match=r"e\.jsonl:2: a chat_id, where the file's first object is Mooncake's"):
+        load_trace(write(tmp_path, "e.jsonl", late))
+    early = text + json.dumps({k: rows[0][k] for k in rows[0] if k != "chat_id"}) + "\n"
+    with pytest.raises(TraceError, match=r"f\.jsonl:4: no chat_id, where the file's first object is Bailian's"):
+        load_trace(write(tmp_path, "f.jsonl", early))
 
 
 VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,374,44\n4.314579,396,109\n2.5,10,5\n"
