@@ -14,6 +14,7 @@ import json
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,18 +31,27 @@ class LoadResult:
     seconds: float = 0.0
     ttft_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    """The first `KEPT_ERRORS` failures (all are counted in `requests_failed`)."""
     metrics: dict[str, float] = field(default_factory=dict)
+    metrics_error: str = ""
+    """Why the server's metrics could not be read after the run, if they could not."""
 
-    def summary(self) -> dict[str, float | int | list[str]]:
+    def summary(self) -> dict[str, float | int | str | list[str] | None]:
+        """Every number, JSON-ready (a TTFT quantile of no request is null)."""
         ttft = np.asarray(self.ttft_s) * 1e3
         return {
             "requests_ok": self.requests_ok,
             "requests_failed": self.requests_failed,
             "output_tokens_per_s": self.output_tokens / self.seconds if self.seconds else 0.0,
-            "median_ttft_ms": float(np.median(ttft)) if ttft.size else float("nan"),
-            "p99_ttft_ms": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
-            "errors": self.errors[:5],
+            "median_ttft_ms": float(np.median(ttft)) if ttft.size else None,
+            "p99_ttft_ms": float(np.percentile(ttft, 99)) if ttft.size else None,
+            "errors": self.errors,
+            "metrics_error": self.metrics_error,
         } | self.metrics
+
+
+KEPT_ERRORS = 5
+"""Failures a `LoadResult` keeps the text of: a server that is down fails every request."""
 
 
 def stream_once(url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, int]:
@@ -106,7 +116,10 @@ def table(result: LoadResult) -> str:
     rows = [
         ("requests ok / failed", f"{s['requests_ok']} / {s['requests_failed']}"),
         ("output tokens/s (clients)", f"{s['output_tokens_per_s']:.1f}"),
-        ("TTFT median / p99 (ms)", f"{s['median_ttft_ms']:.1f} / {s['p99_ttft_ms']:.1f}"),
+        (
+            "TTFT median / p99 (ms)",
+            " / ".join(_ms(s[k]) for k in ("median_ttft_ms", "p99_ttft_ms")),
+        ),
         (
             "vllm: mean TTFT / ITL / e2e (ms)",
             " / ".join(
@@ -138,8 +151,14 @@ def table(result: LoadResult) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    lines += [f"error: {e}" for e in s["errors"]]
+    lines += [f"error: {e}" for e in result.errors]
+    if result.metrics_error:
+        lines.append(f"the server's metrics: {result.metrics_error}")
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def run_load(
@@ -168,7 +187,8 @@ def run_load(
             except Exception as exc:  # count every failure, keep loading
                 with lock:
                     result.requests_failed += 1
-                    result.errors.append(f"{type(exc).__name__}: {exc}")
+                    if len(result.errors) < KEPT_ERRORS:
+                        result.errors.append(f"{type(exc).__name__}: {exc}")
 
     start = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -177,8 +197,26 @@ def run_load(
     for t in threads:
         t.join()
     result.seconds = time.perf_counter() - start
-    result.metrics = scrape(url)
+    try:
+        result.metrics = scrape(url)
+    except (OSError, ValueError) as exc:  # the clients' counts stand without them
+        result.metrics_error = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def bounded(kind: type, low: float, high: float) -> Callable[[str], int | float]:
+    """An argparse type: a `kind` number in [low, high], else a usage error naming it."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number in [{low:g}, {high:g}]")
+        return value
+
+    return parse
 
 
 def main() -> None:
@@ -187,17 +225,21 @@ def main() -> None:
     )
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", help="served model name (default: the server's first)")
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--clients", type=bounded(int, 1, 1024), default=8)
+    parser.add_argument("--seconds", type=bounded(float, 0.001, 86_400), default=30.0)
+    parser.add_argument("--prompt-tokens", type=bounded(int, 1, 2**20), default=64)
+    parser.add_argument("--max-tokens", type=bounded(int, 1, 2**20), default=32)
     parser.add_argument(
         "--out", default="loadtest.json", help="JSON file for every number. Default: %(default)s"
     )
     args = parser.parse_args()
-    model = (
-        args.model or json.load(urllib.request.urlopen(f"{args.url}/v1/models"))["data"][0]["id"]
-    )
+    model = args.model
+    if model is None:
+        try:
+            model = json.load(urllib.request.urlopen(f"{args.url}/v1/models", timeout=10))
+            model = model["data"][0]["id"]
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            parser.error(f"--url {args.url}: no served model to read ({type(exc).__name__}: {exc})")
     result = run_load(
         args.url,
         model,

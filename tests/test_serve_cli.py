@@ -116,6 +116,20 @@ def test_load_without_failures_and_controller_in_effect(server) -> None:
     assert "requests ok / failed" in table(result) and "fallbacks" in table(result)
 
 
+def test_load_on_a_server_that_is_down_keeps_its_counts(capsys) -> None:
+    """A closed port once ended the load test in a traceback, the counts lost; every failure's
+    text was kept, and no request's TTFT was NaN in the JSON."""
+    from batchpilot.serving.loadtest import KEPT_ERRORS, run_load, table
+
+    url = f"http://127.0.0.1:{free_port()}"
+    result = run_load(url, "m", clients=2, seconds=0.5, prompt_tokens=4, max_tokens=4)
+    assert result.requests_ok == 0 and result.requests_failed >= 2
+    assert 1 <= len(result.errors) <= KEPT_ERRORS and "Connection" in result.errors[0]
+    assert result.metrics == {} and "URLError" in result.metrics_error
+    json.dumps(result.summary(), allow_nan=False)  # null, not NaN
+    assert "the server's metrics: URLError" in table(result)
+
+
 @pytest.mark.parametrize("prompt", [[1, 2048, 3], [2**31 - 1]])
 def test_out_of_vocabulary_prompt_is_a_400_and_the_server_keeps_serving(server, prompt) -> None:
     """--skip-tokenizer-init turns vLLM's vocabulary check off; an id >= the tiny model's 2,048
