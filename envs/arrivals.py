@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from batchpilot.envs.plain_numbers import plain_float
 from batchpilot.envs.traces import MAX_SPAN_S
 
 CV_RANGE = (0.01, 100.0)
@@ -54,7 +55,7 @@ class Arrival:
 
         def number(text: str, what: str) -> float:
             try:
-                value = float(text)
+                value = plain_float(text)
             except ValueError:
                 raise ArrivalSpecError(
                     f"arrival {spec!r}: {what} {text!r} is not a number"

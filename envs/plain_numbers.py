@@ -10,3 +10,11 @@ def plain_float(text: str) -> float:
     if not text.isascii() or "_" in text:
         raise ValueError(text)
     return float(text)
+
+
+def plain_int(text: str) -> int:
+    """`int(text)` for a whole number written in ASCII digits alone: Python's int also reads
+    ``+32``, `` 32 ``, ``3_2`` and other scripts' digits; a `ValueError` for those."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)

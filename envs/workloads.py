@@ -6,6 +6,7 @@ import numpy as np
 
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
+from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS, MAX_TOKENS, load_trace
 from batchpilot.envs.workload import (
     DEFAULT_OVERLONG,
@@ -173,7 +174,7 @@ def fixed_lengths(source: str) -> tuple[int, int]:
     """(prompt, output) tokens of a ``fixed:PROMPT:OUTPUT`` source."""
     parts = source.removeprefix(FIXED_PREFIX).split(":")
     try:
-        prompt, output = (int(p) for p in parts)
+        prompt, output = (plain_int(p) for p in parts)
     except ValueError:
         raise WorkloadError(
             f"workload {source!r}: use fixed:PROMPT:OUTPUT with whole token counts"
@@ -184,9 +185,9 @@ def fixed_lengths(source: str) -> tuple[int, int]:
 
 
 def _number(text: str) -> float:
-    """`text` as a float; NaN if it is not a number."""
+    """`text` as a float; NaN if it is not a plain number (`plain_float`)."""
     try:
-        return float(text)
+        return plain_float(text)
     except ValueError:
         return float("nan")
 

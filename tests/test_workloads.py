@@ -639,11 +639,24 @@ def test_bad_shift_sources_are_named(source: str, problem: str) -> None:
         ("mix:gsm8k=1,gsm8k=2", "'gsm8k' given twice; give it one weight"),
         ("mix:gsm8k=0,sharegpt=1", "'gsm8k=0' is not NAME=WEIGHT"),
         ("mix:gsm8k", "'gsm8k' is not NAME=WEIGHT"),
+        # numbers as Python reads them but no spec means: separators, signs, other scripts
+        ("mix:gsm8k=1_0", "'gsm8k=1_0' is not NAME=WEIGHT"),
+        ("fixed:+32:8", "use fixed:PROMPT:OUTPUT with whole token counts"),
+        ("fixed:\u0663\u0662:8", "use fixed:PROMPT:OUTPUT with whole token counts"),
+        ("fixed:3_2:8", "use fixed:PROMPT:OUTPUT with whole token counts"),
     ],
 )
 def test_bad_mix_sources_are_named(source: str, problem: str) -> None:
     with pytest.raises(WorkloadError, match=problem):
         make_workload(source, "poisson:1", num_requests=10)
+
+
+def test_arrival_rates_are_plain_numbers() -> None:
+    with pytest.raises(ArrivalSpecError, match="rate '1_0' is not a number"):
+        Arrival.parse("poisson:1_0")
+    with pytest.raises(ArrivalSpecError, match="is not a number"):
+        Arrival.parse("poisson:\u0662")
+    assert Arrival.parse("poisson:2.5e0").rate == 2.5
 
 
 def test_shift_source_cannot_replay() -> None:
