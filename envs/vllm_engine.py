@@ -103,8 +103,9 @@ class VLLMEngine:
         except OSError:
             raise
         except Exception as exc:  # a config.json, weights or settings vLLM refuses, as it says
+            said = " ".join(str(exc).split())  # pydantic's errors span lines
             raise ValueError(
-                f"{model}: vLLM failed to start on this model ({type(exc).__name__}: {exc})"
+                f"{model}: vLLM failed to start on this model ({type(exc).__name__}: {said})"
             ) from exc
         finally:
             if legacy is not None:
