@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
 
 from batchpilot.baselines import specs as baseline_specs
 from batchpilot.envs.controller import Controller
@@ -29,3 +31,16 @@ FACTORIES: ChainMap[str, Callable[[list[str]], Controller]] = ChainMap(
 def make_controller(spec: str) -> Controller:
     """Build the controller a spec names (``policy:PATH`` included); ``A+B`` is the minimum."""
     return baseline_specs.make_controller(spec, FACTORIES)
+
+
+def spec_key(spec: str) -> str:
+    """`batchpilot.baselines.specs.spec_key` with each policy's path resolved: one policy
+    named by two paths is one controller."""
+    parts = []
+    for part in spec.split("+"):
+        name, sep, path = part.strip().partition(":")
+        if name == "policy" and sep:
+            with suppress(OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
+                part = f"policy:{Path(path).resolve()}"
+        parts.append(part)
+    return baseline_specs.spec_key("+".join(parts))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.alg1 import MemoryAwareController
@@ -130,20 +129,20 @@ FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
 
 def spec_key(spec: str) -> str:
     """One spelling of the controller a spec names, to find one given twice: numbers as they
-    parse, keywords in order, a policy's path resolved, the parts of ``A+B`` sorted (``static:08``
-    and ``static:8`` are one controller). A part that does not parse is kept as written."""
+    parse, keywords in order, the parts of ``A+B`` sorted (``static:08`` and ``static:8`` are
+    one controller). A part that does not parse, or names no rule, is kept as written."""
     return "+".join(sorted(_part_key(part.strip()) for part in spec.split("+")))
 
 
-def given_twice(specs: Sequence[str]) -> str:
-    """The first controller `specs` name twice, as they spell it (``alg1``, ``static:8 and
-    static:08``); empty if none is."""
+def given_twice(specs: Sequence[str], key: Callable[[str], str] = spec_key) -> str:
+    """The first controller `specs` name twice by `key`, as they spell it (``alg1``,
+    ``static:8 and static:08``); empty if none is."""
     seen: dict[str, str] = {}
     for spec in specs:
-        key = spec_key(spec)
-        if key in seen:
-            return spec if seen[key] == spec else f"{seen[key]} and {spec}"
-        seen[key] = spec
+        k = key(spec)
+        if k in seen:
+            return spec if seen[k] == spec else f"{seen[k]} and {spec}"
+        seen[k] = spec
     return ""
 
 
@@ -152,12 +151,10 @@ def _part_key(part: str) -> str:
     try:
         if name == "static":
             return ":".join([name, *(str(int(a)) for a in args)])
-        if name == "policy":
-            return f"{name}:{Path(':'.join(args)).resolve()}"
         if name in KEYWORD_ARGS:
             values = keyword_args(name, args, KEYWORD_ARGS[name])
             return ":".join([name, *(f"{k}={values[k]!r}" for k in sorted(values))])
-    except (ValueError, OSError):
+    except ValueError:
         pass
     return part
 

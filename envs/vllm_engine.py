@@ -43,11 +43,12 @@ class VLLMEngine:
 
     `max_num_seqs` and `max_num_batched_tokens` are the creation-time caps (limits are
     clamped to them); `num_gpu_blocks` forces a KV cache size (vLLM's
-    ``num_gpu_blocks_override``) for KV pressure; `kv_cache_gib` sizes the CPU KV cache
-    otherwise, exactly (vLLM's ``kv_cache_memory_bytes``; unset: `KV_SPACE_ENV` if set, else
-    `DEFAULT_KV_GIB`). `time_scale` multiplies the arrival times: 2 serves the workload at
-    half its rates, in twice the wall time. `clock` is the engine clock: ``wall`` or ``cpu``
-    (the process's CPU time, idle gaps skipped: for measuring on a shared machine; see
+    ``num_gpu_blocks_override``) for KV pressure; `kv_cache_gib` sizes the KV cache
+    otherwise, exactly (vLLM's ``kv_cache_memory_bytes``; unset: on a GPU by
+    ``gpu_memory_utilization``, on CPU by `KV_SPACE_ENV` if set, else `DEFAULT_KV_GIB`).
+    `time_scale` multiplies the arrival times: 2 serves the workload at half its rates, in
+    twice the wall time. `clock` is the engine clock: ``wall`` or ``cpu`` (the process's CPU
+    time, idle gaps skipped: for measuring on a shared machine; see
     `batchpilot.envs.vllm_tracker`). Extra keyword arguments go to `vllm.EngineArgs`.
     """
 
@@ -70,6 +71,8 @@ class VLLMEngine:
         scale_factor(time_scale, "time_scale")
         if kv_cache_gib is not None:
             scale_factor(kv_cache_gib, "kv_cache_gib")
+            if "kv_cache_memory_bytes" in engine_args:
+                raise ValueError("give kv_cache_gib or kv_cache_memory_bytes, not both")
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable
@@ -77,9 +80,10 @@ class VLLMEngine:
         from vllm.platforms import current_platform
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        if current_platform.is_cpu() and (kv_cache_gib is not None or not os.getenv(KV_SPACE_ENV)):
-            gib = DEFAULT_KV_GIB if kv_cache_gib is None else kv_cache_gib
-            engine_args.setdefault("kv_cache_memory_bytes", round(gib * 2**30))
+        if kv_cache_gib is None and current_platform.is_cpu() and not os.getenv(KV_SPACE_ENV):
+            kv_cache_gib = DEFAULT_KV_GIB  # a GPU sizes its cache by gpu_memory_utilization
+        if kv_cache_gib is not None:
+            engine_args["kv_cache_memory_bytes"] = round(kv_cache_gib * 2**30)
 
         self._sampling = SamplingParams
         args = EngineArgs(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
 
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -87,7 +88,10 @@ class TrackingScheduler(Scheduler):
         finished = super().finish_requests(request_ids, finished_status)
         if isinstance(request_ids, str):
             request_ids = [request_ids]
-        self.tracker.on_abort(None if request_ids is None else list(request_ids))
+        self.tracker.on_abort(
+            None if request_ids is None else list(request_ids),
+            served=finished_status == RequestStatus.FINISHED_ABORTED,
+        )
         return finished
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:

@@ -196,19 +196,20 @@ class StepTracker:
             self.records.append(rec)
         self.tele.finished(track.output_tokens, good)
 
-    def on_abort(self, request_ids: list[str] | None) -> None:
-        """Requests ended from outside the engine core; None: all (a reset), forgotten.
+    def on_abort(self, request_ids: list[str] | None, served: bool = False) -> None:
+        """Requests ended from outside the normal finish (None: all, a reset or a pause).
 
-        One with output counts as finished with the tokens it produced: vLLM ends a request
-        on a client's stop string this way (its front end finds the string and aborts the
-        request in the core), which the scheduler cannot tell from a client gone mid-stream.
-        One with none yet is forgotten: it never served a token."""
+        With `served` (vLLM's abort) one with output counts as finished with the tokens it
+        produced: vLLM ends a request on a client's stop string this way (its front end finds
+        the string and aborts the request in the core, a step or more late with the core in
+        its own process), which the scheduler cannot tell from a client gone mid-stream.
+        Any other (no output yet, an error, all at once) is forgotten."""
         if request_ids is None:
             self.tracks.clear()
         now = self.now()
         for rid in request_ids or ():
             track = self.tracks.pop(rid, None)
-            if track is not None and track.output_tokens > 0:
+            if served and track is not None and track.output_tokens > 0:
                 self._finish(rid, track, now)
 
     # ------------------------------------------------------------------ reporting

@@ -287,9 +287,11 @@ def scale_factor(value: float, what: str) -> float:
     return float(value)
 
 
-def scale_range(value: object, what: str) -> tuple[float, float]:
-    """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf and within
-    `SCALE_BOUNDS`, else an error naming `what`."""
+def scale_range(
+    value: object, what: str, bounds: tuple[float, float] = SCALE_BOUNDS
+) -> tuple[float, float]:
+    """`value` as a (lo, hi) range of scale factors, 0 < lo <= hi < inf and within `bounds`,
+    else an error naming `what`."""
     if not (
         isinstance(value, list | tuple)
         and len(value) == 2
@@ -302,9 +304,8 @@ def scale_range(value: object, what: str) -> tuple[float, float]:
         lo = hi = np.inf
     if not 0 < lo <= hi < np.inf:
         raise ValueError(f"{what} must be 0 < lo <= hi < inf, got {value!r}")
-    if lo < SCALE_BOUNDS[0] or hi > SCALE_BOUNDS[1]:
+    if lo < bounds[0] or hi > bounds[1]:
         raise ValueError(
-            f"{what} must lie within [{SCALE_BOUNDS[0]:g}, {SCALE_BOUNDS[1]:g}] (a factor), "
-            f"got [{lo:g}, {hi:g}]"
+            f"{what} must lie within [{bounds[0]:g}, {bounds[1]:g}], got [{lo:g}, {hi:g}]"
         )
     return lo, hi

@@ -193,7 +193,6 @@ def test_serve_refuses_any_simulator_only_part(spec: str) -> None:
         (["static:8", "alg1", "static:08"], "static:8 and static:08"),
         (["alg1+alg2", "alg2+alg1"], "alg1+alg2 and alg2+alg1"),
         (["mpc:horizon_s=4:future=sampled", "mpc:future=sampled:horizon_s=4.0"], "mpc:horizon_s=4"),
-        (["policy:a/p.onnx", "policy:./a/p.onnx"], "policy:a/p.onnx and policy:./a/p.onnx"),
         (["alg1", "alg1"], "alg1"),
         (["static:8", "static:8:8", "alg1", "alg1:eps=0.01", "alg2", "mpc", "static:x", "static:x2"], ""),
     ],
@@ -201,3 +200,18 @@ def test_serve_refuses_any_simulator_only_part(spec: str) -> None:
 def test_one_controller_spelled_twice_is_found(specs: list[str], twice: str) -> None:
     """static:8 and static:08 ran the same controller twice: the check compared spellings."""
     assert given_twice(specs).startswith(twice) and bool(given_twice(specs)) == bool(twice)
+
+
+def test_one_policy_by_two_paths_is_one_controller(tmp_path) -> None:
+    """A policy's path is resolved (by the agents layer, which knows ``policy:``); a path
+    that cannot be (a symlink loop) is kept as written, not a traceback."""
+    from batchpilot.agents.specs import spec_key
+
+    assert given_twice(["policy:a/p.onnx", "alg1", "policy:./a/p.onnx"], key=spec_key) == (
+        "policy:a/p.onnx and policy:./a/p.onnx"
+    )
+    assert given_twice(["policy:a/p.onnx", "policy:./a/p.onnx"]) == ""  # the rules' key alone
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    loop = f"policy:{tmp_path / 'loop' / 'p.onnx'}"
+    assert given_twice([loop, "alg1"], key=spec_key) == ""
+    assert given_twice([loop, loop], key=spec_key) == loop

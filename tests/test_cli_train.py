@@ -268,8 +268,10 @@ def test_yaml_reads_exponents_as_floats_as_yaml_1_2_does(tmp_path: Path) -> None
     from batchpilot.training.yaml_files import load_yaml
 
     path = tmp_path / "f.yml"
-    path.write_text("a: 1e-4\nb: [1.0, 1.0e300]\nc: -2E+3\nd: 10\ne: '1e-4'\nf: 1e3ms\n")
-    assert load_yaml(path) == {"a": 1e-4, "b": [1.0, 1e300], "c": -2000.0, "d": 10, "e": "1e-4", "f": "1e3ms"}
+    path.write_text("a: 1e-4\nb: [1.0, 1.0e300]\nc: -2E+3\nd: 10\ne: '1e-4'\nf: 1e3ms\ng: .5e3\nh: 1_0e3\n")
+    assert load_yaml(path) == {
+        "a": 1e-4, "b": [1.0, 1e300], "c": -2000.0, "d": 10, "e": "1e-4", "f": "1e3ms", "g": 500.0, "h": "1_0e3"
+    }  # fmt: skip
     assert yaml.safe_load("a: 1e-4") == {"a": "1e-4"}  # PyYAML's own loader is left as it was
 
 

@@ -119,3 +119,18 @@ def test_a_tracker_nobody_asks_for_telemetry_keeps_bounded_memory() -> None:
         tracker.on_abort([f"r{i}"])
     assert len(tracker.tele.arrivals._times) <= 100 * 31
     assert tracker.tele.arrivals.rate(now[0]) == pytest.approx(100, rel=0.01)
+
+
+def test_a_request_aborted_after_output_counts_only_when_vllm_aborted_it() -> None:
+    """vLLM finishes a request on a stop string by aborting it: with output, a finish. An
+    error (FINISHED_ERROR), or a request with no output yet, is forgotten."""
+    from batchpilot.envs.vllm_tracker import StepTracker
+
+    tracker = StepTracker()
+    for rid in ("stop", "error", "early"):
+        tracker.on_arrival(rid, 10, 5)
+    tracker.on_update({"stop": 2, "error": 2}, set(), 0.0)
+    tracker.on_abort(["error"], served=False)
+    tracker.on_abort(["stop", "early"], served=True)
+    assert tracker.stats.counts["completed"] == 1 and tracker.tracks == {}
+    assert tracker.tele.interval.output_tokens == 4  # produced, whatever became of them

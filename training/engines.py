@@ -6,10 +6,10 @@ from typing import Any
 
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.plain_numbers import plain_float
+from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import INT_LIMITS
 from batchpilot.envs.vllm_tracker import CLOCKS
-from batchpilot.envs.workload import scale_factor
+from batchpilot.envs.workload import SCALE_BOUNDS
 
 ENGINES = ("sim", "vllm")
 WHOLE_ARGS = ("num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
@@ -18,7 +18,8 @@ SWITCH_ARGS = ("enable_chunked_prefill",)
 SWITCHES = {"true": True, "false": False}
 ENGINE_ARGS = (*WHOLE_ARGS, *POSITIVE_ARGS, *SWITCH_ARGS, "clock")
 """The `VLLMEngine` settings ``--engine-arg`` takes (whole numbers up to a profile's
-`INT_LIMITS`, factors within `SCALE_BOUNDS` (`scale_factor`), true/false, and the clock's name)."""
+`INT_LIMITS`, a factor and a size in GiB within `SCALE_BOUNDS`, true/false, the clock's
+name)."""
 _VLLM: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
 """Real engines of this process by (model, engine args): start-up costs seconds."""
 
@@ -97,19 +98,19 @@ def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
             if key in WHOLE_ARGS and not (isinstance(value, int) and 1 <= value <= high):
                 raise ValueError(f"{where}: {key} must be a whole number in [1, {high:,}]")
             if key in POSITIVE_ARGS:
-                try:
-                    scale_factor(value, key)
-                except ValueError as exc:
-                    raise ValueError(f"{where}: {exc}") from None
+                low, high = SCALE_BOUNDS
+                if value is None or not low <= value <= high:
+                    raise ValueError(f"{where}: {key} must be a number in [{low:g}, {high:g}]")
             out[key] = value
     return tuple(sorted(out.items()))
 
 
 def _number(text: str) -> int | float | None:
-    """`text` as an int, else a float (plain ASCII, no ``_``), else None."""
-    for cast in (int, plain_float):
+    """`text` as a plain int, else a plain float (`batchpilot.envs.plain_numbers`), else
+    None."""
+    for cast in (plain_int, plain_float):
         try:
-            return cast(text) if text.isascii() and "_" not in text else None
+            return cast(text)
         except ValueError:
             pass
     return None

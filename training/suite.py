@@ -32,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from batchpilot.agents.specs import spec_key
 from batchpilot.baselines.specs import given_twice, split_specs
 from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.profiles import DEFAULT_PROFILE
@@ -170,7 +171,7 @@ def _controllers(value: Any, path: Path) -> list[str] | None:
         raise SuiteError(
             f"{path}: 'controllers' must be a non-empty list of controller specs, got {value!r}"
         )
-    twice = given_twice(value or [])
+    twice = given_twice(value or [], key=spec_key)
     if twice:
         raise SuiteError(f"{path}: 'controllers' gives {twice} twice")
     return value

@@ -29,14 +29,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         """Each mapping node's own key nodes (by id), taken before merging rewrites it."""
 
 
-EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
-"""A float with an exponent, as YAML 1.2 writes it (``1e-4``, ``1.0e300``): YAML 1.1, which
-PyYAML follows, reads it as text unless it has both a dot and a signed exponent."""
-_UniqueKeyLoader.yaml_implicit_resolvers = {  # a copy: the lists are SafeLoader's otherwise
-    first: list(resolvers) for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789")
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+"""A float with an exponent as YAML 1.2's core schema reads it (``1e-4``, ``1.0e300``,
+``.5e3``); YAML 1.1, which PyYAML follows, reads it as text unless it has both a dot and a
+signed exponent."""
+_UniqueKeyLoader.add_implicit_resolver(  # on this loader alone (PyYAML copies the table)
+    "tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+.0123456789")
 )
 
 

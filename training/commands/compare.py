@@ -122,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="real-engine setting, repeatable: num_gpu_blocks (KV pressure), max_num_seqs, "
         "max_model_len, max_num_batched_tokens (whole numbers); time_scale (arrival times "
         "times this: 2 serves the workload at half its rates, in twice the wall time) and "
-        "kv_cache_gib (the CPU KV cache, exactly), numbers in [0.001, 1000]; "
+        "kv_cache_gib (the KV cache's size, exactly), numbers in [0.001, 1000]; "
         "enable_chunked_prefill (true or false); clock (wall or cpu)",
     )
     add_engine_arguments(parser, unset=True)
