@@ -938,3 +938,12 @@ def test_evaluation_seeds_never_reach_the_tuning_seeds() -> None:
     from batchpilot.training.limits import MAX_SEEDS
 
     assert MAX_SEEDS <= TUNING_SEED_BASE
+
+
+def test_a_name_with_a_bar_or_a_line_break_keeps_its_table_row() -> None:
+    """A scenario or policy name with ``|`` split its Markdown row into extra columns."""
+    from batchpilot.training.report import md_table
+
+    table = md_table(["controller", "goodput"], [["policy:a|b.onnx", "1"], ["two\nlines", "2"]])
+    rows = table.splitlines()
+    assert len(rows) == 4 and rows[2] == "| policy:a\\|b.onnx | 1 |" and rows[3] == "| two lines | 2 |"

@@ -203,9 +203,15 @@ def _pair_cell(p: PairedDifference) -> str:
 
 
 def md_table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    """A Markdown table; a ``|`` or a line break inside a cell (a name a user chose) is
+    escaped or joined, not a broken row."""
+    lines = ["| " + " | ".join(map(_md_cell, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def _md_cell(text: str) -> str:
+    return " ".join(text.split("\n")).replace("|", "\\|")
 
 
 def _html_table(head: list[str], rows: list[list[str]]) -> str:
