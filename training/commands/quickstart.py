@@ -56,8 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10,
         help="comparison seeds, paired (on the main job the gain over the tuned static pair "
         "varies by about 20%% seed to seed; a 95%% interval over 5 seeds is 1.7x as wide as "
-        "over 10). "
-        "Default: %(default)s",
+        "over 10). Default: %(default)s",
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
