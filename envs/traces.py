@@ -310,7 +310,7 @@ def _csv_header(
             f"{path}: unknown trace format; header {header!r} has none of the known column "
             "pairs (ContextTokens/GeneratedTokens, num_prefill_tokens/num_decode_tokens, "
             "prompt_tokens_llama2/output_tokens_llama2, Request tokens/Response tokens)"
-            + _separator_hint(header)
+            + (_separator_hint(header) or _case_hint(header) or _jsonl_hint(path))
         )
     if fmt.time is not None and fmt.time not in header:
         raise TraceError(
@@ -350,6 +350,23 @@ def _detect(header: list[str]) -> _CsvFormat | None:
         if fmt.time is None or fmt.time in header or sharing == 1:
             return fmt
     return None
+
+
+def _case_hint(header: list[str]) -> str:
+    """For a header whose names match a format's but for case: the names to write."""
+    names = {n.lower(): n for f in _CSV_FORMATS for n in (f.prompt, f.output, f.time) if n}
+    fmt = _detect([names.get(h.lower(), h) for h in header])
+    if fmt is None:
+        return ""
+    wanted = [n for n in (fmt.time, fmt.prompt, fmt.output) if n]
+    return f"; the names match the {fmt.name} format's but for case: write {', '.join(wanted)}"
+
+
+def _jsonl_hint(path: Path) -> str:
+    """For a file named as JSON Lines that was read as CSV: why."""
+    if not {".jsonl", ".json"} & {x.lower() for x in path.suffixes}:
+        return ""
+    return "; read as CSV because its first line is not a JSON object (JSON Lines: one a line)"
 
 
 def _separator_hint(header: list[str]) -> str:

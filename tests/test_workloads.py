@@ -297,6 +297,26 @@ def test_a_tab_or_semicolon_separated_file_is_named(tmp_path: Path, header: str,
     assert f"convert the {'tabs' if sep == chr(9) else 'semicolons'} to commas" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "hint"),
+    [
+        ("lc.csv", "timestamp,contexttokens,generatedtokens\n2023-11-16 18:15:46.68,10,5\n",
+         "the names match the azure format's but for case: write TIMESTAMP, ContextTokens, GeneratedTokens"),
+        ("t.jsonl", 'not json\n{"timestamp": 0, "input_length": 5, "output_length": 3}\n',
+         "read as CSV because its first line is not a JSON object"),
+    ],
+)  # fmt: skip
+def test_an_unknown_header_says_what_it_nearly_is(tmp_path: Path, name: str, text: str, hint: str) -> None:
+    """A lower-case Azure header, or a .jsonl file whose first line is no JSON, got only the
+    list of known column pairs."""
+    with pytest.raises(TraceError, match="unknown trace format") as err:
+        load_trace(write(tmp_path, name, text))
+    assert hint in str(err.value)
+    with pytest.raises(TraceError) as plain:
+        load_trace(write(tmp_path, "x.csv", "a,b\n1,2\n"))
+    assert "case" not in str(plain.value) and "JSON" not in str(plain.value)
+
+
 def test_a_comma_header_with_a_tab_in_a_name_gets_no_separator_hint(tmp_path: Path) -> None:
     path = write(tmp_path, "t.csv", "a\tx,b\n1,2\n")
     with pytest.raises(TraceError, match="unknown trace format") as err:
