@@ -137,6 +137,7 @@ class EngineProfile:
                 if not isinstance(data[key], str):
                     raise ValueError(f"{origin}: {key} must be a string")
                 values[key] = data[key]
+        check_profile_name(values.get("name", ""), f"{origin}: name")
         if values.get("carried_from") and not isinstance(values["step"], TableStepModel):
             raise ValueError(
                 f"{origin}: carried_from names a GPU, but a {values['step'].kind} step model has "
@@ -885,6 +886,13 @@ def unreachable_tpot(profile: EngineProfile, tpot_ms: float | None) -> str | Non
         f"TPOT target of {tpot_ms:g} ms: no request of two output tokens or more can meet the "
         "SLO, whatever the controller; set a target it can reach (--slo tpot:N, a suite's slo)"
     )
+
+
+def check_profile_name(name: str, what: str = "profile name") -> None:
+    """Raise ValueError unless `name` is one printable line, as workload specs select
+    profiles by it and reports title them with it."""
+    if not name or not name.isprintable() or name != name.strip():
+        raise ValueError(f"{what} {name!r}: need one printable line, no edge spaces")
 
 
 def write_profile(profile: EngineProfile, path: Path) -> None:

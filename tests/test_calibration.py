@@ -112,6 +112,13 @@ def test_calibrate_checks_its_outputs_before_measuring(tmp_path: Path, capsys, o
     assert f"{option} {tmp_path}: is a directory, not a file" in capsys.readouterr().err
 
 
+def test_calibrate_refuses_a_bad_profile_name_before_measuring(tmp_path: Path, capsys) -> None:
+    """It was refused only as the profile was written, after the calibration."""
+    argv = ["calibrate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "p.json")]
+    assert cli([*argv, "--name", "two\nlines"]) == 2
+    assert "--name 'two\\nlines': need one printable line" in capsys.readouterr().err
+
+
 def test_calibrate_refuses_samples_written_over_the_profile(tmp_path: Path, capsys) -> None:
     """The profile overwrote the samples, and the command said nothing."""
     same = tmp_path / "p.json"

@@ -294,6 +294,8 @@ def zero_times(step: dict) -> dict:
         (lambda d: d.update(block_size=65536, num_gpu_blocks=1), "holds 0 tokens after vLLM's null block"),
         (lambda d: d.update(block_size=16, num_gpu_blocks=256), r"holds 4,080 tokens .* less than one 4,096-token request"),
         (lambda d: d.update(max_model_len=1), "max_model_len is 1; a request needs at least 2 tokens"),
+        (lambda d: d.update(name="a\nb"), r"name 'a\\nb': need one printable line"),  # titles broke
+        (lambda d: d.update(name=""), "name '': need one printable line"),
         (lambda d: d.update(tensor_parallel_size=1.5), "tensor_parallel_size must be an integer"),
         (lambda d: d.update(colour="red"), "colour is not an engine profile field"),
         (lambda d: d.pop("block_size"), "block_size missing"),

@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from batchpilot.envs.profiles import INT_LIMITS
+from batchpilot.envs.profiles import INT_LIMITS, check_profile_name
 from batchpilot.training.commands.common import COUNT, check_output, whole
 
 
@@ -91,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.envs.vllm_engine import make_vllm_engine
 
     check_output(args.out, "--out", directory=False)
+    check_profile_name(args.name or args.out.stem, "--name")  # before the measurement
     if args.samples:
         check_output(args.samples, "--samples", directory=False)
         if args.samples.resolve() == args.out.resolve():
