@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batchpilot.envs.metrics import SLO, goodput_slo
+from batchpilot.envs.plain_numbers import plain_float
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
@@ -38,9 +39,9 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def positive(text: str) -> float:
-    """An argparse ``type=``: a finite number > 0."""
+    """An argparse ``type=``: a finite number > 0, written plainly (`plain_float`)."""
     try:
-        value = float(text)
+        value = plain_float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value) or value <= 0:

@@ -106,9 +106,9 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     )
 
     serving_controller(args.controller)  # a bad spec or policy file fails here, in seconds
-    settings = {SLO_ENV: args.slo, BUDGET_ENV: str(args.decision_budget_ms)}
+    settings = {SLO_ENV: args.slo, BUDGET_ENV: repr(args.decision_budget_ms).removesuffix(".0")}
     if args.decision_deadline_ms:  # else the engine's default (`engine_settings`)
-        settings[DEADLINE_ENV] = str(args.decision_deadline_ms)
+        settings[DEADLINE_ENV] = repr(args.decision_deadline_ms).removesuffix(".0")  # 1, not 1.0
     try:
         engine_settings(settings)  # as the engine will read them
     except ValueError as exc:  # named as the user gave it: the flag, not the variable
