@@ -523,15 +523,15 @@ def _read_jsonl(path: Path, skip_bad_rows: bool) -> Trace:
             if isinstance(head, dict):
                 fmt = "bailian" if "chat_id" in head else "mooncake"
                 break
-        unit, per_second = JSONL_TIME_UNITS[fmt]
-        parse = functools.partial(_jsonl_row, fmt=fmt, unit=unit, per_second=per_second)
+        parse = functools.partial(_jsonl_row, fmt=fmt)
         return _collect(path, fmt, itertools.chain(ahead, rows), parse, True, skip_bad_rows)
 
 
-def _jsonl_row(text: str, where: str, *, fmt: str, unit: str, per_second: float) -> _Row:
-    """One JSONL request of a `fmt` file; its timestamp in `unit`, `per_second` to the
-    second. A row of the other format (with or without Bailian's ``chat_id``) is an error:
-    its timestamps would be read 1,000 times off."""
+def _jsonl_row(text: str, where: str, *, fmt: str) -> _Row:
+    """One JSONL request of a `fmt` file, its timestamp in that format's unit
+    (`JSONL_TIME_UNITS`). A row of the other format (with or without Bailian's ``chat_id``)
+    is an error: its timestamps would be read 1,000 times off."""
+    unit, per_second = JSONL_TIME_UNITS[fmt]
     try:
         row = json.loads(text, object_pairs_hook=unique_object)
     except json.JSONDecodeError as exc:

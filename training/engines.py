@@ -9,7 +9,7 @@ from batchpilot.envs.metrics import SLO
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import INT_LIMITS
 from batchpilot.envs.vllm_tracker import CLOCKS
-from batchpilot.envs.workload import SCALE_BOUNDS
+from batchpilot.envs.workload import SCALE_BOUNDS, scale_factor
 
 ENGINES = ("sim", "vllm")
 WHOLE_ARGS = ("num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
@@ -98,9 +98,13 @@ def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
             if key in WHOLE_ARGS and not (isinstance(value, int) and 1 <= value <= high):
                 raise ValueError(f"{where}: {key} must be a whole number in [1, {high:,}]")
             if key in POSITIVE_ARGS:
-                low, high = SCALE_BOUNDS
-                if value is None or not low <= value <= high:
-                    raise ValueError(f"{where}: {key} must be a number in [{low:g}, {high:g}]")
+                try:
+                    scale_factor(value, key)
+                except ValueError:  # named as written, not as parsed (None for 1_0)
+                    low, high = SCALE_BOUNDS
+                    raise ValueError(
+                        f"{where}: {key} must be a number in [{low:g}, {high:g}]"
+                    ) from None
             out[key] = value
     return tuple(sorted(out.items()))
 
