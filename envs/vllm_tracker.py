@@ -5,7 +5,8 @@ each `update_from_output()`), and turns what vLLM's own scheduler knows into the
 `Telemetry` and `RequestRecord`s the simulator reports. Times are seconds since `start()`
 on the engine clock: `time.monotonic()` (``wall``, the default), or the process's CPU time
 with idle gaps skipped (``cpu``: what the engine's own work costs, unaffected by other
-processes on a shared machine; for measurements, never for serving).
+processes on a shared machine as long as the model runs on one thread, which `VLLMEngine`
+sees to; for measurements, never for serving).
 """
 
 from __future__ import annotations

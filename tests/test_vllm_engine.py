@@ -209,3 +209,20 @@ def test_kv_cache_gib_sizes_the_cache_exactly(
     per_token = 2 * 4 * 256 * 2  # K and V, 4 layers, hidden 256, bf16 (TINY_LLAMA)
     assert engine.num_total_blocks * engine.block_size == 2**30 // 4 // per_token
     assert os.environ[KV_SPACE_ENV] == "1"  # left as it was
+
+
+def test_the_cpu_clock_runs_the_model_on_one_thread(tiny_model: str) -> None:
+    """A process's CPU time counts every thread's: on torch's default 2 threads a run on a busy
+    2-core machine measured 44 s of engine time where one thread measured 6.6 s (spin-waits),
+    so the simulator's profile, calibrated on one thread, looked optimistic."""
+    import torch
+
+    from batchpilot.envs.vllm_engine import make_vllm_engine
+
+    threads = torch.get_num_threads()
+    torch._C.set_num_threads(2)  # torch.set_num_threads is a no-op once vLLM's CPU worker ran
+    try:
+        make_vllm_engine(tiny_model, clock="cpu", kv_cache_gib=0.01, max_model_len=256)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch._C.set_num_threads(threads)

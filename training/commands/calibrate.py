@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("wall", "cpu"),
         default="wall",
         help="time steps on the wall clock, or in the process's CPU time (steadier on a "
-        "loaded machine; the profile then models the engine's own work). Default: %(default)s",
+        "loaded machine; the model then runs on one thread and the profile models the "
+        "engine's own work). Default: %(default)s",
     )
     parser.add_argument(
         "--samples",
