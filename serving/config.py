@@ -51,7 +51,8 @@ def serving_controller(controller: Controller | str) -> Controller:
         controller = make_controller(controller)
     if simulator_only(controller):
         raise ValueError(
-            f"{controller.name}: reads the simulator's future (oracle); it cannot serve"
+            f"{controller.name}: reads the simulator's true future (as oracle and mpc do); "
+            "it cannot serve"
         )
     return controller
 

@@ -912,6 +912,23 @@ def test_duplicate_controllers_are_refused(
     assert "controller static:256 given twice" in capsys.readouterr().err
 
 
+def test_simulator_only_controllers_are_refused_on_a_real_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`compare --engine vllm` ran the other controllers on the real engine, then died with
+    a TypeError traceback at oracle's or mpc's reset; now it refuses them before any run."""
+    real = Scenario(name="r", source="fixed:8:8", engine="vllm", model=str(tmp_path))
+    for spec in ("oracle", "mpc", "alg1+mpc"):
+        with pytest.raises(ValueError, match=f"controller '{re.escape(spec)}' reads the simulat"):
+            check_controllers(["static:8", spec], [real])
+    check_controllers(["mpc", "oracle"], [replace(real, engine="sim", model=None)])
+    argv = ["compare", "--engine", "vllm", "--model", str(tmp_path), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--controllers", "static:8,oracle"]) == 2
+    assert "'oracle' reads the simulator's true future and runs only on --engine sim" in (
+        capsys.readouterr().err
+    )
+
+
 def test_compare_refuses_an_empty_interval(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from batchpilot.agents.specs import make_controller, spec_key
-from batchpilot.baselines.specs import BEST_STATIC, given_twice
+from batchpilot.baselines.specs import BEST_STATIC, given_twice, simulator_only
 from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.arrivals import CV_RANGE, Arrival
 from batchpilot.envs.controller import ControlInterval
@@ -664,8 +664,9 @@ def tune_static(
 
 def check_controllers(specs: Sequence[str], scenarios: Sequence[Scenario] = ()) -> None:
     """Raise ValueError on a controller spec that cannot be built (`PSEUDO` ones pass), that
-    is given twice (its rows would be one), or that cannot run at a scenario's control
-    interval (`check_interval`)."""
+    is given twice (its rows would be one), that needs the simulator where a scenario runs a
+    real engine (`simulator_only`), or that cannot run at a scenario's control interval
+    (`check_interval`)."""
     twice = given_twice(specs, key=spec_key)
     if twice:
         raise ValueError(f"controller {twice} given twice in {','.join(specs)}")
@@ -673,6 +674,12 @@ def check_controllers(specs: Sequence[str], scenarios: Sequence[Scenario] = ()) 
         if spec not in PSEUDO:
             controller = make_controller(spec)
             for sc in scenarios:
+                if sc.engine != "sim" and simulator_only(controller):
+                    raise ValueError(
+                        f"scenario {sc.name!r} runs on the {sc.engine} engine; controller "
+                        f"{spec!r} reads the simulator's true future and runs only on "
+                        "--engine sim"
+                    )
                 try:
                     check_interval(controller, ControlInterval.parse(sc.interval))
                 except ValueError as exc:
