@@ -180,9 +180,13 @@ class BatchpilotScheduler(TrackingScheduler):
         self._last = None
         self.metrics = DecisionMetrics.get(name)
         logger.info(
-            "batchpilot controller %s in charge of vLLM's batch limits (every %s)",
+            "batchpilot controller %s in charge of vLLM's batch limits (every %s), up to the "
+            "server's caps of %d requests and %d tokens a step (--max-num-seqs, "
+            "--max-num-batched-tokens: it can only lower them; a fallback keeps them)",
             name,
             self.interval,
+            self.cap_seqs,
+            self.cap_tokens,
         )
 
     def start_controller(self, spec: str) -> None:

@@ -104,9 +104,12 @@ def test_controller_from_the_environment_caps_the_batch(llm) -> None:
     assert s.fallback_reason is None
 
 
-def test_paper_algorithms_serve(llm) -> None:
+def test_paper_algorithms_serve(llm, caplog: pytest.LogCaptureFixture) -> None:
     s = scheduler(llm)
-    s.set_controller("alg1+alg2")
+    with caplog.at_level(logging.INFO, logger="batchpilot.serving"):
+        s.set_controller("alg1+alg2")
+    said = caplog.records[-1].getMessage()  # the caps bound what any controller can ask for
+    assert f"up to the server's caps of {CAP} requests and {s.cap_tokens} tokens" in said
     running = serve(llm, 12)
     assert max(running) <= CAP
     assert s.fallback_reason is None and s.metrics.decisions > 0
