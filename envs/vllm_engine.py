@@ -63,8 +63,9 @@ class VLLMEngine:
     `time_scale` multiplies the arrival times: 2 serves the workload at half its rates, in
     twice the wall time. `clock` is the engine clock: ``wall`` or ``cpu`` (the process's CPU
     time, idle gaps skipped, the model on one thread (`one_model_thread`): for measuring on a
-    shared machine; see `batchpilot.envs.vllm_tracker`). Extra keyword arguments go to
-    `vllm.EngineArgs`.
+    shared machine; see `batchpilot.envs.vllm_tracker`). `keep_records` keeps every finished
+    request's record for `result` (off: memory grows with a run's length; the metrics
+    accumulate either way). Extra keyword arguments go to `vllm.EngineArgs`.
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class VLLMEngine:
         time_scale: float = 1.0,
         seed: int = 0,
         clock: str = "wall",
+        keep_records: bool = False,
         **engine_args: Any,
     ) -> None:
         path = check_model_dir(model)
@@ -133,7 +135,7 @@ class VLLMEngine:
                 os.environ[KV_SPACE_ENV] = legacy
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.scheduler.set_slo(slo or SLO())
-        self.scheduler.tracker.keep_records = True
+        self.scheduler.tracker.keep_records = keep_records
         self.scheduler.tracker.clock = CLOCKS[clock]
         self.clock = clock
         self.slo = self.scheduler.tracker.slo
