@@ -90,6 +90,7 @@ import numpy as np
 from batchpilot.baselines.oracle import OracleController, largest_fitting, peak_blocks
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
+from batchpilot.envs.plain_numbers import plain_int
 from batchpilot.envs.profiles import NULL_BLOCKS
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -111,7 +112,7 @@ RECENT_ARRIVALS = 64
 def parse_grid(text: str) -> tuple[int, ...]:
     """``8/32/128`` -> (8, 32, 128): a grid written without commas (commas separate specs)."""
     try:
-        values = tuple(sorted({int(v) for v in text.split("/") if v.strip()}))
+        values = tuple(sorted({plain_int(v) for v in text.split("/") if v}))
     except ValueError:
         raise ValueError(f"grid {text!r}: whole numbers separated by '/', e.g. 8/32/128") from None
     if not values or values[0] < 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from batchpilot.baselines.alg1 import MemoryAwareController
@@ -17,6 +18,7 @@ from batchpilot.baselines.mpc import MPC_ARGS, MPCController
 from batchpilot.baselines.oracle import OracleController
 from batchpilot.baselines.static import StaticController
 from batchpilot.envs.controller import Controller
+from batchpilot.envs.plain_numbers import plain_float, plain_int
 
 BEST_STATIC = "best-static"
 """Not a controller but a search over static limits, resolved by the evaluation harness."""
@@ -34,13 +36,20 @@ def _static(args: list[str]) -> Controller:
     spec, values = "static:" + ":".join(args), []
     for what, text in zip(("N", "T"), args, strict=False):
         try:
-            value = int(text)
+            value = plain_int(text)
         except ValueError:
-            raise ControllerSpecError(f"{spec}: {what} must be an integer") from None
+            raise ControllerSpecError(f"{spec}: {what} must be a whole number") from None
         if value < 1:
             raise ControllerSpecError(f"{spec}: {what} must be >= 1")
         values.append(value)
     return StaticController(*values)
+
+
+PLAIN: dict[type, Callable[[str], Any]] = {int: partial(plain_int, signed=True), float: plain_float}
+"""How a spec's numbers are read: written plainly (`batchpilot.envs.plain_numbers`), a negative
+one left to the controller's own range check, which names the bound."""
+KINDS = {int: "whole number", float: "number", bool: "switch (true, false, 1 or 0)"}
+"""What a keyword's type is called in messages."""
 
 
 def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str, Any]:
@@ -59,10 +68,10 @@ def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str
                     raise ValueError
                 out[key] = text in ("1", "true")
             else:
-                out[key] = kind(text)
+                out[key] = PLAIN.get(kind, kind)(text)
         except ValueError:
             raise ControllerSpecError(
-                f"{name}: {key}={text!r} is not a valid {kind.__name__}"
+                f"{name}: {key}={text!r} is not a valid {KINDS.get(kind, kind.__name__)}"
             ) from None
         if kind is float and not math.isfinite(out[key]):
             raise ControllerSpecError(f"{name}: {key}={text!r} is not a finite number")

@@ -12,9 +12,11 @@ def plain_float(text: str) -> float:
     return float(text)
 
 
-def plain_int(text: str) -> int:
-    """`int(text)` for a whole number written in ASCII digits alone: Python's int also reads
-    ``+32``, `` 32 ``, ``3_2`` and other scripts' digits; a `ValueError` for those."""
-    if not (text.isascii() and text.isdigit()):
+def plain_int(text: str, *, signed: bool = False) -> int:
+    """`int(text)` for a whole number written in ASCII digits alone (after a ``-`` if
+    `signed`: a range check then names a negative value): Python's int also reads ``+32``,
+    `` 32 ``, ``3_2`` and other scripts' digits; a `ValueError` for those."""
+    digits = text[1:] if signed and text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()):
         raise ValueError(text)
     return int(text)

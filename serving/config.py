@@ -25,6 +25,7 @@ from batchpilot.baselines.specs import simulator_only
 from batchpilot.envs import metrics
 from batchpilot.envs.controller import Controller
 from batchpilot.envs.metrics import SLO, goodput_slo
+from batchpilot.envs.plain_numbers import plain_float
 
 CONTROLLER_ENV = "BATCHPILOT_CONTROLLER"
 SLO_ENV = "BATCHPILOT_SLO"
@@ -81,7 +82,7 @@ def milliseconds(environ: Mapping[str, str], name: str, default: float) -> float
     """The finite positive number of milliseconds `environ` sets `name` to, else `default`."""
     text = environ.get(name, str(default))
     try:
-        ms = float(text)
+        ms = plain_float(text)
     except ValueError:
         ms = math.nan
     if not 0 < ms < math.inf:

@@ -48,17 +48,21 @@ def test_specs_build_their_controllers() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("alg1:eps=x", "eps='x' is not a valid float"),
+        ("alg1:eps=x", "eps='x' is not a valid number"),
+        ("alg1:eps=1_0", "eps='1_0' is not a valid number"),  # Python's float reads 10
         ("alg1:eps", "bad argument 'eps'"),
         ("alg1:gamma=2", "key one of eps, bound"),
         ("alg1:eps=0.7", "eps must be in"),
         ("alg1:eps=1e-300", r"alg1: eps must be in \[1e-15, 0.5\), got 1e-300"),
-        ("alg1:blocks=yes", "blocks='yes' is not a valid bool"),
-        ("alg2:alpha=1.5", "alpha='1.5' is not a valid int"),
+        ("alg1:blocks=yes", "blocks='yes' is not a valid switch"),
+        ("alg2:alpha=1.5", "alpha='1.5' is not a valid whole number"),
+        ("alg2:alpha= 5", "alpha=' 5' is not a valid whole number"),  # int() reads 5
+        ("mpc:seqs=8/1_6", "seqs='8/1_6' is not a valid grid"),
         ("alg2:sla_ms=5", "eps_D < D_SLA"),
         ("alg1+nope", "unknown controller 'nope'"),
         ("best-static", "grid search"),
-        ("static:x", "N must be an integer"),
+        ("static:x", "N must be a whole number"),
+        ("static:0_8", "N must be a whole number"),
     ],
 )
 def test_bad_specs_name_the_problem(spec: str, message: str) -> None:

@@ -119,7 +119,7 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--controller", "static:x"], "static:x: N must be an integer"),
+        (["--controller", "static:x"], "static:x: N must be a whole number"),
         (["--controller", "magic"], "unknown controller 'magic'"),
         (["--workload", "embedded:gsm8k@poisson"], "poisson takes 1 argument"),
         (["--workload", "embedded:gsm8k"], "use SOURCE@ARRIVAL, e.g. embedded:gsm8k@poisson:4"),
@@ -185,6 +185,10 @@ def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
         (["serve", "--decision-budget-ms", "nan"], "--decision-budget-ms"),
         (["serve", "--decision-budget-ms", "-1"], "--decision-budget-ms"),
         (["serve", "--decision-budget-ms", "1_0"], "--decision-budget-ms"),  # float() reads 10
+        (["simulate", "--num-requests", "1_0"], "--num-requests"),  # int() reads 10
+        (["compare", "--seeds", "+3"], "--seeds"),
+        (["compare", "--workers", "\u0663"], "--workers"),  # int() reads Arabic-Indic 3
+        (["profiles", "build", "--out", "x", "--step-overhead-ms", "1_0"], "--step-overhead-ms"),
         (["serve", "--slo", ""], "--slo"),
         (["serve", "--slo", "ttft:-1"], "--slo"),
     ],

@@ -593,6 +593,7 @@ def test_stop_string_completions_count_as_finished(
         ({BUDGET_ENV: "abc"}, f"{BUDGET_ENV}='abc': need a finite number of milliseconds > 0"),
         ({BUDGET_ENV: "-1"}, f"{BUDGET_ENV}='-1'"),
         ({BUDGET_ENV: "inf"}, f"{BUDGET_ENV}='inf'"),
+        ({BUDGET_ENV: "1_0"}, f"{BUDGET_ENV}='1_0'"),  # float() reads 10
         ({SLO_ENV: "ttft:-1"}, f"{SLO_ENV}='ttft:-1': SLO 'ttft:-1'"),
         ({SLO_ENV: ""}, f"{SLO_ENV}='': names no objective"),
         ({DEADLINE_ENV: "0"}, f"{DEADLINE_ENV}='0': need a finite number"),

@@ -40,6 +40,7 @@ from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.arrivals import CV_RANGE, Arrival
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics
+from batchpilot.envs.plain_numbers import plain_float
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
@@ -276,7 +277,7 @@ class CapacityTarget:
         for part in spec.replace(",", " ").split():
             key, _, value = part.partition(":")
             try:
-                bound = float(value)
+                bound = plain_float(value)
             except ValueError:
                 raise ValueError(
                     f"capacity SLO {spec!r}: {part!r} is not METRIC:MAX (e.g. p90_itl_ms:50)"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batchpilot.envs.metrics import SLO, goodput_slo
-from batchpilot.envs.plain_numbers import plain_float
+from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
@@ -22,11 +22,12 @@ from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
 def whole(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type=``: a whole number in [low, high]; argparse names the option."""
+    """An argparse ``type=``: a whole number in [low, high], written plainly (`plain_int`);
+    argparse names the option."""
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = plain_int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < low or (high is not None and value > high):
@@ -50,9 +51,9 @@ def positive(text: str) -> float:
 
 
 def non_negative(text: str) -> float:
-    """An argparse ``type=``: a finite number >= 0."""
+    """An argparse ``type=``: a finite number >= 0, written plainly (`plain_float`)."""
     try:
-        value = float(text)
+        value = plain_float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value) or value < 0:
