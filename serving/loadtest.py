@@ -3,8 +3,9 @@ for a fixed time, then the server's ``/metrics`` (vLLM's and batchpilot's).
 
     python -m batchpilot.serving.loadtest --url http://127.0.0.1:8000 --clients 8 --seconds 30
 
-Prints a short table (what the clients saw, the server's key metrics) and writes every
-number to a JSON file (``--out``). Histograms are reported as count, sum and mean.
+Prints a short table (what the clients saw, the server's key metrics, histograms as their
+means) and writes every number to a JSON file (``--out``; histograms as count and sum).
+Memory stays bounded however long it runs: TTFTs go into a streaming quantile sketch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from batchpilot.envs.metrics import LatencySketch
+from batchpilot.envs.plain_numbers import plain_float, plain_int
 
 
 @dataclass
@@ -29,7 +31,8 @@ class LoadResult:
     requests_failed: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
-    ttft_s: list[float] = field(default_factory=list)
+    ttft_s: LatencySketch = field(default_factory=LatencySketch)
+    """Time to first token of each request that succeeded, s."""
     errors: list[str] = field(default_factory=list)
     """The first `KEPT_ERRORS` failures (all are counted in `requests_failed`)."""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -38,13 +41,15 @@ class LoadResult:
 
     def summary(self) -> dict[str, float | int | str | list[str] | None]:
         """Every number, JSON-ready (a TTFT quantile of no request is null)."""
-        ttft = np.asarray(self.ttft_s) * 1e3
+        median = p99 = None
+        if self.ttft_s.n:
+            median, p99 = (v * 1e3 for v in self.ttft_s.percentiles([50, 99]))
         return {
             "requests_ok": self.requests_ok,
             "requests_failed": self.requests_failed,
             "output_tokens_per_s": self.output_tokens / self.seconds if self.seconds else 0.0,
-            "median_ttft_ms": float(np.median(ttft)) if ttft.size else None,
-            "p99_ttft_ms": float(np.percentile(ttft, 99)) if ttft.size else None,
+            "median_ttft_ms": median,
+            "p99_ttft_ms": p99,
             "errors": self.errors,
             "metrics_error": self.metrics_error,
         } | self.metrics
@@ -55,24 +60,32 @@ KEPT_ERRORS = 5
 
 
 def stream_once(url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, int]:
-    """One streaming completion; (time to first token, tokens received)."""
+    """One streaming completion; (time to first token, output tokens as the server's usage
+    counts them, or the chunks with a choice where it sends none). A `RuntimeError` for a
+    stream that ends before its first token."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
     start = time.perf_counter()
-    first, chunks = -1.0, 0
+    first, chunks, tokens = -1.0, 0, None
     stream = client.completions.create(
         model=model,
         prompt=prompt,
         max_tokens=max_tokens,
         stream=True,
+        stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     )
-    for _ in stream:
-        if first < 0:
-            first = time.perf_counter() - start
-        chunks += 1
-    return first, chunks
+    for chunk in stream:
+        if chunk.choices:
+            if first < 0:
+                first = time.perf_counter() - start
+            chunks += 1
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    if first < 0:
+        raise RuntimeError("the stream ended before its first token")
+    return first, chunks if tokens is None else tokens
 
 
 def scrape(url: str, prefixes: tuple[str, ...] = ("vllm:", "batchpilot:")) -> dict[str, float]:
@@ -183,7 +196,7 @@ def run_load(
                 with lock:
                     result.requests_ok += 1
                     result.output_tokens += n
-                    result.ttft_s.append(ttft)
+                    result.ttft_s.add(ttft)
             except Exception as exc:  # count every failure, keep loading
                 with lock:
                     result.requests_failed += 1
@@ -205,32 +218,78 @@ def run_load(
 
 
 def bounded(kind: type, low: float, high: float) -> Callable[[str], int | float]:
-    """An argparse type: a `kind` number in [low, high], else a usage error naming it."""
+    """An argparse type: a `kind` (int or float) number in [low, high], written plainly
+    (`batchpilot.envs.plain_numbers`), else a usage error naming it."""
+    read = plain_int if kind is int else plain_float
 
     def parse(text: str) -> int | float:
         try:
-            value = kind(text)
+            value = read(text)
         except ValueError:
             value = None
         if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number in [{low:g}, {high:g}]")
+            whole = "whole " if kind is int else ""
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a {whole}number in [{low:g}, {high:g}]"
+            )
         return value
 
     return parse
+
+
+def writable(text: str) -> Path:
+    """An argparse type: a file path whose directory exists and that is not a directory
+    (checked before a run that may last hours, whose numbers it holds)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a directory; name a file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: its directory {path.parent} does not exist")
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", help="served model name (default: the server's first)")
-    parser.add_argument("--clients", type=bounded(int, 1, 1024), default=8)
-    parser.add_argument("--seconds", type=bounded(float, 0.001, 86_400), default=30.0)
-    parser.add_argument("--prompt-tokens", type=bounded(int, 1, 2**20), default=64)
-    parser.add_argument("--max-tokens", type=bounded(int, 1, 2**20), default=32)
     parser.add_argument(
-        "--out", default="loadtest.json", help="JSON file for every number. Default: %(default)s"
+        "--url",
+        default="http://127.0.0.1:8000",
+        help="the server's base URL (it serves /v1 and /metrics). Default: %(default)s",
+    )
+    parser.add_argument("--model", help="served model name (default: the server's first)")
+    parser.add_argument(
+        "--clients",
+        type=bounded(int, 1, 1024),
+        default=8,
+        help="concurrent streaming clients, each sending its next request when the last one "
+        "ends. Default: %(default)s",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=bounded(float, 0.001, 86_400),
+        default=30.0,
+        help="how long the clients keep sending (requests in flight then finish). "
+        "Default: %(default)s",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=bounded(int, 1, 2**20),
+        default=64,
+        help="prompt length in token ids (sent as ids: no tokenizer needed). Default: %(default)s",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=bounded(int, 1, 2**20),
+        default=32,
+        help="output tokens per request (ignore_eos: each request makes all of them). "
+        "Default: %(default)s",
+    )
+    parser.add_argument(
+        "--out",
+        type=writable,
+        default="loadtest.json",
+        help="JSON file for every number (checked before the run). Default: %(default)s",
     )
     args = parser.parse_args()
     model = args.model
@@ -249,7 +308,10 @@ def main() -> None:
         max_tokens=args.max_tokens,
     )
     print(table(result))
-    Path(args.out).write_text(json.dumps(result.summary(), indent=2) + "\n")
+    try:
+        args.out.write_text(json.dumps(result.summary(), indent=2) + "\n")
+    except OSError as exc:  # the table above still holds the numbers
+        parser.exit(1, f"--out {args.out}: cannot write it ({exc})\n")
     print(f"all numbers: {args.out}")
 
 

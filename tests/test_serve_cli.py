@@ -105,7 +105,8 @@ def test_load_without_failures_and_controller_in_effect(server) -> None:
     url, model = server
     result = run_load(url, model, clients=6, seconds=8, prompt_tokens=32, max_tokens=16)
     assert result.requests_failed == 0, result.errors[:3]
-    assert result.requests_ok >= 6
+    assert result.requests_ok >= 6 and result.ttft_s.n == result.requests_ok
+    assert result.output_tokens == 16 * result.requests_ok  # the server's usage, not chunks
     m = result.metrics
     assert m["batchpilot:max_num_seqs"] == 3  # the controller's limit, not vLLM's 16
     assert m["batchpilot:decision_time_seconds_count"] > 0
@@ -128,6 +129,28 @@ def test_load_on_a_server_that_is_down_keeps_its_counts(capsys) -> None:
     assert result.metrics == {} and "URLError" in result.metrics_error
     json.dumps(result.summary(), allow_nan=False)  # null, not NaN
     assert "the server's metrics: URLError" in table(result)
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--out", "/nonexistent-dir/x.json"], "--out: /nonexistent-dir/x.json: its directory"),
+        (["--out", "."], "--out: .: is a directory"),
+        (["--clients", "1_0"], "--clients: '1_0' is not a whole number in [1, 1024]"),
+        (["--seconds", "nan"], "--seconds: 'nan' is not a number"),
+    ],
+)
+def test_load_test_arguments_are_checked_before_the_run(
+    argv: list[str], problem: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """--out was first written after the whole run (hours, at most a day), which then ended
+    in a traceback with its numbers lost."""
+    from batchpilot.serving import loadtest
+
+    monkeypatch.setattr("sys.argv", ["loadtest", "--url", "http://127.0.0.1:9", *argv])
+    with pytest.raises(SystemExit) as done:
+        loadtest.main()
+    assert done.value.code == 2 and problem in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("prompt", [[1, 2048, 3], [2**31 - 1]])
