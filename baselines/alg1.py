@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
+from batchpilot.baselines.checks import require
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.telemetry import Limits, Telemetry
 
@@ -99,10 +100,11 @@ class MemoryAwareController:
             raise ValueError(f"eps must be in [{MIN_EPS:g}, 0.5), got {eps}")
         if bound not in BOUNDS:
             raise ValueError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
-        if refresh < 1 or min_samples < 0 or b_min < 1:
-            raise ValueError("refresh and b_min must be >= 1, min_samples >= 0")
-        if prior_output_mean <= 0 or prior_output_std < 0:
-            raise ValueError("prior_output_mean must be > 0 and prior_output_std >= 0")
+        require(refresh >= 1, "refresh", refresh, ">= 1")
+        require(min_samples >= 0, "min_samples", min_samples, ">= 0")
+        require(b_min >= 1, "b_min", b_min, ">= 1")
+        require(prior_output_mean > 0, "prior_output_mean", prior_output_mean, "> 0")
+        require(prior_output_std >= 0, "prior_output_std", prior_output_std, ">= 0")
         if b_max is not None and b_max < b_min:
             raise ValueError(f"b_max {b_max} is below b_min {b_min}")
         self.eps, self.bound, self.refresh, self.min_samples = eps, bound, refresh, min_samples

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from batchpilot.baselines.checks import require
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -124,6 +125,11 @@ class SLAController:
     ) -> None:
         if b_min < 1 or (b_max is not None and b_max < b_min):
             raise ValueError(f"need 1 <= B_min <= B_max, got b_min={b_min}, b_max={b_max}")
+        for name, value in (("alpha", alpha), ("delta", delta)):
+            require(value >= 0, name, value, ">= 0")
+        require(chunk_min >= 1, "chunk_min", chunk_min, ">= 1")
+        for name, value in (("chunk_alpha", chunk_alpha), ("chunk_delta", chunk_delta)):
+            require(value >= 0, name, value, ">= 0")
         if not window_ms >= 0:
             raise ValueError(f"window_ms must be >= 0, got {window_ms}")
         if sla_ms is not None and not 0 < sla_ms < float("inf"):

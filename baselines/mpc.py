@@ -87,6 +87,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from batchpilot.baselines.checks import require
 from batchpilot.baselines.oracle import OracleController, largest_fitting, peak_blocks
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
@@ -188,13 +189,12 @@ class MPCController:
         pace: str = "recent",
         ttft_ties: float = 0.0,
     ) -> None:
-        if horizon_s <= 0 or replan_s <= 0:
-            raise ValueError(f"horizon_s and replan_s must be > 0, got {horizon_s}, {replan_s}")
-        if rounds < 1 or margin < 0 or not 0 <= recompute < float("inf") or not 0 <= ttft_ties < 1:
-            raise ValueError(
-                f"rounds must be >= 1, margin and recompute >= 0, ttft_ties in [0, 1), got "
-                f"{rounds}, {margin}, {recompute}, {ttft_ties}"
-            )
+        require(horizon_s > 0, "horizon_s", horizon_s, "> 0")
+        require(replan_s > 0, "replan_s", replan_s, "> 0")
+        require(rounds >= 1, "rounds", rounds, ">= 1")
+        require(margin >= 0, "margin", margin, ">= 0")
+        require(0 <= recompute < float("inf"), "recompute", recompute, "a finite number >= 0")
+        require(0 <= ttft_ties < 1, "ttft_ties", ttft_ties, "in [0, 1)")
         self.horizon_s = horizon_s
         self.replan_s = replan_s
         self.seqs = parse_grid(seqs) if isinstance(seqs, str) else tuple(sorted(set(seqs)))

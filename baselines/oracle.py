@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from batchpilot.baselines.checks import require
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.profiles import NULL_BLOCKS
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -51,8 +52,7 @@ class OracleController:
     """Reads the simulator's true request lengths: refused by `batchpilot serve`."""
 
     def __init__(self, slack_blocks: int = 0) -> None:
-        if slack_blocks < 0:
-            raise ValueError(f"slack_blocks must be >= 0, got {slack_blocks}")
+        require(slack_blocks >= 0, "slack_blocks", slack_blocks, ">= 0")
         self.slack_blocks = slack_blocks
         self.name = "oracle"
         self._engine: Engine | None = None

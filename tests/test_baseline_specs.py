@@ -138,7 +138,11 @@ def test_fixed_source_gives_every_request_the_same_lengths() -> None:
         ("alg2:eps_ms=-1", "eps_D < D_SLA"),
         ("alg1:prior_output_mean=-3", "prior_output_mean must be > 0"),
         ("alg2:window_ms=-1", "window_ms must be >= 0"),
-        ("alg2:chunk=1:chunk_min=-5", "B_min"),
+        ("alg2:chunk=1:chunk_min=-5", "alg2: chunk_min must be >= 1, got -5"),
+        ("alg2:chunk=1:chunk_alpha=-1", "alg2: chunk_alpha must be >= 0, got -1"),  # was 'alpha'
+        ("alg1:refresh=0", "alg1: refresh must be >= 1, got 0"),  # named three settings, no value
+        ("mpc:recompute=-1", "mpc: recompute must be a finite number >= 0, got -1.0"),
+        ("mpc:rounds=0", "mpc: rounds must be >= 1, got 0"),
         ("oracle:slack_blocks=-1", "slack_blocks must be >= 0"),
         ("alg1:b_max=0", "b_max 0 is below b_min"),
         ("", "empty controller spec"),
