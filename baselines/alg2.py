@@ -160,8 +160,7 @@ class SLAController:
         """Bounds back to [B_min, B_max]; B_max from the engine's cap unless given; D_SLA
         from the run's TPOT target unless ``sla_ms`` was given."""
         if self.sla_ms is None:
-            slo = getattr(engine, "slo", None)
-            tpot_ms = getattr(slo, "tpot_ms", None) or DEFAULT_SLO.tpot_ms
+            tpot_ms = engine.slo.tpot_ms or DEFAULT_SLO.tpot_ms
             if tpot_ms / 1e3 <= self.params[1]:
                 raise ValueError(
                     f"alg2: D_SLA from the run's TPOT target ({tpot_ms:g} ms) must exceed "

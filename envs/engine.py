@@ -45,6 +45,9 @@ class Engine(Protocol):
     max_num_seqs: int
     """Largest `Limits.max_num_seqs` the engine accepts (its creation-time cap)."""
     max_num_batched_tokens: int
+    slo: SLO
+    """The run's goodput SLO: what the engine scores requests on, and the TTFT and TPOT
+    targets a controller reads (`alg2`'s D_SLA, a learned policy's observation)."""
 
     def reset(self, workload: Workload, limits: Limits) -> Telemetry:
         """Load a workload (arrival times relative to now) and return the first telemetry."""

@@ -150,8 +150,9 @@ class RequestRecord:
 class LatencySketch:
     """Mergeable streaming quantiles of latencies, in bounded memory.
 
-    Values are kept exactly (as distinct (value, count) entries) until there are
-    `EXACT_LIMIT` of them, then folded into log-spaced buckets (DDSketch): every
+    Values are kept exactly, as (value, count) entries (one per value added, or per value
+    of a counted batch: equal values are not merged), until there are over `EXACT_LIMIT`
+    entries, then folded into log-spaced buckets (DDSketch): every
     percentile is then within `ALPHA` (0.5%) relative error of the exact one, and memory
     stays `NUM_BUCKETS` counts however long the run. Count, mean and standard deviation
     are exact either way. Values <= `TINY` s count as 0.
@@ -254,7 +255,7 @@ class LatencySketch:
 
     @property
     def exact(self) -> bool:
-        """Whether percentiles are still exact (few distinct values so far)."""
+        """Whether percentiles are still exact (at most `EXACT_LIMIT` entries so far)."""
         return self._buckets is None
 
     def std(self) -> float:

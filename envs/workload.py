@@ -29,7 +29,7 @@ class OverlongPolicy(StrEnum):
     """What to do with a request whose prompt + output exceeds the model's context."""
 
     ERROR = "error"
-    """Raise a `WorkloadError` naming the first such request (the default)."""
+    """Raise a `WorkloadError` naming the first such request."""
     DROP = "drop"
     """Leave such requests out; the count is reported in `Workload.dropped`."""
     TRUNCATE = "truncate"

@@ -60,7 +60,8 @@ def make_workload(
     bad_rows: str = DEFAULT_BAD_ROWS,
     window_start: int | None = None,
 ) -> Workload:
-    """A workload from `source`: a trace path, ``embedded:NAME`` or ``fixed:PROMPT:OUTPUT``.
+    """A workload from `source`: a trace path, ``embedded:NAME``, ``fixed:PROMPT:OUTPUT``,
+    ``mix:A=W,B=W`` or ``shift:A@0,B@T/P`` (`mix_components`, `shift_phases`).
 
     `arrival` is an `Arrival` spec; ``replay`` on an embedded table replays its fitted
     Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the

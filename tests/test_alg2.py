@@ -20,7 +20,7 @@ from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.workloads import make_workload
 
-ENGINE = SimpleNamespace(max_num_seqs=100, max_num_batched_tokens=4096)
+ENGINE = SimpleNamespace(max_num_seqs=100, max_num_batched_tokens=4096, slo=SLO())
 
 
 def search() -> SLASearch:
@@ -113,7 +113,7 @@ def test_bad_parameters_are_named() -> None:
 def test_bounds_stay_ordered_inside_the_range(lo, span, alpha, delta, steps) -> None:
     hi = lo + span
     c = SLAController(alpha=alpha, delta=delta, b_min=lo, b_max=hi)
-    c.reset(SimpleNamespace(max_num_seqs=10_000, max_num_batched_tokens=8192))
+    c.reset(SimpleNamespace(max_num_seqs=10_000, max_num_batched_tokens=8192, slo=SLO()))
     for tau, batch, decoding in steps:
         t = make_telemetry(recent_tbt_s=tau, recent_decode_batch=batch, num_decoding=decoding)
         b = c.decide(t).max_num_seqs
@@ -141,16 +141,16 @@ def test_settles_tbt_inside_the_band_on_a_steady_load() -> None:
 
 def test_d_sla_comes_from_the_runs_tpot_target_unless_given() -> None:
     c = SLAController()
-    c.reset(SimpleNamespace(**vars(ENGINE), slo=SLO.parse("ttft:2000,tpot:100")))
+    c.reset(SimpleNamespace(**vars(ENGINE) | dict(slo=SLO.parse("ttft:2000,tpot:100"))))
     assert c.sla_s == pytest.approx(0.100)
     c = SLAController(sla_ms=40)  # an explicit sla_ms wins
-    c.reset(SimpleNamespace(**vars(ENGINE), slo=SLO.parse("tpot:100")))
+    c.reset(SimpleNamespace(**vars(ENGINE) | dict(slo=SLO.parse("tpot:100"))))
     assert c.sla_s == pytest.approx(0.040)
     c = SLAController()  # no TPOT target: the default SLO's
-    c.reset(SimpleNamespace(**vars(ENGINE), slo=SLO.parse("ttft:2000")))
+    c.reset(SimpleNamespace(**vars(ENGINE) | dict(slo=SLO.parse("ttft:2000"))))
     assert c.sla_s == pytest.approx(DEFAULT_SLO.tpot_ms / 1e3)
     with pytest.raises(ValueError, match=r"TPOT target \(8 ms\) must exceed eps_D \(10 ms\)"):
-        SLAController().reset(SimpleNamespace(**vars(ENGINE), slo=SLO.parse("tpot:8")))
+        SLAController().reset(SimpleNamespace(**vars(ENGINE) | dict(slo=SLO.parse("tpot:8"))))
 
 
 def test_specs_and_combinations_read_the_simulators_slo() -> None:
