@@ -39,7 +39,7 @@ from statistics import NormalDist
 
 from batchpilot.baselines.checks import require
 from batchpilot.envs.engine import Engine
-from batchpilot.envs.telemetry import Limits, Telemetry
+from batchpilot.envs.telemetry import LENGTH_PRIOR, Limits, Telemetry
 
 BOUNDS = ("linear", "exact")
 
@@ -90,8 +90,8 @@ class MemoryAwareController:
         bound: str = "linear",
         refresh: int = 100,
         min_samples: int = 20,
-        prior_output_mean: float = 256.0,
-        prior_output_std: float = 256.0,
+        prior_output_mean: float = LENGTH_PRIOR[2],
+        prior_output_std: float = LENGTH_PRIOR[3] ** 0.5,
         blocks: bool = True,
         b_min: int = 1,
         b_max: int | None = None,

@@ -89,6 +89,7 @@ import numpy as np
 
 from batchpilot.baselines.checks import require
 from batchpilot.baselines.oracle import OracleController, largest_fitting, peak_blocks
+from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.plain_numbers import plain_int
@@ -98,7 +99,6 @@ from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Request
 
 SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-TOKENS_GRID = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FUTURES = ("true", "sampled", "renewal")
 """Values of ``future``: the simulator's truth, or a draw (module doc)."""
 LENGTHS = ("true", "sampled")
@@ -180,7 +180,7 @@ class MPCController:
         horizon_s: float = 4.0,
         replan_s: float = 1.0,
         seqs: tuple[int, ...] | str = SEQS_GRID,
-        tokens: tuple[int, ...] | str = TOKENS_GRID,
+        tokens: tuple[int, ...] | str = BUDGET_GRID,
         rounds: int = 1,
         margin: float = 0.0,
         future: str = "true",

@@ -66,9 +66,6 @@ INT_LIMITS: dict[str, int] = {
 them overflows."""
 
 
-StepTimeModel = LinearStepModel
-"""The linear model under its older name (`calibrate` fits it)."""
-
 
 @dataclass(frozen=True)
 class EngineProfile:
@@ -237,7 +234,7 @@ def roofline_profile(
     free = gpu.memory_bytes * gpu_memory_utilization - weights_per_gpu - activation_reserve_bytes
     num_blocks = int(free // (kv_bytes_token_gpu * block_size))
     bw = gpu.bandwidth * mem_efficiency
-    step = StepTimeModel(
+    step = LinearStepModel(
         base_s=step_overhead_s
         + weights_per_gpu / bw
         + (2 * model.layers * allreduce_s if tp > 1 else 0.0),
@@ -845,7 +842,7 @@ PROFILES: dict[str, EngineProfile] = {
         max_model_len=2048,
         max_num_seqs=256,
         max_num_batched_tokens=2048,
-        step=StepTimeModel(
+        step=LinearStepModel(
             base_s=2.689e-3, prefill_token_s=3.710e-5, decode_seq_s=1.771e-5, kv_token_s=4.468e-7
         ),
         model="tiny random-weight Llama (hidden 256, 4 layers)",

@@ -308,8 +308,7 @@ def _csv_header(
     if fmt is None:
         raise TraceError(
             f"{path}: unknown trace format; header {header!r} has none of the known column "
-            "pairs (ContextTokens/GeneratedTokens, num_prefill_tokens/num_decode_tokens, "
-            "prompt_tokens_llama2/output_tokens_llama2, Request tokens/Response tokens)"
+            f"pairs ({', '.join(sorted({f'{f.prompt}/{f.output}' for f in _CSV_FORMATS}))})"
             + (_separator_hint(header) or _case_hint(header) or _jsonl_hint(path))
         )
     if fmt.time is not None and fmt.time not in header:

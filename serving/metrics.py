@@ -54,7 +54,7 @@ class DecisionMetrics:
         self.fallbacks = _FALLBACKS.labels(name)
         self.late = _LATE.labels(name)
         self.decisions = 0
-        self.decision_s = 0.0
+        """Decisions recorded in this process (the histogram's count, readable here)."""
 
     @classmethod
     def get(cls, name: str) -> DecisionMetrics:
@@ -68,7 +68,6 @@ class DecisionMetrics:
         self.budget.set(max_num_batched_tokens)
         self.decision.observe(seconds)
         self.decisions += 1
-        self.decision_s += seconds
 
     def fell_back(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """The controller failed; the static limits now in force are these."""

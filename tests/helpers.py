@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from batchpilot.envs.profiles import PROFILES, EngineProfile, StepTimeModel, get_profile
+from batchpilot.envs.profiles import PROFILES, EngineProfile, LinearStepModel, get_profile
 from batchpilot.envs.step_models import StepModel
 
 
@@ -25,7 +25,7 @@ def unit_profile(
         max_model_len=4096,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
-        step=StepTimeModel(base_s=1.0, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0),
+        step=LinearStepModel(base_s=1.0, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0),
     )
 
 

@@ -26,7 +26,7 @@ from batchpilot.envs.profiles import (
     PROFILES,
     SHIPPED_MEASURED,
     EngineProfile,
-    StepTimeModel,
+    LinearStepModel,
     activation_peak_bytes,
     architecture,
     architecture_from_hf_config,
@@ -262,7 +262,7 @@ def test_profile_files_round_trip(tmp_path: Path) -> None:
     del data["step"]["kind"], data["model"], data["gpu"], data["tensor_parallel_size"]
     old.write_text(json.dumps(data))
     assert get_profile(str(old)).step == PROFILES["cpu-tiny-llama"].step
-    assert isinstance(get_profile(str(old)).step, StepTimeModel)
+    assert isinstance(get_profile(str(old)).step, LinearStepModel)
 
 
 def zero_times(step: dict) -> dict:

@@ -7,7 +7,7 @@ from helpers import unit_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchpilot.envs.profiles import NULL_BLOCKS, EngineProfile, StepTimeModel
+from batchpilot.envs.profiles import NULL_BLOCKS, EngineProfile, LinearStepModel
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.workload import Request, Workload
@@ -35,7 +35,7 @@ def _timed_profile(blocks: int, budget: int) -> EngineProfile:
         max_model_len=4096,
         max_num_seqs=64,
         max_num_batched_tokens=budget,
-        step=StepTimeModel(base_s=0.01, prefill_token_s=1e-3, decode_seq_s=2e-3, kv_token_s=1e-4),
+        step=LinearStepModel(base_s=0.01, prefill_token_s=1e-3, decode_seq_s=2e-3, kv_token_s=1e-4),
     )
 
 

@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from helpers import profile_like
 
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.profiles import StepTimeModel
+from batchpilot.envs.profiles import LinearStepModel
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
 from batchpilot.envs.workload import WorkloadError
@@ -93,7 +93,7 @@ def test_overlong_request_is_an_error(engine) -> None:
 def test_same_scheduling_decisions_as_the_simulator(engine) -> None:
     """Deterministic case: per step, running/waiting and scheduled tokens are identical."""
     workload = fixed(300, 24, 12)
-    step = StepTimeModel(base_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0)
+    step = LinearStepModel(base_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0)
     profile = profile_like(engine, step, "match", "the test engine's shape")
     sim = SimEngine(profile, slo=SLO_SPEC, fast_forward=False)
     real_trace, sim_trace = [], []

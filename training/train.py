@@ -595,8 +595,10 @@ def _learn(run: _Run, progress: bool) -> Path:
 def kept_checkpoint(out: Path) -> Path:
     """The checkpoint of the run in `out` to export: its best (by the evaluation), or its final
     one where the config has no ``eval`` (no best is kept)."""
+    from batchpilot.agents.checkpoint import STATE
+
     best = out / "best"
-    return best if (best / "checkpoint.json").exists() else out / "final"
+    return best if (best / STATE).exists() else out / "final"
 
 
 def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bool) -> Path:

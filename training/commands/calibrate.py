@@ -25,7 +25,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from batchpilot.envs.calibration import FORMS
 from batchpilot.envs.profiles import INT_LIMITS, check_profile_name
+from batchpilot.envs.vllm_tracker import CLOCKS
 from batchpilot.training.commands.common import COUNT, check_output, whole
 
 
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="profile name (default: the output file's stem)")
     parser.add_argument(
         "--form",
-        choices=("linear", "table"),
+        choices=FORMS,
         default="linear",
         help="step-time model written to the profile (both are fitted and reported). "
         "Default: %(default)s",
@@ -60,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--clock",
-        choices=("wall", "cpu"),
+        choices=tuple(CLOCKS),
         default="wall",
         help="time steps on the wall clock, or in the process's CPU time (steadier on a "
         "loaded machine; the model then runs on one thread and the profile models the "
@@ -82,7 +84,6 @@ def main(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from batchpilot.envs.calibration import (
-        FORMS,
         calibration_workloads,
         fit_step_model,
         group_repeats,

@@ -15,6 +15,7 @@ from pathlib import Path
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import DEFAULT_PROFILE
+from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
 from batchpilot.envs.workloads import DRAWN_REQUESTS, is_trace_file
@@ -27,7 +28,7 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
-            value = plain_int(text)
+            value = plain_int(text, signed=True)  # a negative one: out of range, named
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < low or (high is not None and value > high):
@@ -173,7 +174,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, unset: bool = False
     )
     parser.add_argument(
         "--scheduler",
-        choices=("v1", "v0"),
+        choices=SCHEDULERS,
         default=None if unset else "v1",
         help="simulated scheduling: v1 (vLLM V1: chunked prefills share steps with decodes) "
         "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: v1",

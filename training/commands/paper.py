@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.specs import split_specs
+from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.training.commands.common import (
     MAX_SEEDS,
     REQUESTS,
@@ -35,7 +36,6 @@ TABLE1_CONTROLLERS = "static:256,alg1,alg1+alg2,oracle"
 TABLE2_CONTROLLERS = "static:256,alg2,alg1+alg2,oracle"
 """best-static (and alg1 alone in Table II) are left out by default to keep the run to
 minutes on 2 shared cores; --controllers-extra adds them (the tables show them if run)."""
-SCHEDULERS = ("v0", "v1")
 BEST = "best-static"
 MIN_GAIN = 0.02
 """Table I: a deterministic gain counts as an effect from this size (either sign)."""
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--schedulers",
-        default=",".join(SCHEDULERS),
+        default=",".join(sorted(SCHEDULERS)),  # v0 first, the paper's engine
         help="simulated vLLM scheduling to run, v0 and/or v1. Default: %(default)s",
     )
     parser.add_argument(
