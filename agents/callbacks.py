@@ -4,7 +4,7 @@
 runner a comparison uses, on the simulated V1 engine; the policy runs there as a
 `PolicyController` around the live model and its VecNormalize statistics, so what is
 evaluated is what is exported. A trace file's ``num_requests`` are a window per seed, as a
-comparison takes them (`batchpilot.envs.workloads.seed_window`); unlike a comparison's
+comparison takes them (`batchpilot.envs.workloads.trace_window`); unlike a comparison's
 scenario, nothing else is drawn per seed (rate or length scales).
 """
 
@@ -32,7 +32,7 @@ from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.step_models import brief
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload
-from batchpilot.envs.workloads import make_workload, seed_window
+from batchpilot.envs.workloads import make_workload, trace_window
 
 EPISODE_METRICS = ("output_goodput", "output_throughput", "slo_attainment", "num_preemptions")
 EVAL_METRICS = ("output_goodput", "output_throughput", "num_preemptions")
@@ -118,9 +118,9 @@ class EvalScenario:
     @staticmethod
     def _workload(spec: dict[str, Any], seed: int, max_model_len: int) -> Workload:
         """Seed `seed`'s workload of `spec` (a trace file's window per seed, as a comparison
-        takes it: `seed_window`)."""
+        takes it: `trace_window`)."""
         bad_rows = spec.get("bad_rows", DEFAULT_BAD_ROWS)
-        num_requests, start = seed_window(spec["source"], spec.get("num_requests"), seed, bad_rows)
+        num_requests, start = trace_window(spec["source"], spec.get("num_requests"), seed, bad_rows)
         return make_workload(
             spec["source"],
             spec.get("arrival", "replay"),

@@ -17,9 +17,9 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
 from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
-from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
+from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload, scale_range
-from batchpilot.envs.workloads import DEFAULT_SOURCE, is_trace_file, make_workload
+from batchpilot.envs.workloads import DEFAULT_SOURCE, make_workload, trace_window
 
 __all__ = ["OBSERVATION_FIELDS", "BatchingEnv", "WorkloadSpec"]
 
@@ -81,17 +81,16 @@ class WorkloadSpec:
         self, rng: np.random.Generator, max_model_len: int, rate_factor: float = 1.0
     ) -> Workload:
         """One episode's workload; every rate times the drawn `rate_scale` and `rate_factor`.
-        Of a trace file longer than `num_requests`, a window from a random request on (as a
-        suite's scenario per seed), so episodes see the whole trace, not its start only."""
+        Of a trace file longer than `num_requests`, a window from a random request on, so
+        episodes see the whole trace, not its start only; of one no longer, the whole trace
+        (`trace_window`, as a suite's scenario per seed)."""
         arrival = Arrival.parse(self.arrival).scaled(rng.uniform(*self.rate_scale) * rate_factor)
-        start = None
-        if is_trace_file(self.source):  # drawn only here: other specs keep their streams
-            spare = len(load_trace(self.source, bad_rows=self.bad_rows)) - self.num_requests
-            start = int(rng.integers(0, spare + 1)) if spare > 0 else None
+        # drawn only for a longer trace file: other specs keep their streams
+        num_requests, start = trace_window(self.source, self.num_requests, rng, self.bad_rows)
         w = make_workload(
             self.source,
             arrival,
-            num_requests=self.num_requests,
+            num_requests=num_requests,
             seed=int(rng.integers(2**31)),
             max_model_len=max_model_len,
             bad_rows=self.bad_rows,

@@ -33,20 +33,25 @@ def is_trace_file(source: str) -> bool:
     return not source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX))
 
 
-def seed_window(
-    source: str, num_requests: int | None, seed: int, bad_rows: str = DEFAULT_BAD_ROWS
+def trace_window(
+    source: str,
+    num_requests: int | None,
+    rng: np.random.Generator | int,
+    bad_rows: str = DEFAULT_BAD_ROWS,
 ) -> tuple[int | None, int | None]:
-    """(num_requests, window_start) of seed `seed`'s run of `num_requests` requests of
-    `source`, as `make_workload` takes them: of a trace file holding more, a window starting
-    at a request drawn uniformly per seed (so seeds see different parts of the trace); of one
-    holding no more, the whole trace (None, None); anything else as given, no window."""
+    """(num_requests, window_start) of a run of `num_requests` requests of `source`, as
+    `make_workload` takes them: of a trace file holding more, a window starting at a request
+    drawn uniformly from `rng` (a seed: its own stream), so runs see different parts of the
+    trace; of one holding no more, the whole trace (None, None), nothing drawn; anything else
+    as given, no window."""
     if not is_trace_file(source) or num_requests is None:
         return num_requests, None
-    total = len(load_trace(source, bad_rows=bad_rows))
-    if num_requests >= total:
+    spare = len(load_trace(source, bad_rows=bad_rows)) - num_requests
+    if spare <= 0:
         return None, None
-    rng = np.random.default_rng([seed, 0x1D0])
-    return num_requests, int(rng.integers(0, total - num_requests + 1))
+    if not isinstance(rng, np.random.Generator):
+        rng = np.random.default_rng([rng, 0x1D0])
+    return num_requests, int(rng.integers(0, spare + 1))
 
 
 def make_workload(

@@ -428,6 +428,7 @@ def test_a_training_workload_can_skip_a_traces_bad_rows(tmp_path) -> None:
 
 def test_episodes_draw_windows_across_a_whole_trace(tmp_path) -> None:
     from batchpilot.envs.batching_env import WorkloadSpec
+    from batchpilot.envs.workloads import trace_window
 
     trace = tmp_path / "t.csv"
     rows = "".join(f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.5,{100 + i},{10 + i}\n" for i in range(600))
@@ -440,3 +441,6 @@ def test_episodes_draw_windows_across_a_whole_trace(tmp_path) -> None:
     assert len(w) == 50 and w.requests[0].arrival_s == 0.0
     whole = WorkloadSpec.coerce({"source": str(trace), "num_requests": 600}).draw(rng, 4096)
     assert whole.requests[0].request_id == "0" and len(whole) == 600
+    # a trace holding fewer runs whole, as a suite's scenario takes it (it was an error here)
+    more = WorkloadSpec.coerce({"source": str(trace), "num_requests": 900}).draw(rng, 4096)
+    assert len(more) == 600 and trace_window(str(trace), 900, 0) == (None, None)

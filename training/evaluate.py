@@ -45,7 +45,7 @@ from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
 from batchpilot.envs.workload import DEFAULT_OVERLONG, SCALE_BOUNDS, Workload, scale_range
-from batchpilot.envs.workloads import FIXED_PREFIX, is_trace_file, make_workload, seed_window
+from batchpilot.envs.workloads import FIXED_PREFIX, is_trace_file, make_workload, trace_window
 from batchpilot.training.engines import check_engine, make_engine
 
 DEFAULT = "default"
@@ -192,7 +192,7 @@ def scenario_workload(
         process = process.scaled(draw["rate_scale"])
     if "cv" in draw:
         process = replace(process, cv=draw["cv"])
-    num_requests, start = seed_window(sc.source, sc.num_requests, seed, sc.bad_rows)
+    num_requests, start = trace_window(sc.source, sc.num_requests, seed, sc.bad_rows)
     if start is not None:
         draw["window_start"] = start
     workload = make_workload(
@@ -761,6 +761,7 @@ def evaluate(
     ticker = Ticker(progress)
     pool = Pool(workers, ticker.tick)
     try:
+
         def eval_calls(cs: list[str]) -> list:
             return [
                 (run_task, (Task(sc, resolved[sc.name][c], s, detail=(i == 0)),))
