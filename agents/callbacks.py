@@ -25,7 +25,7 @@ from batchpilot.agents.policy import PolicyController
 from batchpilot.baselines.specs import make_controller
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.json_objects import read_json_object
-from batchpilot.envs.metrics import SLO
+from batchpilot.envs.metrics import SLO, geometric_mean
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
@@ -34,6 +34,9 @@ from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import make_workload, trace_window
 
+RANK_FLOOR = 1e-6
+"""The least goodput a run counts with in a checkpoint's geometric mean (`geometric_mean`): a
+run without goodput lowers the score without zeroing it, so checkpoints still rank."""
 EPISODE_METRICS = ("output_goodput", "output_throughput", "slo_attainment", "num_preemptions")
 EVAL_METRICS = ("output_goodput", "output_throughput", "num_preemptions")
 
@@ -148,16 +151,11 @@ class EvalScenario:
             by_run.append(np.mean(rows, axis=0))
         good, out, pre = np.array(by_run).T
         return {
-            "output_goodput": geometric_mean(good),
-            "output_throughput": geometric_mean(out),
+            "output_goodput": geometric_mean(good, RANK_FLOOR),
+            "output_throughput": geometric_mean(out, RANK_FLOOR),
             "num_preemptions": float(pre.mean()),
             "goodput_by_run": [float(g) for g in good],
         }
-
-
-def geometric_mean(values: np.ndarray) -> float:
-    """exp(mean(log)), a zero entry counting as 1e-6."""
-    return float(np.exp(np.mean(np.log(np.maximum(values, 1e-6)))))
 
 
 EVAL_RECORD = "eval.json"
@@ -242,7 +240,7 @@ class BaselineEvalCallback(BaseCallback):
             self.logger.record(f"eval/{k}", score[k])
         for i, g in enumerate(score["goodput_by_run"]):
             self.logger.record(f"eval/run{i}_goodput", g)
-        gain = score["output_goodput"] / geometric_mean(top) - 1.0
+        gain = score["output_goodput"] / geometric_mean(top, RANK_FLOOR) - 1.0
         self.logger.record("eval/gain_vs_best_baseline", gain)
         if score["output_goodput"] > self.best:
             self.best = score["output_goodput"]

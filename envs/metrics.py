@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,18 @@ SLO_BOUNDS_MS = (1e-3, 1e9)
 """The least and most an SLO target may be, in ms (a microsecond to about 12 days): past
 them a target is a slip of units or digits."""
 
+
+
+def geometric_mean(values: Sequence[float] | np.ndarray, floor: float = 0.0) -> float:
+    """exp(mean(log(values))), each value taken as at least `floor`: with the default 0, a run
+    without goodput makes the mean 0 (a report: it is not averaged away); a small positive
+    floor keeps such a run comparable (ranking checkpoints). 0 for no values."""
+    if not len(values):
+        return 0.0
+    clipped = np.maximum(np.asarray(values, dtype=np.float64), floor)
+    if clipped.min() <= 0:
+        return 0.0
+    return float(np.exp(np.mean(np.log(clipped))))
 
 @dataclass(frozen=True)
 class SLO:

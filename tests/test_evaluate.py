@@ -275,7 +275,8 @@ def test_learned_verdict_counts_wins_and_gives_the_geometric_mean() -> None:
 
 
 def test_tally_gives_geometric_means_vs_best_reference_and_tuned_static_pair() -> None:
-    from batchpilot.training.policy_report import geomean, tally
+    from batchpilot.envs.metrics import geometric_mean as geomean
+    from batchpilot.training.policy_report import tally
 
     def scenario(name: str, static: float, alg1: float, policy: float) -> dict:
         rows = {"best-static": static, "alg1": alg1, "policy:p": policy}
@@ -294,6 +295,7 @@ def test_tally_gives_geometric_means_vs_best_reference_and_tuned_static_pair() -
     assert t.geomean == pytest.approx(math.sqrt(0.9))
     assert geomean(t.static_ratios) == pytest.approx(math.sqrt(1.8))
     assert geomean([1.0, 0.0]) == 0.0 and geomean([]) == 0.0  # a run without goodput counts
+    assert geomean([1.0, 0.0], 1e-6) == pytest.approx(1e-3)  # ranking checkpoints
 
 
 def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:

@@ -5,7 +5,6 @@ verdict per suite (`write_suites_report`)."""
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.specs import BEST_STATIC
+from batchpilot.envs.metrics import geometric_mean
 from batchpilot.training.paired import MIN_EFFECT, describe
 from batchpilot.training.report import (
     best_reference,
@@ -40,14 +40,7 @@ class Tally:
     @property
     def geomean(self) -> float:
         """Geometric mean of `ratios`."""
-        return geomean(self.ratios)
-
-
-def geomean(ratios: Sequence[float]) -> float:
-    """Geometric mean (0 if a run had no goodput: it is not averaged away)."""
-    if not ratios or min(ratios) <= 0:
-        return 0.0
-    return math.exp(sum(map(math.log, ratios)) / len(ratios))
+        return geometric_mean(self.ratios)
 
 
 def tally(results: dict[str, Any], label: str) -> Tally:
@@ -159,12 +152,12 @@ def write_suites_report(
             _outcome(wins, losses, len(ratios))
             + f" over {n} suite{'s' * (n > 1)} against the best reference (the best of "
             f"{of_refs} per scenario; paired 95% intervals over seeds); its mean goodput is "
-            f"{geomean(ratios):.3f}x the best reference's (geometric mean over every scenario; "
-            f"above it on {sum(r > 1 for r in ratios)} of {len(ratios)})."
+            f"{geometric_mean(ratios):.3f}x the best reference's (geometric mean over every "
+            f"scenario; above it on {sum(r > 1 for r in ratios)} of {len(ratios)})."
         )
         md += [_named(line, label, labels), ""]
         for s, t in zip(sections, tallies, strict=True):
-            static = f"{geomean(t.static_ratios):.3f}x" if t.static_ratios else "—"
+            static = f"{geometric_mean(t.static_ratios):.3f}x" if t.static_ratios else "—"
             name = [f"`{label}`"] if len(labels) > 1 else []
             counts = [str(len(t.ratios)), str(t.wins), str(t.losses)]
             above = str(sum(r > 1 for r in t.ratios))
