@@ -57,6 +57,10 @@ TIMELINE_POINTS = 400
 """Timeline rows kept per run (evenly spaced) for plots."""
 TUNING_SEED_BASE = 1000
 """Tuning seeds are TUNING_SEED_BASE, +1, ...: disjoint from the evaluation seeds 0, 1, ..."""
+DEFAULT_SEEDS = 3
+"""Evaluation seeds where neither the command nor the suite gives a number."""
+DEFAULT_TUNING_SEEDS = 2
+"""best-static's tuning seeds where neither the command nor the suite gives a number."""
 TIE = 5e-3
 """Scores within this fraction of the best count as ties, broken by output throughput."""
 SEPARATION = 0.01
@@ -712,11 +716,11 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run every controller on every scenario and seed; results as a JSON-ready dict.
 
-    `tuning_seeds` (default: 1000 and 1001) are where ``best-static`` is chosen; they must
-    not overlap `seeds`.
+    `tuning_seeds` (default: `DEFAULT_TUNING_SEEDS` from `TUNING_SEED_BASE`) are where
+    ``best-static`` is chosen; they must not overlap `seeds`.
     """
     grid = static_grid or StaticGrid()
-    tuning_seeds = tuning_seeds or [TUNING_SEED_BASE, TUNING_SEED_BASE + 1]
+    tuning_seeds = tuning_seeds or [TUNING_SEED_BASE + i for i in range(DEFAULT_TUNING_SEEDS)]
     if set(tuning_seeds) & set(seeds):
         raise ValueError(f"tuning seeds {tuning_seeds} overlap the evaluation seeds {seeds}")
     check_controllers(controllers, scenarios)  # fail on a bad spec before starting any run

@@ -614,6 +614,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
         run_suite,
         suite_description,
     )
+    from batchpilot.training.evaluate import DEFAULT_SEEDS
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
 
     assert cfg.report is not None
@@ -629,7 +630,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
             dest,
             references=cfg.report.get("controllers", REFERENCES),
             interval=cfg.control_interval,
-            seeds=cfg.report.get("seeds", 3),
+            seeds=cfg.report.get("seeds", DEFAULT_SEEDS),  # not the suite's: training's time
             progress=progress,
         )
         sections.append(SuiteSection(dest.name, suite_description(path), results, dest))

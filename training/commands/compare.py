@@ -50,7 +50,12 @@ from batchpilot.training.commands.common import (
     parse_workload,
     slo_spec,
 )
-from batchpilot.training.evaluate import CapacityTarget
+from batchpilot.training.evaluate import (
+    DEFAULT_SEEDS,
+    DEFAULT_TUNING_SEEDS,
+    TUNING_SEED_BASE,
+    CapacityTarget,
+)
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
 VLLM_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2"
@@ -82,8 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tuning-seeds",
         type=TUNING_SEEDS,
-        help="seeds best-static is chosen on (1000..1000+N-1, never the evaluation seeds). "
-        "Default: 2, or the suite's",
+        help=f"seeds best-static is chosen on ({TUNING_SEED_BASE}..{TUNING_SEED_BASE}+N-1, never "
+        f"the evaluation seeds). Default: {DEFAULT_TUNING_SEEDS}, or the suite's",
     )
     parser.add_argument(
         "--workload",
@@ -138,8 +143,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "learned policy's (policy:PATH) if given, else 1it; or each suite scenario's",
     )
     parser.add_argument(
-        "--seeds", type=SEEDS, help="evaluation seeds 0..N-1 (or from --first-seed). Default: 3, "
-        "or the suite's"
+        "--seeds",
+        type=SEEDS,
+        help=f"evaluation seeds 0..N-1 (or from --first-seed). Default: {DEFAULT_SEEDS}, or the "
+        "suite's",
     )
     parser.add_argument(
         "--first-seed",
@@ -195,7 +202,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from batchpilot.envs.controller import ControlInterval
     from batchpilot.training.engines import parse_engine_args
     from batchpilot.training.evaluate import (
-        TUNING_SEED_BASE,
         Scenario,
         evaluate,
         trained_interval,
@@ -208,7 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--out DIR is required (the report directory)")
     check_output(args.out, "--out", directory=True)
     engine = args.engine or "sim"
-    seeds, tuning, default_controllers = 3, 2, DEFAULT_CONTROLLERS
+    seeds, tuning, default_controllers = DEFAULT_SEEDS, DEFAULT_TUNING_SEEDS, DEFAULT_CONTROLLERS
     num_requests = args.num_requests
     if engine == "vllm":
         default_controllers = VLLM_CONTROLLERS

@@ -23,6 +23,7 @@ from typing import Any
 
 from batchpilot.baselines.specs import split_specs
 from batchpilot.training.commands.common import FIRST_SEED, SEEDS, check_output, command_line
+from batchpilot.training.evaluate import DEFAULT_SEEDS
 
 REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
 """The controllers a policy is compared with by default: vLLM's default limits, the tuned
@@ -54,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeds",
         type=SEEDS,
-        help="evaluation seeds 0..N-1 (or from --first-seed). Default: each suite's, or 3",
+        help="evaluation seeds 0..N-1 (or from --first-seed). Default: each suite's, or "
+        f"{DEFAULT_SEEDS}",
     )
     parser.add_argument(
         "--first-seed",
