@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import shutil
@@ -246,7 +247,8 @@ def config_problems(body: dict[str, Any]) -> list[str]:
         problems.append(f"policy: {body['policy']!r}; batchpilot's observations need MlpPolicy")
     if body.get("algo", "ppo") not in ALGOS:
         problems.append(f"algo {body['algo']!r}; supported: {', '.join(ALGOS)}")
-    n_rollout = body.get("n_steps", 2048) * body.get("n_envs", 2)
+    n_steps = body.get("n_steps", inspect.signature(PPO).parameters["n_steps"].default)
+    n_rollout = n_steps * body.get("n_envs", TrainConfig.n_envs)
     if n_rollout <= 1:
         problems.append(f"n_steps x n_envs is {n_rollout}; PPO needs more than 1")
     return problems
@@ -571,7 +573,7 @@ def _learn(run: _Run, progress: bool) -> Path:
             venv = load_vecnormalize(previous / VECNORMALIZE, venv)
         elif previous is None and cfg.normalize:  # rewards only: the observation has fixed
             venv = VecNormalize(  # scales (`Observer`)
-                venv, norm_obs=False, norm_reward=True, gamma=cfg.hyperparams.get("gamma", 0.99)
+                venv, norm_obs=False, norm_reward=True, gamma=model.gamma
             )
         model.set_env(venv)
         python_state, numpy_state, torch_state = run.random_state
@@ -673,8 +675,7 @@ def _imitate(run: _Run, episodes: Collector, named: bool, advance: Callable[[], 
         print(f"{prefix}imitation round {round_}: {figures}", flush=True)
         advance()
 
-    gamma = cfg.hyperparams.get("gamma", 0.99)
-    dagger(run.model, episodes, cfg.imitation, seed=cfg.seed, gamma=gamma, log=log)
+    dagger(run.model, episodes, cfg.imitation, seed=cfg.seed, gamma=run.model.gamma, log=log)
     logger.close()
 
 
