@@ -28,6 +28,7 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from batchpilot.agents.schema import number
+from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import read_json_object
 
 FORMAT = "batchpilot-checkpoint"
@@ -98,7 +99,7 @@ def _jsonable(value: Any) -> Any:
 def _read_json(path: Path, what: str) -> dict[str, Any]:
     """The JSON object in the checkpoint file `path` (`what` it holds); a missing or bad
     file is a `CheckpointError` naming it."""
-    if not path.is_file():
+    if not regular_file(path, f"a file of {what}", CheckpointError):
         raise CheckpointError(f"{path} does not exist")
     return read_json_object(path, what, CheckpointError)
 
@@ -275,7 +276,7 @@ def _read_tensors(directory: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     path = directory / WEIGHTS
-    if not path.is_file():
+    if not regular_file(path, "a checkpoint's weights", CheckpointError):
         raise CheckpointError(f"{path} does not exist")
     try:
         return load_file(str(path), device="cpu")

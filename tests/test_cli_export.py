@@ -144,6 +144,15 @@ def test_an_old_pickle_only_run_is_refused_by_name(tmp_path: Path, capsys) -> No
     assert not marker.exists()
 
 
+def test_a_checkpoint_file_that_is_a_directory_is_named_so(tmp_path: Path) -> None:
+    """It was reported as missing ("does not exist")."""
+    from batchpilot.agents.checkpoint import CheckpointError, read_state
+
+    (tmp_path / "checkpoint.json").mkdir()
+    with pytest.raises(CheckpointError, match=r"checkpoint\.json: a directory, not a file of"):
+        read_state(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
