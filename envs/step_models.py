@@ -114,7 +114,14 @@ class LinearStepModel(StepModel):
     kv_token_s: float
     kind = "linear"
 
-    def base_time(self, prefill_seqs, prefill_tokens, prefill_kv, prefill_attn, decode_seqs):
+    def base_time(
+        self,
+        prefill_seqs: int,
+        prefill_tokens: int,
+        prefill_kv: int,
+        prefill_attn: int,
+        decode_seqs: int,
+    ) -> float:
         return (
             self.base_s
             + self.prefill_token_s * prefill_tokens
@@ -149,7 +156,9 @@ class LinearStepModel(StepModel):
     def to_dict(self) -> dict:
         return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
-    def extremes(self, max_seqs, max_tokens, max_context, max_kv):
+    def extremes(
+        self, max_seqs: int, max_tokens: int, max_context: int, max_kv: int
+    ) -> tuple[float, float]:
         least = self.base_s + min(self.prefill_token_s, self.decode_seq_s) + self.kv_token_s
         most = (
             self.base_s
@@ -209,7 +218,14 @@ class TableStepModel(StepModel):
     source: dict[str, str] = field(default_factory=dict, compare=False)
     kind = "table"
 
-    def base_time(self, prefill_seqs, prefill_tokens, prefill_kv, prefill_attn, decode_seqs):
+    def base_time(
+        self,
+        prefill_seqs: int,
+        prefill_tokens: int,
+        prefill_kv: int,
+        prefill_attn: int,
+        decode_seqs: int,
+    ) -> float:
         seqs = prefill_seqs + decode_seqs
         return (
             self.step_overhead_s
@@ -251,7 +267,9 @@ class TableStepModel(StepModel):
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
-    def extremes(self, max_seqs, max_tokens, max_context, max_kv):
+    def extremes(
+        self, max_seqs: int, max_tokens: int, max_context: int, max_kv: int
+    ) -> tuple[float, float]:
         token_least, token_most = _extent(self.token_knots, self.token_s, max_tokens)
         seq_least, seq_most = _extent(self.seq_knots, self.seq_s, max_seqs)
         fixed = self.step_overhead_s + self.attn_base_s

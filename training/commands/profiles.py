@@ -26,6 +26,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from batchpilot.envs.profiles import (
     RUNTIME_RESERVE_GIB,
     SEQ_OVERHEAD_S,
     STEP_OVERHEAD_S,
+    measured_profile,
 )
 from batchpilot.training.commands.common import (
     COUNT,
@@ -57,9 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description=(
             "Derive the step-time tables from --vidur (see `python -m "
             "batchpilot.envs.profile_tables --help`) and build one profile. The CPU overheads "
-            "are explicit parameters: the defaults (1 ms per step, 10 us per scheduled "
-            "request) are an assumption for vLLM V1 whose sources each profile states "
-            "(`batchpilot profiles --json`, step.source.overheads)."
+            f"are explicit parameters: the defaults ({STEP_OVERHEAD_S * 1e3:g} ms per step, "
+            f"{SEQ_OVERHEAD_S * 1e6:g} us per scheduled request) are an assumption for vLLM V1 "
+            "whose sources each profile states (`batchpilot profiles --json`, "
+            "step.source.overheads)."
         ),
     )
     build.add_argument(
@@ -88,19 +91,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument(
         "--gpu-memory-gib", type=positive, help="memory per GPU (default: the GPU's)"
     )
+    defaults = inspect.signature(measured_profile).parameters
     build.add_argument(
-        "--gpu-memory-utilization", type=fraction, default=0.9, help="vLLM's. Default: %(default)s"
+        "--gpu-memory-utilization",
+        type=fraction,
+        default=defaults["gpu_memory_utilization"].default,
+        help="the share of GPU memory vLLM takes (its --gpu-memory-utilization); the KV cache "
+        "gets what the weights and activations leave. Default: %(default)s",
     )
-    for option, default in (
-        ("max_num_seqs", 1024),
-        ("max_num_batched_tokens", 8192),
-        ("block_size", 16),
-    ):
+    for option, what in (
+        ("max_num_seqs", "the engine's cap on running requests (vLLM's --max-num-seqs)"),
+        ("max_num_batched_tokens", "the engine's cap on tokens a step (vLLM's "
+         "--max-num-batched-tokens)"),
+        ("block_size", "tokens per KV cache block"),
+    ):  # fmt: skip
         build.add_argument(
             f"--{option.replace('_', '-')}",
             type=whole(1, INT_LIMITS[option]),
-            default=default,
-            help="Default: %(default)s",
+            default=defaults[option].default,
+            help=f"{what}. Default: %(default)s",
         )
     build.add_argument(
         "--step-overhead-ms",
@@ -121,7 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vidur",
         type=Path,
         default=DEFAULT_VIDUR,
-        help="Vidur profiling directory (compute/, network/). Default: %(default)s",
+        help="Vidur profiling directory (compute/, network/: data/profiling of a "
+        "github.com/microsoft/vidur checkout). Default: %(default)s, relative to the working "
+        "directory (the project root's sibling shared/)",
     )
     build.add_argument("--name", help="profile name (default: the output file's stem)")
     build.add_argument("--out", type=Path, required=True, help="profile JSON to write")
@@ -173,15 +184,14 @@ def main(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from batchpilot.envs.profile_tables import derive
-    from batchpilot.envs.profiles import (
-        architecture,
-        linear_table_keys,
-        measured_profile,
-        write_profile,
-    )
+    from batchpilot.envs.profiles import architecture, linear_table_keys, write_profile
 
     if not args.vidur.is_dir():
-        raise ValueError(f"{args.vidur}: no such Vidur profiling directory (--vidur)")
+        raise ValueError(
+            f"{args.vidur}: no such Vidur profiling directory (--vidur; relative to "
+            f"{Path.cwd()}); give the data/profiling directory of a github.com/microsoft/vidur "
+            "checkout"
+        )
     check_output(args.out, "--out", directory=False)
     optional = {
         "gpu_memory_gib": args.gpu_memory_gib,
