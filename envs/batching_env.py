@@ -232,7 +232,7 @@ class BatchingEnv(gym.Env):
 
     ## Arguments
     - `engine`: `"sim"` (default) or `"vllm"` (needs `model`, a model directory); extra
-      `engine_kwargs` go to `SimEngine` (e.g. `scheduler="v0"`) or `make_vllm_engine`.
+      `engine_kwargs` go to `SimEngine` (e.g. `scheduler="v0"`) or `VLLMEngine`.
     - `profile`: engine profile name or JSON path, a list to draw from uniformly per
       episode, or a mapping of them to weights (``{llama-2-70b-a100x4: 2, llama-3-8b-a100: 1}``
       draws the first twice as often).
@@ -388,9 +388,9 @@ class BatchingEnv(gym.Env):
     def _make_engine(self, profile: EngineProfile, slo: SLO) -> Engine:
         if self.engine_kind == "vllm":
             if self._vllm_engine is None:  # one real engine per env: start-up is costly
-                from batchpilot.envs.vllm_engine import make_vllm_engine
+                from batchpilot.envs.vllm_engine import VLLMEngine
 
-                self._vllm_engine = make_vllm_engine(self.model, slo=slo, **self.engine_kwargs)
+                self._vllm_engine = VLLMEngine(self.model, slo=slo, **self.engine_kwargs)
             return self._vllm_engine
         from batchpilot.envs.sim_engine import SimEngine
 

@@ -246,8 +246,3 @@ class VLLMEngine:
 
     def _telemetry(self) -> Telemetry:
         return self.scheduler.telemetry()
-
-
-def make_vllm_engine(model: str | Path, *, slo: SLO | None = None, **kwargs: Any) -> VLLMEngine:
-    """A `VLLMEngine` for the model directory (keyword arguments: see `VLLMEngine`)."""
-    return VLLMEngine(model, slo=slo, **kwargs)

@@ -129,10 +129,10 @@ def observations(seen: list[Telemetry]) -> np.ndarray:
 
 
 def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
-    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_engine import VLLMEngine
     from batchpilot.envs.vllm_models import tiny_llama
 
-    real = make_vllm_engine(
+    real = VLLMEngine(
         tiny_llama(tmp_path / "tiny-llama"), slo=SLO_SPEC, max_num_seqs=32, num_gpu_blocks=24
     )
     clock = VirtualClock()

