@@ -33,8 +33,8 @@ horizon spent the fewest request-seconds before first tokens: a lower mean TTFT 
 does not tell the candidates apart. Without it, light load leaves the limits where they
 were: every candidate meets the SLOs, and a lead of a token or two in the horizon-end credit
 holds max_num_seqs at the running count while requests wait (on the Azure 2023 conversation
-replay, 300 requests on the 7B H100, the sampled-future 16 s teacher kept a p99 TTFT of
-331 ms; with ``ttft_ties=0.001`` 136 ms, goodput 994.4 against 994.5 tok/s). It is off by
+replay, 300 requests on the 7B H100, deciding every 500 ms, the sampled-future 16 s teacher
+kept a p99 TTFT of 444 ms; with ``ttft_ties=0.001`` 215 ms, goodput 875.0 tok/s both). It is off by
 default: over the learned report's four suites (seeds 0-2, against the same teacher without
 it) ``ttft_ties=0.001`` scored 1.003 / 1.003 / 0.999 / 0.987 (held-out / training / families
 / unseen; 0.938 on the unseen Azure code replay x2 on the H100, where admitting sooner costs

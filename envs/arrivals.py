@@ -126,8 +126,9 @@ class Arrival:
         if self.kind == "replay":
             if trace_times is None:
                 raise ArrivalSpecError(
-                    "arrival 'replay' needs a trace with timestamps (Azure, Mooncake, Bailian, "
-                    "BurstGPT); this one has lengths only: use poisson:RATE or gamma:RATE:CV"
+                    "arrival 'replay' needs a trace with timestamps (Azure, BurstGPT, Vidur, "
+                    "Mooncake, Bailian); this one has lengths only: use poisson:RATE or "
+                    "gamma:RATE:CV"
                 )
             t = np.asarray(trace_times[:n], dtype=np.float64)
             return (t - t[0]) / self.scale
