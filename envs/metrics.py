@@ -18,7 +18,6 @@ SLO_BOUNDS_MS = (1e-3, 1e9)
 them a target is a slip of units or digits."""
 
 
-
 def geometric_mean(values: Sequence[float] | np.ndarray, floor: float = 0.0) -> float:
     """exp(mean(log(values))), each value taken as at least `floor`: with the default 0, a run
     without goodput makes the mean 0 (a report: it is not averaged away); a small positive
@@ -29,6 +28,7 @@ def geometric_mean(values: Sequence[float] | np.ndarray, floor: float = 0.0) -> 
     if clipped.min() <= 0:
         return 0.0
     return float(np.exp(np.mean(np.log(clipped))))
+
 
 @dataclass(frozen=True)
 class SLO:

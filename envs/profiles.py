@@ -66,7 +66,6 @@ INT_LIMITS: dict[str, int] = {
 them overflows."""
 
 
-
 @dataclass(frozen=True)
 class EngineProfile:
     """Everything the simulator needs to stand in for one engine deployment."""
