@@ -23,7 +23,9 @@ SHIFT_PREFIX = "shift:"
 """``shift:NAME@0,NAME@T1,...[/PERIOD]``: lengths from embedded table NAME for requests arriving
 from T seconds on; with ``/PERIOD`` the schedule repeats every PERIOD seconds (a regime shift)."""
 DEFAULT_SOURCE = "embedded:azure-conv"
-"""The workload used when none is given: Azure 2023 conversation lengths, no file needed."""
+"""The source `make_workload` and the Gym env use when none is given: Azure 2023 conversation
+lengths, no file needed, replayed at the trace's rate (the CLI's default workload,
+`batchpilot.training.commands.common.DEFAULT_WORKLOAD`, replays it at 0.7x)."""
 DRAWN_REQUESTS = 1000
 """Requests drawn from an embedded table, mix, shift or fixed source when no number is given."""
 
