@@ -40,6 +40,7 @@ from statistics import NormalDist
 from batchpilot.baselines.checks import require
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.telemetry import LENGTH_PRIOR, Limits, Telemetry
+from batchpilot.envs.traces import MAX_TOKENS
 
 BOUNDS = ("linear", "exact")
 
@@ -103,8 +104,19 @@ class MemoryAwareController:
         require(refresh >= 1, "refresh", refresh, ">= 1")
         require(min_samples >= 0, "min_samples", min_samples, ">= 0")
         require(b_min >= 1, "b_min", b_min, ">= 1")
-        require(prior_output_mean > 0, "prior_output_mean", prior_output_mean, "> 0")
-        require(prior_output_std >= 0, "prior_output_std", prior_output_std, ">= 0")
+        # a request's length is at most MAX_TOKENS: a prior past it squared overflows
+        require(
+            0 < prior_output_mean <= MAX_TOKENS,
+            "prior_output_mean",
+            prior_output_mean,
+            f"in (0, {MAX_TOKENS}] tokens",
+        )
+        require(
+            0 <= prior_output_std <= MAX_TOKENS,
+            "prior_output_std",
+            prior_output_std,
+            f"in [0, {MAX_TOKENS}] tokens",
+        )
         if b_max is not None and b_max < b_min:
             raise ValueError(f"b_max {b_max} is below b_min {b_min}")
         self.eps, self.bound, self.refresh, self.min_samples = eps, bound, refresh, min_samples

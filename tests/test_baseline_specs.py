@@ -136,7 +136,8 @@ def test_fixed_source_gives_every_request_the_same_lengths() -> None:
         ("alg1:prior_output_std=1e400", "is not a finite number"),
         ("alg2:sla_ms=-5", "sla_ms must be > 0, got -5"),
         ("alg2:eps_ms=-1", "eps_D < D_SLA"),
-        ("alg1:prior_output_mean=-3", "prior_output_mean must be > 0"),
+        ("alg1:prior_output_mean=-3", "prior_output_mean must be in \\(0, 2147483647\\] tokens"),
+        ("alg1:prior_output_std=1e200", "prior_output_std must be in"),  # squared: OverflowError
         ("alg2:window_ms=-1", "window_ms must be >= 0"),
         ("alg2:chunk=1:chunk_min=-5", "alg2: chunk_min must be >= 1, got -5"),
         ("alg2:chunk=1:chunk_alpha=-1", "alg2: chunk_alpha must be >= 0, got -1"),  # was 'alpha'

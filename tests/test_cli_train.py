@@ -275,6 +275,20 @@ def test_yaml_reads_exponents_as_floats_as_yaml_1_2_does(tmp_path: Path) -> None
     assert yaml.safe_load("a: 1e-4") == {"a": "1e-4"}  # PyYAML's own loader is left as it was
 
 
+def test_yaml_reads_whole_numbers_as_yaml_1_2_does(tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML) read ``num_requests: 017`` as 15 (octal) and ``1:20`` as 80
+    (base 60), and took ``1_000`` and ``0x10``: now 17, and text that a number field refuses
+    by name."""
+    from batchpilot.training.yaml_files import load_yaml
+
+    path = tmp_path / "i.yml"
+    path.write_text("a: 017\nb: 1:20\nc: 1_000\nd: 0x10\ne: -5\nf: +5\ng: 1:20.5\nh: !!int 0x10\n")
+    assert load_yaml(path) == {
+        "a": 17, "b": "1:20", "c": "1_000", "d": "0x10", "e": -5, "f": 5, "g": "1:20.5", "h": 16
+    }  # fmt: skip
+    assert yaml.safe_load("a: 017\nb: 1:20") == {"a": 15, "b": 80}  # PyYAML's own: as it was
+
+
 @pytest.mark.parametrize(
     ("text", "duplicate"),
     [

@@ -29,13 +29,34 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         """Each mapping node's own key nodes (by id), taken before merging rewrites it."""
 
 
-EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
-"""A float with an exponent as YAML 1.2's core schema reads it (``1e-4``, ``1.0e300``,
-``.5e3``); YAML 1.1, which PyYAML follows, reads it as text unless it has both a dot and a
-signed exponent."""
-_UniqueKeyLoader.add_implicit_resolver(  # on this loader alone (PyYAML copies the table)
-    "tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+.0123456789")
+INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+CORE_INT = re.compile(r"^[-+]?[0-9]+$")
+"""A whole number as YAML 1.2's core schema reads it: decimal digits (``017`` is 17)."""
+CORE_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
 )
+"""A float as YAML 1.2's core schema reads it (``1e-4``, ``1.0e300``, ``.5e3``). PyYAML
+follows YAML 1.1, which reads ``1e-4`` as text, ``017`` as octal 15, ``1:20`` as 80 and
+``1_000`` as 1000: on this loader those are text, which a number field refuses by name."""
+_UniqueKeyLoader.yaml_implicit_resolvers = {  # this loader's own table: PyYAML's stays
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+for _tag, _regexp in ((INT_TAG, CORE_INT), (FLOAT_TAG, CORE_FLOAT)):  # int first: "17"
+    _UniqueKeyLoader.add_implicit_resolver(_tag, _regexp, list("-+.0123456789"))
+
+
+def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """A decimal whole number in base 10 (PyYAML's reads a leading 0 as octal); an explicit
+    ``!!int`` in another form as PyYAML reads it."""
+    text = loader.construct_scalar(node)
+    if CORE_INT.match(text):
+        return int(text, 10)
+    return loader.construct_yaml_int(node)
+
+
+_UniqueKeyLoader.add_constructor(INT_TAG, _core_int)
 
 
 class _MergedTooMuch(Exception):
