@@ -37,8 +37,8 @@ def spec_key(spec: str) -> str:
     """`batchpilot.baselines.specs.spec_key` with each policy's path resolved: one policy
     named by two paths is one controller."""
     parts = []
-    for part in spec.split("+"):
-        name, sep, path = part.strip().partition(":")
+    for part in baseline_specs.spec_parts(spec):
+        name, sep, path = part.partition(":")
         if name == "policy" and sep:
             with suppress(OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
                 part = f"policy:{Path(path).resolve()}"

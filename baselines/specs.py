@@ -7,6 +7,7 @@ Keyword arguments are ``:``-separated: ``alg2:sla_ms=40:alpha=10``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -36,7 +37,7 @@ def _static(args: list[str]) -> Controller:
     spec, values = "static:" + ":".join(args), []
     for what, text in zip(("N", "T"), args, strict=False):
         try:
-            value = plain_int(text)
+            value = plain_int(text, signed=True)  # a negative one: the range check names it
         except ValueError:
             raise ControllerSpecError(f"{spec}: {what} must be a whole number") from None
         if value < 1:
@@ -136,11 +137,21 @@ FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
 (``policy:PATH``) live a layer up: `batchpilot.agents.specs.make_controller`."""
 
 
+COMBINE = re.compile(r"\+(?!\d)")
+"""The ``+`` of ``A+B`` (the minimum of two controllers): one followed by a digit is an
+exponent's sign (``alg2:sla_ms=5e+1``)."""
+
+
+def spec_parts(spec: str) -> list[str]:
+    """The controllers ``A+B`` combines, stripped (a spec of one controller: itself)."""
+    return [part.strip() for part in COMBINE.split(spec)]
+
+
 def spec_key(spec: str) -> str:
     """One spelling of the controller a spec names, to find one given twice: numbers as they
     parse, keywords in order, the parts of ``A+B`` sorted (``static:08`` and ``static:8`` are
     one controller). A part that does not parse, or names no rule, is kept as written."""
-    return "+".join(sorted(_part_key(part.strip()) for part in spec.split("+")))
+    return "+".join(sorted(_part_key(part) for part in spec_parts(spec)))
 
 
 def given_twice(specs: Sequence[str], key: Callable[[str], str] = spec_key) -> str:
@@ -159,7 +170,7 @@ def _part_key(part: str) -> str:
     name, *args = part.split(":")
     try:
         if name == "static":
-            return ":".join([name, *(str(int(a)) for a in args)])
+            return ":".join([name, *(str(plain_int(a, signed=True)) for a in args)])
         if name in KEYWORD_ARGS:
             values = keyword_args(name, args, KEYWORD_ARGS[name])
             return ":".join([name, *(f"{k}={values[k]!r}" for k in sorted(values))])
@@ -185,7 +196,7 @@ def make_controller(
     spec: str, factories: Mapping[str, Callable[[list[str]], Controller]] = FACTORIES
 ) -> Controller:
     """Build the controller a spec names from `factories`; ``A+B`` is the minimum of A and B."""
-    parts = [p.strip() for p in spec.split("+")]
+    parts = spec_parts(spec)
     if not all(parts):
         raise ControllerSpecError(
             f"empty controller spec in {spec!r}; use e.g. alg1, static:256 or alg1+alg2"

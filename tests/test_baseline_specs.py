@@ -63,6 +63,7 @@ def test_specs_build_their_controllers() -> None:
         ("best-static", "grid search"),
         ("static:x", "N must be a whole number"),
         ("static:0_8", "N must be a whole number"),
+        ("static:-1", "N must be >= 1"),
     ],
 )
 def test_bad_specs_name_the_problem(spec: str, message: str) -> None:
@@ -124,6 +125,14 @@ def test_fixed_source_gives_every_request_the_same_lengths() -> None:
     for bad in ("fixed:128", "fixed:a:1", "fixed:0:5"):
         with pytest.raises(WorkloadError, match="fixed"):
             make_workload(bad, "all-at-once")
+
+
+def test_an_exponents_plus_is_no_combination() -> None:
+    """``5e+1`` was split at its ``+`` into ``alg2:sla_ms=5e`` and ``1``."""
+    c = make_controller("alg2:sla_ms=5e+1+alg1")
+    assert isinstance(c, MinController) and c.name == "alg2:sla_ms=5e+1+alg1"
+    assert c.parts[0].sla_ms == 50.0
+    assert given_twice(["static:16", "static:1_6"]) == ""  # left to the spec's own error
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from batchpilot.baselines.specs import BEST_STATIC
+from batchpilot.baselines.specs import BEST_STATIC, spec_parts
 from batchpilot.training.evaluate import SEPARATION
 from batchpilot.training.paired import (
     MIN_EFFECT,
@@ -49,7 +49,7 @@ CHALLENGERS = ("oracle", "mpc", "policy")
 
 def is_reference(label: str) -> bool:
     """Tuned static, vLLM's default and the rules (every part of an A+B is one)."""
-    return not any(p.strip().split(":")[0] in CHALLENGERS for p in label.split("+"))
+    return not any(p.split(":")[0] in CHALLENGERS for p in spec_parts(label))
 
 
 def _cell(entry: dict[str, Any], key: str, fmt: str) -> str:
