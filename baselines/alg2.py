@@ -130,10 +130,11 @@ class SLAController:
         require(chunk_min >= 1, "chunk_min", chunk_min, ">= 1")
         for name, value in (("chunk_alpha", chunk_alpha), ("chunk_delta", chunk_delta)):
             require(value >= 0, name, value, ">= 0")
-        if not window_ms >= 0:
-            raise ValueError(f"window_ms must be >= 0, got {window_ms}")
-        if sla_ms is not None and not 0 < sla_ms < float("inf"):
-            raise ValueError(f"sla_ms must be > 0, got {sla_ms}")
+        require(window_ms >= 0, "window_ms", window_ms, ">= 0")
+        require(sla_ms is None or 0 < sla_ms < float("inf"), "sla_ms", sla_ms, "> 0")
+        require(eps_ms >= 0, "eps_ms", eps_ms, ">= 0")
+        if sla_ms is not None:
+            require(eps_ms < sla_ms, "eps_ms", eps_ms, f"below sla_ms ({sla_ms:g})")
         self.sla_ms = sla_ms
         self.window_s = window_ms / 1e3
         sla = DEFAULT_SLO.tpot_ms if sla_ms is None else sla_ms

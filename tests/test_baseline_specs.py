@@ -58,7 +58,7 @@ def test_specs_build_their_controllers() -> None:
         ("alg2:alpha=1.5", "alpha='1.5' is not a valid whole number"),
         ("alg2:alpha= 5", "alpha=' 5' is not a valid whole number"),  # int() reads 5
         ("mpc:seqs=8/1_6", "seqs='8/1_6' is not a valid grid"),
-        ("alg2:sla_ms=5", "eps_D < D_SLA"),
+        ("alg2:sla_ms=5", "eps_ms must be below sla_ms"),  # was said in s, as eps_D
         ("alg1+nope", "unknown controller 'nope'"),
         ("best-static", "grid search"),
         ("static:x", "N must be a whole number"),
@@ -144,7 +144,7 @@ def test_an_exponents_plus_is_no_combination() -> None:
         ("alg1:eps=-inf", "eps='-inf' is not a finite number"),
         ("alg1:prior_output_std=1e400", "is not a finite number"),
         ("alg2:sla_ms=-5", "sla_ms must be > 0, got -5"),
-        ("alg2:eps_ms=-1", "eps_D < D_SLA"),
+        ("alg2:eps_ms=-1", "eps_ms must be >= 0, got -1.0"),
         ("alg1:prior_output_mean=-3", "prior_output_mean must be in \\(0, 2147483647\\] tokens"),
         ("alg1:prior_output_std=1e200", "prior_output_std must be in"),  # squared: OverflowError
         ("alg2:window_ms=-1", "window_ms must be >= 0"),
