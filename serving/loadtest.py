@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import threading
 import time
 import urllib.request
@@ -40,7 +42,8 @@ class LoadResult:
     """Why the server's metrics could not be read after the run, if they could not."""
 
     def summary(self) -> dict[str, float | int | str | list[str] | None]:
-        """Every number, JSON-ready (a TTFT quantile of no request is null)."""
+        """Every number, JSON-ready (a TTFT quantile of no request, and a server's metric that
+        is not finite, is null)."""
         median = p99 = None
         if self.ttft_s.n:
             median, p99 = (v * 1e3 for v in self.ttft_s.percentiles([50, 99]))
@@ -52,7 +55,7 @@ class LoadResult:
             "p99_ttft_ms": p99,
             "errors": self.errors,
             "metrics_error": self.metrics_error,
-        } | self.metrics
+        } | {k: (v if math.isfinite(v) else None) for k, v in self.metrics.items()}
 
 
 KEPT_ERRORS = 5
@@ -85,7 +88,9 @@ def stream_once(url: str, model: str, prompt: list[int], max_tokens: int) -> tup
             tokens = chunk.usage.completion_tokens
     if first < 0:
         raise RuntimeError("the stream ended before its first token")
-    return first, chunks if tokens is None else tokens
+    if not (isinstance(tokens, int) and 0 < tokens <= max_tokens):  # none, or not believable
+        tokens = chunks
+    return first, tokens
 
 
 def scrape(url: str, prefixes: tuple[str, ...] = ("vllm:", "batchpilot:")) -> dict[str, float]:
@@ -228,10 +233,12 @@ def bounded(kind: type, low: float, high: float) -> Callable[[str], int | float]
         except ValueError:
             value = None
         if value is None or not low <= value <= high:
-            whole = "whole " if kind is int else ""
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a {whole}number in [{low:g}, {high:g}]"
+            what = (
+                f"whole number in [{low}, {high}]"
+                if kind is int
+                else f"number in [{low:g}, {high:g}]"
             )
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a {what}")
         return value
 
     return parse
@@ -245,6 +252,8 @@ def writable(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text}: is a directory; name a file")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: its directory {path.parent} does not exist")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not writable here")
     return path
 
 
@@ -309,7 +318,7 @@ def main() -> None:
     )
     print(table(result))
     try:
-        args.out.write_text(json.dumps(result.summary(), indent=2) + "\n")
+        args.out.write_text(json.dumps(result.summary(), indent=2, allow_nan=False) + "\n")
     except OSError as exc:  # the table above still holds the numbers
         parser.exit(1, f"--out {args.out}: cannot write it ({exc})\n")
     print(f"all numbers: {args.out}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import signal
 import socket
@@ -138,6 +139,7 @@ def test_load_on_a_server_that_is_down_keeps_its_counts(capsys) -> None:
         (["--out", "."], "--out: .: is a directory"),
         (["--clients", "1_0"], "--clients: '1_0' is not a whole number in [1, 1024]"),
         (["--seconds", "nan"], "--seconds: 'nan' is not a number"),
+        (["--max-tokens", "0"], "--max-tokens: '0' is not a whole number in [1, 1048576]"),
     ],
 )
 def test_load_test_arguments_are_checked_before_the_run(
@@ -151,6 +153,15 @@ def test_load_test_arguments_are_checked_before_the_run(
     with pytest.raises(SystemExit) as done:
         loadtest.main()
     assert done.value.code == 2 and problem in capsys.readouterr().err
+
+
+def test_a_servers_metric_that_is_not_finite_is_null_in_the_json() -> None:
+    """A NaN gauge was written as NaN, which strict JSON readers refuse."""
+    from batchpilot.serving.loadtest import LoadResult
+
+    result = LoadResult(metrics={"vllm:x": math.nan, "vllm:y": math.inf, "vllm:z": 2.0})
+    summary = json.loads(json.dumps(result.summary(), allow_nan=False))
+    assert (summary["vllm:x"], summary["vllm:y"], summary["vllm:z"]) == (None, None, 2.0)
 
 
 @pytest.mark.parametrize("prompt", [[1, 2048, 3], [2**31 - 1]])
