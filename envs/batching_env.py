@@ -19,7 +19,12 @@ from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload, scale_range
-from batchpilot.envs.workloads import DEFAULT_SOURCE, make_workload, trace_window
+from batchpilot.envs.workloads import (
+    DEFAULT_SOURCE,
+    MAX_REQUESTS,
+    make_workload,
+    trace_window,
+)
 
 __all__ = ["OBSERVATION_FIELDS", "BatchingEnv", "WorkloadSpec"]
 
@@ -59,6 +64,12 @@ class WorkloadSpec:
             if unknown:
                 raise ValueError(f"workload spec: unknown key(s) {sorted(unknown)}")
             data = dict(value)
+            n = data.get("num_requests", cls.num_requests)
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REQUESTS:
+                raise ValueError(
+                    f"workload spec: num_requests must be a whole number in [1, {MAX_REQUESTS}], "
+                    f"got {n!r}"
+                )
             for key in ("rate_scale", "length_scale", "prompt_scale"):
                 if key in data:
                     data[key] = scale_range(data[key], f"workload spec: {key}")

@@ -26,6 +26,9 @@ DEFAULT_SOURCE = "embedded:azure-conv"
 """The source `make_workload` and the Gym env use when none is given: Azure 2023 conversation
 lengths, no file needed, replayed at the trace's rate (the CLI's default workload,
 `batchpilot.training.commands.common.DEFAULT_WORKLOAD`, replays it at 0.7x)."""
+MAX_REQUESTS = 10_000_000
+"""Requests in a run, wherever a number is given (a run's memory is bounded, its workload is
+not)."""
 DRAWN_REQUESTS = 1000
 """Requests drawn from an embedded table, mix, shift or fixed source when no number is given."""
 

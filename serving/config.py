@@ -52,8 +52,8 @@ def serving_controller(controller: Controller | str) -> Controller:
         controller = make_controller(controller)
     if simulator_only(controller):
         raise ValueError(
-            f"{controller.name}: reads the simulator's true future (as oracle and mpc do); "
-            "it cannot serve"
+            f"{controller.name}: needs the simulator (oracle reads its true lengths, mpc forks "
+            "it to look ahead); it cannot serve"
         )
     return controller
 

@@ -426,6 +426,15 @@ def test_a_training_workload_can_skip_a_traces_bad_rows(tmp_path) -> None:
     assert (len(drawn), drawn.skipped_rows) == (5, 1)
 
 
+@pytest.mark.parametrize("n", [2.5, "5", True, 0])
+def test_a_workload_specs_request_count_is_checked_by_name(n) -> None:
+    """It surfaced as a bare TypeError from numpy, naming no key."""
+    from batchpilot.envs.batching_env import WorkloadSpec
+
+    with pytest.raises(ValueError, match=r"num_requests must be a whole number in \[1, 10000000\]"):
+        WorkloadSpec.coerce({"source": "embedded:gsm8k", "num_requests": n})
+
+
 def test_episodes_draw_windows_across_a_whole_trace(tmp_path) -> None:
     from batchpilot.envs.batching_env import WorkloadSpec
     from batchpilot.envs.workloads import trace_window

@@ -67,6 +67,13 @@ def test_capacity_target_refuses_non_finite_or_non_positive_bounds(bound: str) -
         CapacityTarget.parse(f"p90_ttft_ms:2000,p90_itl_ms:{bound}")
 
 
+def test_a_count_may_be_bounded_at_zero() -> None:
+    """No preemptions at all is the natural bound on a count (it was refused as not > 0)."""
+    assert CapacityTarget.parse("num_preemptions:0").bounds == (("num_preemptions", 0.0),)
+    with pytest.raises(ValueError, match="num_preemptions bound must be a finite number >= 0"):
+        CapacityTarget.parse("num_preemptions:-1")
+
+
 @pytest.mark.parametrize("capacity", ["--capacity", "--no-capacity"])
 def test_compare_refuses_a_nan_capacity_slo(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], capacity: str
@@ -669,6 +676,9 @@ def test_compare_says_when_every_run_replays_a_whole_long_trace(
     assert "simulates all 12 requests of the trace" in err and "--num-requests N" in err
     assert main([*args, "--num-requests", "11", "--out", str(tmp_path / "b")]) == 0
     assert "simulates all" not in capsys.readouterr().err
+    # asked for more than it holds: each run takes the whole trace, and says so
+    assert main([*args, "--num-requests", "20", "--out", str(tmp_path / "c")]) == 0
+    assert "the trace holds 12 requests, fewer than the 20 asked for" in capsys.readouterr().err
 
 
 def test_engine_factory_errors_name_the_problem() -> None:
@@ -921,12 +931,12 @@ def test_simulator_only_controllers_are_refused_on_a_real_engine(
     a TypeError traceback at oracle's or mpc's reset; now it refuses them before any run."""
     real = Scenario(name="r", source="fixed:8:8", engine="vllm", model=str(tmp_path))
     for spec in ("oracle", "mpc", "alg1+mpc"):
-        with pytest.raises(ValueError, match=f"controller '{re.escape(spec)}' reads the simulat"):
+        with pytest.raises(ValueError, match=f"controller '{re.escape(spec)}' needs the simulator"):
             check_controllers(["static:8", spec], [real])
     check_controllers(["mpc", "oracle"], [replace(real, engine="sim", model=None)])
     argv = ["compare", "--engine", "vllm", "--model", str(tmp_path), "--out", str(tmp_path / "o")]
     assert main([*argv, "--controllers", "static:8,oracle"]) == 2
-    assert "'oracle' reads the simulator's true future and runs only on --engine sim" in (
+    assert "'oracle' needs the simulator (oracle reads its true lengths" in (
         capsys.readouterr().err
     )
 

@@ -233,6 +233,21 @@ def long_runs(scenarios: Sequence[Scenario]) -> list[str]:
     return notes
 
 
+def short_traces(scenarios: Sequence[Scenario]) -> list[str]:
+    """A note for each scenario asking more requests of a trace file than it holds: every run
+    takes the whole trace (`trace_window`)."""
+    notes = []
+    for sc in scenarios:
+        if sc.is_trace_file and sc.num_requests is not None:
+            total = len(load_trace(sc.source, bad_rows=sc.bad_rows))
+            if sc.num_requests > total:
+                notes.append(
+                    f"note: {sc.name}: the trace holds {total:,} requests, fewer than the "
+                    f"{sc.num_requests:,} asked for; every run takes the whole trace"
+                )
+    return notes
+
+
 def unreachable_slos(scenarios: Sequence[Scenario]) -> list[str]:
     """A note for each simulated scenario whose TPOT target no request can meet on its
     profile (`unreachable_tpot`)."""
@@ -286,9 +301,11 @@ class CapacityTarget:
                 raise ValueError(
                     f"capacity SLO {spec!r}: {part!r} is not METRIC:MAX (e.g. p90_itl_ms:50)"
                 ) from None
-            if not (math.isfinite(bound) and bound > 0):
+            count = key in ("num_preemptions", "recomputed_tokens")  # none at all: a bound
+            if not (math.isfinite(bound) and (bound >= 0 if count else bound > 0)):
                 raise ValueError(
-                    f"capacity SLO {spec!r}: {key} bound must be a finite number > 0, got {value}"
+                    f"capacity SLO {spec!r}: {key} bound must be a finite number "
+                    f"{'>=' if count else '>'} 0, got {value}"
                 )
             if key not in BOUNDED_METRICS:
                 raise ValueError(
@@ -682,8 +699,8 @@ def check_controllers(specs: Sequence[str], scenarios: Sequence[Scenario] = ()) 
                 if sc.engine != "sim" and simulator_only(controller):
                     raise ValueError(
                         f"scenario {sc.name!r} runs on the {sc.engine} engine; controller "
-                        f"{spec!r} reads the simulator's true future and runs only on "
-                        "--engine sim"
+                        f"{spec!r} needs the simulator (oracle reads its true lengths, mpc "
+                        "forks it to look ahead) and runs only on --engine sim"
                     )
                 try:
                     check_interval(controller, ControlInterval.parse(sc.interval))
@@ -732,7 +749,7 @@ def evaluate(
     names = [sc.name for sc in scenarios]
     if len(set(names)) != len(names):
         raise ValueError(f"scenario names must be unique: {names}")
-    for note in [*long_runs(scenarios), *unreachable_slos(scenarios)]:
+    for note in [*long_runs(scenarios), *short_traces(scenarios), *unreachable_slos(scenarios)]:
         print(note, file=sys.stderr)
     start = time.perf_counter()
     run_seeds, tune_seeds, seed_notes = {}, {}, {}

@@ -1,7 +1,9 @@
 """The largest counts a run takes, from the command line or a suite file alike."""
 
-MAX_REQUESTS = 10_000_000
-"""Requests in a run (a run's memory is bounded, its workload is not)."""
+from batchpilot.envs.workloads import MAX_REQUESTS
+
+__all__ = ["MAX_REQUESTS", "MAX_SEEDS", "MAX_TUNING_SEEDS"]
+
 MAX_SEEDS = 1000
 """Evaluation seeds (all below 1000, where the tuning seeds start)."""
 MAX_TUNING_SEEDS = 100

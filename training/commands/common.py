@@ -30,7 +30,7 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
         try:
             value = plain_int(text, signed=True)  # a negative one: out of range, named
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
         if value < low or (high is not None and value > high):
             bound = f">= {low}" if high is None else f"in [{low}, {high}]"
             raise argparse.ArgumentTypeError(f"{value} is out of range; need a number {bound}")
@@ -45,7 +45,7 @@ def positive(text: str) -> float:
     try:
         value = plain_float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is out of range; need a finite number > 0")
     return value
@@ -56,7 +56,7 @@ def non_negative(text: str) -> float:
     try:
         value = plain_float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text} is out of range; need a finite number >= 0")
     return value

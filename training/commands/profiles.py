@@ -187,10 +187,10 @@ def _build(args: argparse.Namespace) -> int:
     from batchpilot.envs.profiles import architecture, linear_table_keys, write_profile
 
     if not args.vidur.is_dir():
+        where = "" if args.vidur.is_absolute() else f"; relative to {Path.cwd()}"
         raise ValueError(
-            f"{args.vidur}: no such Vidur profiling directory (--vidur; relative to "
-            f"{Path.cwd()}); give the data/profiling directory of a github.com/microsoft/vidur "
-            "checkout"
+            f"{args.vidur}: no such Vidur profiling directory (--vidur{where}); give the "
+            "data/profiling directory of a github.com/microsoft/vidur checkout"
         )
     check_output(args.out, "--out", directory=False)
     optional = {
