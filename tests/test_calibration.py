@@ -228,3 +228,19 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path, capsys) -> None:
     assert profile.step.kind == "table" and profile.step.token_s[0] > 0
     assert "R^2" in json.loads(out.read_text())["description"]
     assert profile.step.decode_time(1, 100) > 0
+
+
+def test_fidelity_step_residuals_find_a_known_slowdown() -> None:
+    """The fidelity benchmark's step-by-step check: real steps 10% slower than the profile
+    says, in every batch size, with no spread."""
+    from benchmarks.fidelity import step_residuals
+
+    profile = get_profile("cpu-tiny-llama")
+    counts = [(0, 0, 0, 0, n, n * 100) for n in (1, 3, 5, 9, 20, 70)] * 3
+    steps = [[*c, 1.1 * profile.step.time(*c)] for c in counts]
+    r = step_residuals(steps, profile)
+    assert r["steps"] == 18 and r["sum_ratio"] == pytest.approx(1.1)
+    assert r["decode_ratio_by_batch"] == pytest.approx(
+        {"1": 1.1, "2-3": 1.1, "4-7": 1.1, "8-15": 1.1, "16-63": 1.1, "64+": 1.1}
+    )
+    assert r["log_ratio_sd"] == pytest.approx(0.0, abs=1e-12)

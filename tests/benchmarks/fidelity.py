@@ -10,7 +10,11 @@ throughput and median TTFT and TPOT, the real engine's median over repeats with 
 spread (min-max), and the simulator's relative error against each real repeat as a median
 with its spread, judged against the targets (5% throughput, 10% TTFT and TPOT) on the
 median. For all-at-once runs, the share of iterations whose scheduling (running, waiting,
-prefill tokens, decode requests) is identical on both engines.
+prefill tokens, decode requests) is identical on both engines. Per case and profile, the real
+engine's step times (the first repeat's) against the profile's prediction for the very same
+steps: the ratio of their sums, the median ratio by decode batch size, and how the log ratio
+spreads (sd) and persists from step to step (lag-1 autocorrelation: slow spells on a shared
+machine, not a model error, persist).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from batchpilot.envs.profiles import EngineProfile, get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.telemetry import Limits
+from batchpilot.envs.vllm_tracker import CLOCKS
 from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import make_workload
 
@@ -64,6 +69,34 @@ def step_trace(engine: Engine, workload: Workload, limit: int) -> list[tuple[int
             )
         )
     return out
+
+
+DECODE_BATCHES = ((1, 2), (2, 4), (4, 8), (8, 16), (16, 64), (64, 1 << 30))
+"""Decode batch sizes [lo, hi) the step-time ratio is given for."""
+
+
+def step_residuals(steps: list[list[float]], profile: EngineProfile) -> dict[str, object]:
+    """The real `steps` (the tracker's step log: six counts and the seconds) against
+    `profile`'s step time for the same counts."""
+    counts = [tuple(int(v) for v in s[:6]) for s in steps]
+    real = np.array([s[6] for s in steps], dtype=np.float64)
+    pred = np.array([profile.step.time(*c) for c in counts])
+    keep = (real > 0) & (pred > 0)
+    log_ratio = np.log(real[keep] / pred[keep])
+    by_batch = {}
+    for lo, hi in DECODE_BATCHES:
+        pick = [i for i, c in enumerate(counts) if c[1] == 0 and lo <= c[4] < hi and keep[i]]
+        if pick:
+            label = str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+"
+            by_batch[label] = float(np.median(real[pick] / pred[pick]))
+    lag1 = float(np.corrcoef(log_ratio[:-1], log_ratio[1:])[0, 1]) if len(log_ratio) > 2 else 0.0
+    return {
+        "steps": len(steps),
+        "sum_ratio": float(real.sum() / pred.sum()) if pred.sum() > 0 else float("nan"),
+        "decode_ratio_by_batch": by_batch,
+        "log_ratio_sd": float(log_ratio.std()) if len(log_ratio) else 0.0,
+        "log_ratio_lag1": lag1,
+    }
 
 
 def metrics(workload: Workload, engine: Engine, spec: str) -> dict[str, float]:
@@ -113,7 +146,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--clock",
-        choices=("wall", "cpu"),
+        choices=tuple(CLOCKS),
         default="wall",
         help="the real engine's clock: wall, or its CPU time with idle gaps skipped (for a "
         "loaded machine; compare with a profile calibrated on the same clock)",
@@ -169,12 +202,21 @@ def main() -> None:
         trace = None
         if args.real:
             real, trace = saved[name, spec]["real_runs"], saved[name, spec].get("real_trace")
+            steps = saved[name, spec].get("real_steps")
         else:
-            real = [metrics(w, real_engine, spec) for _ in range(args.repeats)]
+            real, steps = [], None
+            for _ in range(args.repeats):
+                real.append(metrics(w, real_engine, spec))
+                if steps is None:  # the first repeat's
+                    steps = [list(s) for s in real_engine.scheduler.tracker.step_log]
         case = {"case": name, "controller": spec, "profiles": {}, "real_runs": real}
+        if steps:
+            case["real_steps"] = steps
         for p in profiles:
             sim = metrics(w, SimEngine(p, slo=SLO_SPEC), spec)
             case["profiles"][p.name] = compare(real, sim)
+            if steps:
+                case["profiles"][p.name]["step_time"] = step_residuals(steps, p)
         if arrival == "all-at-once":  # static controllers only
             limit = int(spec.removeprefix("static:"))
             a = [tuple(x) for x in trace] if trace else step_trace(real_engine, w, limit)
@@ -208,6 +250,14 @@ def print_case(case: dict, repeats: int) -> None:
         same = res.get("identical_scheduling")
         extra = f"; identical scheduling {same:.0%}" if same is not None else ""
         print(f"  {name}: " + "; ".join(cells) + extra)
+        st = res.get("step_time")
+        if st:
+            batches = ", ".join(f"{k}: {v:.2f}" for k, v in st["decode_ratio_by_batch"].items())
+            print(
+                f"    step time real/predicted over {st['steps']} steps: {st['sum_ratio']:.3f}; "
+                f"decode steps by batch size (median) {batches}; log ratio sd "
+                f"{st['log_ratio_sd']:.2f}, lag-1 autocorrelation {st['log_ratio_lag1']:.2f}"
+            )
 
 
 def print_summary(results: list[dict]) -> None:
