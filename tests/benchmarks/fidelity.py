@@ -89,7 +89,9 @@ def step_residuals(steps: list[list[float]], profile: EngineProfile) -> dict[str
         if pick:
             label = str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+"
             by_batch[label] = float(np.median(real[pick] / pred[pick]))
-    lag1 = float(np.corrcoef(log_ratio[:-1], log_ratio[1:])[0, 1]) if len(log_ratio) > 2 else 0.0
+    lag1 = 0.0  # none to speak of: too few steps, or no spread
+    if len(log_ratio) > 2 and log_ratio[:-1].std() > 0 and log_ratio[1:].std() > 0:
+        lag1 = float(np.corrcoef(log_ratio[:-1], log_ratio[1:])[0, 1])
     return {
         "steps": len(steps),
         "sum_ratio": float(real.sum() / pred.sum()) if pred.sum() > 0 else float("nan"),
