@@ -10,7 +10,9 @@ piecewise-linear tables, attention in chunk x context and decode contexts). A fi
 R^2 below 0.9 is flagged.
 
 The profile's KV cache is the engine's (block size, blocks) and its caps are the ones the
-engine ran with. Set OMP_NUM_THREADS before starting (1 gives the steadiest times on CPU).
+engine ran with. Set OMP_NUM_THREADS before starting (1 gives the steadiest times on CPU;
+with --clock cpu the model runs on one thread whatever it says, since the CPU clock counts
+every thread's time). Calibrate on a quiet machine: other jobs slow even one thread's steps.
 
 examples:
   OMP_NUM_THREADS=1 batchpilot calibrate --model /tmp/tiny --out profiles/cpu-tiny.json
