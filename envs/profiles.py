@@ -719,8 +719,10 @@ def measured_profile(
         raise ValueError(
             f"{arch.title} on {tp} x {memory_gib:g} GiB at gpu_memory_utilization "
             f"{gpu_memory_utilization}: KV cache {usable} tokens after vLLM's null block, "
-            f"less than one {arch.max_model_len}-token context (weights "
-            f"{weights / GIB:.1f} GiB per GPU)"
+            f"less than one {arch.max_model_len}-token context (per GPU: weights "
+            f"{weights / GIB:.1f} GiB, activations at {max_num_seqs:,} requests and "
+            f"{max_num_batched_tokens:,} tokens a step {activations / GIB:.1f} GiB, runtime "
+            f"reserve {runtime_reserve_gib:g} GiB)"
         )
     gpu_title = gpu_label or (
         thw.title if gpu_memory_gib is None else f"{thw.title} with {memory_gib:g} GiB"

@@ -703,6 +703,10 @@ def test_a_model_config_at_every_bound_is_read(tmp_path: Path) -> None:
         ),
         ("llama-2-70b", "l40s", 2, {}, "no all-reduce table for 2 x L40S.*TP 1 only"),
         ("llama-2-70b", "a100", 1, {}, "less than one 4096-token context"),
+        (  # the activations it names, not only the weights: here they fill the GPU
+            "llama-2-7b", "a100", 1, {"max_num_seqs": 262144},
+            r"activations at 262,144 requests and 8,192 tokens a step 63\.2 GiB",
+        ),
         ("llama-2-7b", "a100", 3, {}, "tensor parallel size must be 1, 2, 4 or 8"),
         ("llama-2-7b", "a100", 1, {"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ("mistral-7b", "a100", 1, {}, "unknown model 'mistral-7b'"),
