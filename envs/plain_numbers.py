@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 
-def plain_float(text: str) -> float:
+def plain_float(text: str, *, padded: bool = False) -> float:
     """`float(text)` for a number written in ASCII without separators: Python's float also
     reads ``3_74`` as 374 and full-width or other scripts' digits, which no file or flag of
-    ours means; a `ValueError` for those."""
+    ours means; a `ValueError` for those. Unless `padded` (a trace's cell, where a space after
+    the comma is common) it also refuses what float forgives around the number: spaces and a
+    leading ``+`` (an exponent's ``5e+1`` is the number itself)."""
     if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    if not padded and (text != text.strip() or text.startswith("+")):
         raise ValueError(text)
     return float(text)
 

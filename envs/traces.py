@@ -91,7 +91,7 @@ def _azure_time(text: str) -> float:
 
 def _seconds(text: str) -> float:
     """A finite, non-negative number of seconds."""
-    value = plain_float(text)
+    value = plain_float(text, padded=True)
     if not math.isfinite(value) or value < 0:
         raise ValueError(text)
     return value
@@ -276,7 +276,7 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
     if isinstance(value, bool) or value is None:
         raise TraceError(f"{where}: {what} is {value!r}, not a number")
     try:
-        number = plain_float(value) if isinstance(value, str) else float(value)
+        number = plain_float(value, padded=True) if isinstance(value, str) else float(value)
     except (TypeError, ValueError):
         raise TraceError(f"{where}: {what} is {value!r}, not a number") from None
     except OverflowError:  # an int past the float range, as a long digit string reads

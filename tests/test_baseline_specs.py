@@ -50,6 +50,8 @@ def test_specs_build_their_controllers() -> None:
     [
         ("alg1:eps=x", "eps='x' is not a valid number"),
         ("alg1:eps=1_0", "eps='1_0' is not a valid number"),  # Python's float reads 10
+        ("alg2:sla_ms=+50", r"sla_ms='\+50' is not a valid number"),  # float() reads 50
+        ("alg2:sla_ms= 50", "sla_ms=' 50' is not a valid number"),
         ("alg1:eps", "bad argument 'eps'"),
         ("alg1:gamma=2", "key one of eps, bound"),
         ("alg1:eps=0.7", "eps must be in"),
@@ -175,6 +177,7 @@ def test_non_finite_negative_and_empty_spec_values_are_refused(spec: str, messag
         ("e2el:0", "e2el value '0' must lie within"),
         ("ttft:1e-320", "ttft value '1e-320' must lie within"),  # was printed as 9.99989e-321
         ("ttft:1_000", "ttft value '1_000' is not a number"),  # Python's float reads 1000
+        ("ttft:+1000", r"ttft value '\+1000' is not a number"),  # float() reads 1000
         ("ttft:\u0661\u0660\u0660", "is not a number"),  # Arabic-Indic digits: 100 to float()
         ("tpot:", "tpot value '' is not a number"),
         ("ttft: 100", r"SLO 'ttft: 100': ttft value '' is not a number \(write ttft:MS, no space around ':'\)"),

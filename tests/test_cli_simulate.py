@@ -185,6 +185,8 @@ def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
         (["serve", "--decision-budget-ms", "nan"], "--decision-budget-ms"),
         (["serve", "--decision-budget-ms", "-1"], "--decision-budget-ms"),
         (["serve", "--decision-budget-ms", "1_0"], "--decision-budget-ms"),  # float() reads 10
+        (["serve", "--decision-budget-ms", "+1"], "--decision-budget-ms"),  # float() reads 1
+        (["serve", "--decision-budget-ms", "1 "], "--decision-budget-ms"),
         (["simulate", "--num-requests", "1_0"], "--num-requests"),  # int() reads 10
         (["compare", "--seeds", "+3"], "--seeds"),
         (["compare", "--workers", "\u0663"], "--workers"),  # int() reads Arabic-Indic 3

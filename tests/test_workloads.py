@@ -226,6 +226,15 @@ def test_vidur_traces_replay_their_arrived_at(tmp_path: Path, text: str) -> None
     assert [r.arrival_s for r in workload.requests] == pytest.approx([0.0, 2.5, 4.314579])
 
 
+def test_a_space_after_the_comma_reads_as_the_number(tmp_path: Path) -> None:
+    """Trace cells are read as float() reads them around the number (a flag's or a spec's
+    '+5' and ' 5' are refused: `plain_float`)."""
+    path = write(tmp_path, "spaced.csv", VIDUR.replace(",", ", ").replace("\n2.5", "\n +2.5"))
+    trace = load_trace(path)
+    assert trace.arrival_s.tolist() == pytest.approx([0.0, 2.5, 4.314579])
+    assert trace.prompt_tokens.tolist() == [374, 10, 396]
+
+
 def test_a_length_csv_without_arrived_at_stays_untimed(tmp_path: Path, traces: Path) -> None:
     path = write(tmp_path, "arxiv.csv", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n3772,54,3826,69.8\n")
     trace = load_trace(path)
