@@ -331,6 +331,8 @@ def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str
         with handle:
             try:
                 for row in reader:
+                    if spanned := _newlines(row):
+                        raise _quote_error(path, reader.line_num - spanned, reader.line_num)
                     if not _blank(row):
                         yield reader.line_num, row
             except csv.Error as exc:  # raised before line_num counts the record's line
@@ -392,6 +394,25 @@ def _blank(row: dict[str, str | None]) -> bool:
     if None in row or first is None or first.strip():
         return False
     return all(value is None for value in rest)
+
+
+def _newlines(row: dict[str | None, Any]) -> int:
+    """The line breaks inside a CSV record's quoted fields: a record over several lines (a
+    quote never closed takes the file's last line break too, not one more line)."""
+    values = [v for value in row.values() for v in (value if isinstance(value, list) else [value])]
+    return sum(v.rstrip("\r\n").count("\n") for v in values if v)
+
+
+def _quote_error(path: Path, first: int, last: int) -> TraceError:
+    """A record over lines `first`-`last`: no trace's field holds a line break, so a quote
+    that opens a field and is never closed (or closed lines later) joined the lines between
+    into one row; reading it would drop them and pair one line's time with another's
+    lengths, and no row of it can be left out alone."""
+    return TraceError(
+        f"{path}:{first}: a quote opened on this line runs on to line {last}, joining lines "
+        f"{first}-{last} into one row (a stray '\"'?); fix the file: --bad-rows skip cannot "
+        "leave those lines out one by one"
+    )
 
 
 def _csv_error(path: Path, line: int, exc: Exception) -> TraceError:

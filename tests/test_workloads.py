@@ -226,6 +226,30 @@ def test_vidur_traces_replay_their_arrived_at(tmp_path: Path, text: str) -> None
     assert [r.arrival_s for r in workload.requests] == pytest.approx([0.0, 2.5, 4.314579])
 
 
+@pytest.mark.parametrize(
+    ("rows", "first", "last"),
+    [
+        (["8,\"ChatGPT,508,229,737,API log"] + ["9,ChatGPT,10,5,15,API log"] * 3
+         + ["12,\"ChatGPT,14,6,20,API log"], 3, 7),  # closed lines later: one plausible row
+        (["9,ChatGPT,10,5,15,API log"] * 2 + ["8,\"ChatGPT,508,229,737,API log"]
+         + ["9,ChatGPT,10,5,15,API log"] * 3, 5, 8),  # never closed: on to the end
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("bad_rows", ["error", "skip"])
+def test_a_stray_quote_is_refused_naming_its_line(
+    tmp_path: Path, rows: list[str], first: int, last: int, bad_rows: str
+) -> None:
+    """A stray quote joined the lines up to the next quote into one row: 100 rows read as
+    55 with nothing skipped, one line's time with another's lengths."""
+    header = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+    path = write(tmp_path, "burst.csv", header + "0,ChatGPT,5,5,10,API log\n" + "\n".join(rows) + "\n")
+    with pytest.raises(TraceError) as err:
+        load_trace(path, bad_rows=bad_rows)
+    assert str(err.value).startswith(
+        f"{path}:{first}: a quote opened on this line runs on to line {last}, joining lines "
+    )
+
+
 def test_a_space_after_the_comma_reads_as_the_number(tmp_path: Path) -> None:
     """Trace cells are read as float() reads them around the number (a flag's or a spec's
     '+5' and ' 5' are refused: `plain_float`)."""
