@@ -138,7 +138,13 @@ def make_workload(
                 f"{source}: the trace holds {len(trace)} requests, fewer than the "
                 f"{n} asked for; ask for at most {len(trace)} (or none: the whole trace)"
             )
-        label = f"{trace.name} ({process_label(process)})"
+        if process.kind == "replay" and trace.arrival_s is None:
+            raise WorkloadError(
+                f"{source}: a {trace.format} length table has no timestamps to replay: use "
+                "poisson:RATE or gamma:RATE:CV (replay reads Azure, BurstGPT, Vidur, Mooncake "
+                "and Bailian traces' times)"
+            )
+        window = ""
         if window_start is None:
             times = process.times(n, rng, trace.arrival_s)
         else:
@@ -150,7 +156,13 @@ def make_workload(
             first = window_start
             times = process.times(len(trace), rng, trace.arrival_s)[first : first + n]
             times = times - times[0]
-            label += f"[{first}:{first + n}]"
+            window = f"[{first}:{first + n}]"
+        read = ""
+        if process.kind == "replay" and n > 1:  # the rate read: a wrong time unit shows here
+            span = float(times[-1] - times[0])
+            rate = f", {_figure((n - 1) / span)}/s" if span > 0 else ""
+            read = f": {trace.format} trace, {n:,} requests over {_figure(span)} s{rate}"
+        label = f"{trace.name} ({process_label(process)}{read}){window}"
         prompt = trace.prompt_tokens[first : first + n]
         output = trace.output_tokens[first : first + n]
     workload = Workload(
@@ -246,6 +258,11 @@ def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
                 f"after the last phase's start ({starts[-1]:g})"
             )
     return names, np.asarray(starts), period
+
+
+def _figure(x: float) -> str:
+    """`x` to three significant figures, without an exponent: 0.0485, 12.3, 1,030."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}"
 
 
 def process_label(process: Arrival) -> str:

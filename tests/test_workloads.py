@@ -250,6 +250,22 @@ def test_a_stray_quote_is_refused_naming_its_line(
     )
 
 
+def test_a_replayed_trace_names_its_format_span_and_rate(tmp_path: Path) -> None:
+    """A JSONL in seconds without Bailian's chat_id is read as Mooncake's milliseconds: the
+    replay ran 1000x too fast and nothing said so."""
+    rows = [{"timestamp": t, "input_length": 10, "output_length": 5} for t in (0, 1, 2, 4)]
+    path = write(tmp_path, "mine.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    assert make_workload(str(path), "replay").name == (
+        "mine (replay: mooncake trace, 4 requests over 0.004 s, 750/s)"
+    )
+    assert make_workload(str(path), "replay:0.5", num_requests=3).name.endswith(
+        ": mooncake trace, 3 requests over 0.004 s, 500/s)"
+    )
+    lengths = write(tmp_path, "lengths.csv", "num_prefill_tokens,num_decode_tokens\n10,5\n")
+    with pytest.raises(WorkloadError, match=f"^{lengths}: a sharegpt length table has no timestamps"):
+        make_workload(str(lengths), "replay")  # which of several --workload was not said
+
+
 def test_a_space_after_the_comma_reads_as_the_number(tmp_path: Path) -> None:
     """Trace cells are read as float() reads them around the number (a flag's or a spec's
     '+5' and ' 5' are refused: `plain_float`)."""
