@@ -686,7 +686,7 @@ def load_trace(path: str | Path, *, bad_rows: str = DEFAULT_BAD_ROWS) -> Trace:
     if bad_rows not in BAD_ROWS:
         raise ValueError(f"bad_rows is {bad_rows!r}; one of {', '.join(BAD_ROWS)}")
     skip_bad_rows = bad_rows == "skip"
-    path = Path(path)
+    path = Path(path).expanduser()  # a config's or a --workload=PATH's ~, which no shell expands
     exists = regular_file(path, "a trace file", TraceError)
     if exists and path.stat().st_size == 0:
         raise TraceError(f"{path}: the file is empty")

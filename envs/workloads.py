@@ -135,7 +135,8 @@ def make_workload(
         n = num_requests or len(trace)
         if n > len(trace):
             raise WorkloadError(
-                f"{source}: the trace holds {len(trace)} requests, fewer than the "
+                f"{source}: the trace holds {len(trace):,} "
+                f"request{'s' if len(trace) != 1 else ''}, fewer than the "
                 f"{n} asked for; ask for at most {len(trace)} (or none: the whole trace)"
             )
         if process.kind == "replay" and trace.arrival_s is None:

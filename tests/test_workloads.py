@@ -266,6 +266,15 @@ def test_a_replayed_trace_names_its_format_span_and_rate(tmp_path: Path) -> None
         make_workload(str(lengths), "replay")  # which of several --workload was not said
 
 
+def test_a_trace_path_under_home_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--workload=~/t.csv@replay` or a config's ``source: ~/t.csv``: no shell expands the ~."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write(tmp_path, "t.csv", VIDUR)
+    assert load_trace("~/t.csv").prompt_tokens.tolist() == [374, 10, 396]
+    with pytest.raises(WorkloadError, match=r"the trace holds 3 requests, fewer than the 4"):
+        make_workload("~/t.csv", "replay", num_requests=4)
+
+
 def test_a_space_after_the_comma_reads_as_the_number(tmp_path: Path) -> None:
     """Trace cells are read as float() reads them around the number (a flag's or a spec's
     '+5' and ' 5' are refused: `plain_float`)."""

@@ -242,7 +242,8 @@ def short_traces(scenarios: Sequence[Scenario]) -> list[str]:
             total = len(load_trace(sc.source, bad_rows=sc.bad_rows))
             if sc.num_requests > total:
                 notes.append(
-                    f"note: {sc.name}: the trace holds {total:,} requests, fewer than the "
+                    f"note: {sc.name}: the trace holds {total:,} "
+                    f"request{'s' if total != 1 else ''}, fewer than the "
                     f"{sc.num_requests:,} asked for; every run takes the whole trace"
                 )
     return notes

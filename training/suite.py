@@ -255,7 +255,7 @@ def _check(sc: Scenario) -> None:
     ControlInterval.parse(sc.interval)
     if not sc.is_trace_file:
         make_workload(sc.source, sc.arrival, num_requests=2, seed=0)
-    elif not regular_file(Path(sc.source), "a trace file"):
+    elif not regular_file(Path(sc.source).expanduser(), "a trace file"):
         raise ValueError(
             f"no trace file {sc.source!r} (a relative path is taken from the working "
             f"directory, {Path.cwd()})"
