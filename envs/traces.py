@@ -250,6 +250,8 @@ def _text_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[str]:
             for magic, what in _COMPRESSED.items():
                 if raw.startswith(magic):
                     raise TraceError(f"{path}:1: the file is {what}")
+            if raw[257:262] == b"ustar":  # a tar header's magic (a .tar.gz's, once gunzipped)
+                raise TraceError(f"{path}:1: the file is a tar archive (extract the trace first)")
             raw = raw.removeprefix(b"\xef\xbb\xbf")
         if b"\x00" in raw:
             raise TraceError(f"{path}:{number}: binary data (NUL bytes), not a text trace")

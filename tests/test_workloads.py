@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 import os
 import shutil
+import tarfile
 import warnings
 from pathlib import Path
 
@@ -404,6 +406,16 @@ def test_gzip_traces_are_read_as_they_decompress(tmp_path: Path, traces: Path) -
     assert load_trace(renamed).prompt_tokens.tolist() == [10]
 
 
+def tar_of(data: bytes) -> bytes:
+    """A tar archive of one file holding `data` (a trace as it is often downloaded)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("trace.csv")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -414,8 +426,9 @@ def test_gzip_traces_are_read_as_they_decompress(tmp_path: Path, traces: Path) -
         (gzip.compress(("num_prefill_tokens,num_decode_tokens\n" + "5,6\n" * 50_000).encode())[:-200], "gzip-compressed but its data is corrupt or cut short"),
         (gzip.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n" + b"9" * 2**25), ":3: the line decompresses to over 16,777,216 bytes"),
         (bz2.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n"), ":1: the file is bzip2-compressed (bunzip2 it first)"),
+        (gzip.compress(tar_of(b"num_prefill_tokens,num_decode_tokens\n5,6\n")), ":1: the file is a tar archive (extract the trace first)"),
     ],
-    ids=["gzip-bad-row", "gzip-latin-1", "gzip-unknown", "gzip-twice", "gzip-cut-short", "gzip-long-line", "bzip2"],
+    ids=["gzip-bad-row", "gzip-latin-1", "gzip-unknown", "gzip-twice", "gzip-cut-short", "gzip-long-line", "bzip2", "tar.gz"],
 )
 def test_compressed_traces_name_file_and_line(tmp_path: Path, data: bytes, message: str) -> None:
     path = tmp_path / "t.csv.gz"
