@@ -214,12 +214,17 @@ class BatchpilotScheduler(TrackingScheduler):
                     self.late = None
                     self._fall_back(f"no decision returned in {STUCK_S:g} s")
                 return
+            late, self.late = self.late, None
+            try:  # too late to apply, but a fault in it is the controller's as any other
+                check_limits(late.result()[0])
+            except Exception as exc:
+                self._fall_back(f"its late decision: {describe(exc)}")
+                return
             if self._late_logged:
                 logger.warning(
                     "batchpilot controller %s: the late decision returned; back in charge",
                     self.controller_name,
                 )
-            self.late = None
         try:  # any fault from here to the limits, the thread and telemetry included: fall back
             if self._thread is None:
                 self._thread = DecisionThread()

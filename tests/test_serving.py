@@ -333,6 +333,24 @@ class Hanging:
         return Limits(2)
 
 
+class HangingThenBad(Hanging):
+    """`Hanging`, whose first decision, once released, raises (or returns no limits)."""
+
+    name = "hanging-then-bad"
+
+    def __init__(self, fault: BaseException | None) -> None:
+        super().__init__()
+        self.fault = fault
+
+    def decide(self, telemetry: Telemetry) -> Limits:
+        limits = super().decide(telemetry)
+        if self.calls > 1:
+            return limits
+        if self.fault is not None:
+            raise self.fault
+        return 3.5  # type: ignore[return-value]
+
+
 def serving_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "batchpilot.serving"]
 
@@ -370,6 +388,28 @@ def test_a_decision_that_does_not_return_does_not_stall_the_engine(
         ]
     finally:
         hanging.release.set()
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [(RuntimeError("boom"), "its late decision: RuntimeError: boom"), (None, "its late decision: ")],
+)
+def test_a_late_decision_that_fails_is_a_failure(llm, fault, reason: str) -> None:
+    """A late decision that raised or returned no limits was dropped unseen: "back in
+    charge", as if it had decided."""
+    s = scheduler(llm)
+    bad = HangingThenBad(fault)
+    s.set_controller(bad)
+    try:
+        serve(llm, 4)
+        assert s.late is not None and not s.late.done()
+        bad.release.set()
+        s.late.exception(timeout=10)  # returned (raised or not)
+        serve(llm, 4)
+        assert s.controller is None and s.fallback_reason.startswith(reason)
+        assert bad.calls == 1 and s.max_num_active_reqs == CAP
+    finally:
+        bad.release.set()
 
 
 def test_a_decision_out_for_good_is_a_failure(llm, monkeypatch: pytest.MonkeyPatch) -> None:
