@@ -21,7 +21,7 @@ from typing import Any
 from batchpilot.envs.engine import RunResult
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
-from batchpilot.envs.vllm_tracker import CLOCKS
+from batchpilot.envs.vllm_tracker import CLOCKS, STEP_LOG_LEN
 from batchpilot.envs.workload import Request, Workload, scale_factor
 
 SCHEDULER_CLS = "batchpilot.envs.vllm_scheduler.TrackingScheduler"
@@ -65,7 +65,9 @@ class VLLMEngine:
     time, idle gaps skipped, the model on one thread (`one_model_thread`): for measuring on a
     shared machine; see `batchpilot.envs.vllm_tracker`). `keep_records` keeps every finished
     request's record for `result` (off: memory grows with a run's length; the metrics
-    accumulate either way). Extra keyword arguments go to `vllm.EngineArgs`.
+    accumulate either way); `step_log` is how many recent steps' batch counts and seconds the
+    tracker keeps (`StepTracker.step_log`: 200,000 are some 50 MB). Extra keyword arguments
+    go to `vllm.EngineArgs`.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class VLLMEngine:
         seed: int = 0,
         clock: str = "wall",
         keep_records: bool = False,
+        step_log: int = STEP_LOG_LEN,
         **engine_args: Any,
     ) -> None:
         path = check_model_dir(model)
@@ -136,6 +139,7 @@ class VLLMEngine:
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.scheduler.set_slo(slo or SLO())
         self.scheduler.tracker.keep_records = keep_records
+        self.scheduler.tracker.step_log_len = step_log  # the deque is made anew at start()
         self.scheduler.tracker.clock = CLOCKS[clock]
         self.clock = clock
         self.slo = self.scheduler.tracker.slo

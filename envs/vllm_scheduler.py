@@ -16,7 +16,7 @@ from vllm.v1.request import RequestStatus
 
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
-from batchpilot.envs.vllm_tracker import STEP_LOG_LEN, StepTracker
+from batchpilot.envs.vllm_tracker import StepTracker
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,13 @@ class TrackingScheduler(Scheduler):
     the budget is never set below ``max_model_len`` there (vLLM's own rule for the cap).
     """
 
-    step_log_len = STEP_LOG_LEN
-    """Steps the tracker's `StepTracker.step_log` keeps."""
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cap_seqs = self.max_num_active_reqs
         self.cap_tokens = self.max_num_scheduled_tokens
         chunked = self.scheduler_config.enable_chunked_prefill
         self.min_tokens = 1 if chunked else min(self.max_model_len, self.cap_tokens)
-        self.tracker = StepTracker(step_log_len=self.step_log_len)
+        self.tracker = StepTracker()
         self.view = EngineView(
             self.block_size,
             self.kv_cache_manager.block_pool.num_gpu_blocks,

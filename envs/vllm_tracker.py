@@ -20,8 +20,9 @@ from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
 from batchpilot.envs.telemetry import Telemetry, TelemetryAccumulator, on_track
 
 CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
-STEP_LOG_LEN = 200_000
-"""Steps kept in `StepTracker.step_log` by default (calibration reads it)."""
+STEP_LOG_LEN = 1
+"""Steps kept in `StepTracker.step_log` by default: the last, which calibration reads; a
+step-by-step comparison with the simulator asks for more (`VLLMEngine`'s ``step_log``)."""
 
 
 @dataclass(slots=True)

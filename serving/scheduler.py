@@ -124,10 +124,6 @@ class DecisionThread:
 class BatchpilotScheduler(TrackingScheduler):
     """vLLM's V1 scheduler with per-step tracking and an optional batchpilot controller."""
 
-    step_log_len = 1
-    """The tracker's per-step log is for calibration, which a server never runs; the
-    default 200,000 steps would keep some 50 MB."""
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.controller: Controller | None = None

@@ -133,7 +133,8 @@ def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
     from batchpilot.envs.vllm_models import tiny_llama
 
     real = VLLMEngine(
-        tiny_llama(tmp_path / "tiny-llama"), slo=SLO_SPEC, max_num_seqs=32, num_gpu_blocks=24
+        tiny_llama(tmp_path / "tiny-llama"), slo=SLO_SPEC, max_num_seqs=32, num_gpu_blocks=24,
+        step_log=10_000,
     )
     clock = VirtualClock()
     real.scheduler.tracker.clock = clock

@@ -307,7 +307,8 @@ def test_aborted_requests_leave_no_tracks(llm) -> None:
 
 def test_a_server_keeps_no_per_step_history(llm) -> None:
     """The tracker's step log (for calibration) once kept the last 200,000 steps, some 50 MB
-    of a server's memory growing over its first hours, never read."""
+    of a server's memory growing over its first hours, never read; it keeps the last step
+    unless an offline engine asks for more (`VLLMEngine`'s ``step_log``)."""
     s = scheduler(llm)
     steps = len(serve(llm, 4))
     assert steps > 1 and len(s.tracker.step_log) == 1

@@ -45,6 +45,8 @@ from batchpilot.envs.workloads import make_workload
 TARGETS = {"output_throughput": 0.05, "median_ttft_ms": 0.10, "median_tpot_ms": 0.10}
 """Largest acceptable |median relative error| of the simulator per metric."""
 SLO_SPEC = SLO.parse("ttft:2000,tpot:50")
+STEPS_KEPT = 200_000
+"""Real steps the engine keeps for the step-by-step comparison (a case's first repeat)."""
 CASES = [  # (source, arrival, requests, controller)
     ("fixed:128:64", "all-at-once", 48, "static:16"),
     ("fixed:300:200", "all-at-once", 32, "static:32"),
@@ -190,7 +192,7 @@ def main() -> None:
             model, slo=SLO_SPEC, max_num_seqs=first.max_num_seqs,
             max_model_len=first.max_model_len,
             max_num_batched_tokens=first.max_num_batched_tokens, num_gpu_blocks=args.blocks,
-            clock=args.clock,
+            clock=args.clock, step_log=STEPS_KEPT,
         )  # fmt: skip
     chosen = [int(c) for c in args.cases.split(",")] if args.cases else list(range(len(CASES)))
     results = []
