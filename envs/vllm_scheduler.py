@@ -8,8 +8,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -17,6 +18,8 @@ from vllm.v1.request import RequestStatus
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.vllm_tracker import StepTracker
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,38 +76,56 @@ class TrackingScheduler(Scheduler):
         """The interval's telemetry under the limits now in force; starts a new interval."""
         return self.tracker.telemetry(self, self.max_num_active_reqs, self.max_num_scheduled_tokens)
 
+    def track(self, hook: Callable[..., T], *args: Any) -> T | None:
+        """`hook(*args)`: the tracker's side of a vLLM hook (the serving scheduler guards it,
+        so that a fault there is a controller's, not the engine's)."""
+        return hook(*args)
+
     # ------------------------------------------------------------------ vLLM hooks
     def add_request(self, request: Any) -> None:
         if request.request_id not in self.requests:
-            self.tracker.on_arrival(
-                request.request_id, request.num_prompt_tokens, request.max_tokens
-            )
+            self.track(
+                self.tracker.on_arrival,
+                request.request_id, request.num_prompt_tokens, request.max_tokens,
+            )  # fmt: skip
         super().add_request(request)
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         finished = super().finish_requests(request_ids, finished_status)
-        if isinstance(request_ids, str):
-            request_ids = [request_ids]
+        ids = [request_ids] if isinstance(request_ids, str) else request_ids
+        self.track(self._on_finish, ids, finished_status)
+        return finished
+
+    def _on_finish(self, request_ids: Any, finished_status: Any) -> None:
         self.tracker.on_abort(
             None if request_ids is None else list(request_ids),
             served=finished_status == RequestStatus.FINISHED_ABORTED,
         )
-        return finished
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)
-        self.tracker.on_schedule(out, self.requests, float(self.kv_cache_manager.usage))
+        self.track(self._on_schedule, out)
         return out
 
+    def _on_schedule(self, out: Any) -> None:
+        self.tracker.on_schedule(out, self.requests, float(self.kv_cache_manager.usage))
+
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        scheduled = {
-            rid: self.requests[rid]
+        before = self.track(self._outputs_before, scheduler_output)
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        if before is not None:
+            self.track(self._on_update, before)
+        return result
+
+    def _outputs_before(self, scheduler_output: Any) -> dict[str, tuple[Any, int]]:
+        """The step's scheduled requests, with the output tokens each had before it."""
+        return {
+            rid: (self.requests[rid], self.requests[rid].num_output_tokens)
             for rid in scheduler_output.num_scheduled_tokens
             if rid in self.requests
         }
-        before = {rid: r.num_output_tokens for rid, r in scheduled.items()}
-        result = super().update_from_output(scheduler_output, model_runner_output)
-        new = {rid: r.num_output_tokens - before[rid] for rid, r in scheduled.items()}
-        finished = {rid for rid, r in scheduled.items() if r.is_finished()}
+
+    def _on_update(self, before: dict[str, tuple[Any, int]]) -> None:
+        new = {rid: r.num_output_tokens - n for rid, (r, n) in before.items()}
+        finished = {rid for rid, (r, _) in before.items() if r.is_finished()}
         self.tracker.on_update(new, finished, float(self.kv_cache_manager.usage))
-        return result

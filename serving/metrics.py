@@ -6,9 +6,13 @@ vLLM's engine-core process reach the API server's ``/metrics``.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import ClassVar
 
 from prometheus_client import Counter, Gauge, Histogram
+
+logger = logging.getLogger("batchpilot.serving")
 
 _LIMIT = Gauge(
     "batchpilot:max_num_seqs",
@@ -46,6 +50,9 @@ class DecisionMetrics:
     """The metrics' children for one controller name (one per name per process)."""
 
     _cache: ClassVar[dict[str, DecisionMetrics]] = {}
+    stopped: ClassVar[str | None] = None
+    """Why no metric is written any more: writing one failed (in multiprocess mode each is
+    a file under ``PROMETHEUS_MULTIPROC_DIR``, which a full disk refuses), logged once."""
 
     def __init__(self, name: str) -> None:
         self.limit = _LIMIT.labels(name)
@@ -62,19 +69,39 @@ class DecisionMetrics:
             cls._cache[name] = cls(name)
         return cls._cache[name]
 
+    @classmethod
+    def write(cls, *writes: Callable[[], object]) -> None:
+        """Each of `writes`, unless metrics have `stopped`; a failure stops them (the engine
+        serves on without)."""
+        if cls.stopped is not None:
+            return
+        try:
+            for write in writes:
+                write()
+        except Exception as exc:
+            cls.stopped = f"{type(exc).__name__}: {exc}"
+            logger.error("batchpilot metrics stopped: writing one failed (%s)", cls.stopped)
+
     def record(self, max_num_seqs: int, max_num_batched_tokens: int, seconds: float) -> None:
         """A decision that took `seconds` set these limits."""
-        self.limit.set(max_num_seqs)
-        self.budget.set(max_num_batched_tokens)
-        self.decision.observe(seconds)
         self.decisions += 1
+        self.write(
+            lambda: self.limit.set(max_num_seqs),
+            lambda: self.budget.set(max_num_batched_tokens),
+            lambda: self.decision.observe(seconds),
+        )
 
     def fell_back(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """The controller failed; the static limits now in force are these."""
         self.held(max_num_seqs, max_num_batched_tokens)
-        self.fallbacks.inc()
+        self.write(self.fallbacks.inc)
 
     def held(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """A decision is late; the static limits hold the engine meanwhile."""
-        self.limit.set(max_num_seqs)
-        self.budget.set(max_num_batched_tokens)
+        self.write(
+            lambda: self.limit.set(max_num_seqs), lambda: self.budget.set(max_num_batched_tokens)
+        )
+
+    def was_late(self) -> None:
+        """A decision missed its deadline."""
+        self.write(self.late.inc)

@@ -45,7 +45,7 @@ from typing import Any
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits
-from batchpilot.envs.vllm_scheduler import TrackingScheduler
+from batchpilot.envs.vllm_scheduler import T, TrackingScheduler
 from batchpilot.serving.config import (
     CONTROLLER_ENV,
     DEFAULT_SLO,
@@ -130,6 +130,9 @@ class BatchpilotScheduler(TrackingScheduler):
         self.controller_name = ""
         """The controller's name, read once as it takes charge (for the log and metrics)."""
         self.fallback_reason: str | None = None
+        self.tracking_fault: str | None = None
+        """Why the step tracker stopped (a fault in its side of vLLM's hooks): with no
+        telemetry no controller can take charge again."""
         _, self.budget_s, self.deadline_s = engine_settings({})  # the defaults, until read
         self._slow = 0
         self._thread: DecisionThread | None = None
@@ -160,6 +163,8 @@ class BatchpilotScheduler(TrackingScheduler):
     # ------------------------------------------------------------------ control
     def set_controller(self, controller: Controller | str) -> None:
         """Use `controller` (or a spec) from the next step on; a bad spec raises here."""
+        if self.tracking_fault is not None:
+            raise ControllerFailure(f"the step tracker stopped ({self.tracking_fault})")
         controller = serving_controller(controller)
         name = str(controller.name)
         interval = getattr(controller, "control_interval", None) or ControlInterval()
@@ -271,7 +276,7 @@ class BatchpilotScheduler(TrackingScheduler):
         self.set_limits(Limits(self.cap_seqs, self.cap_tokens))
         if self.metrics is not None:
             self.metrics.held(self.max_num_active_reqs, self.max_num_scheduled_tokens)
-            self.metrics.late.inc()
+            self.metrics.was_late()
 
     def _fall_back(self, reason: str, name: str | None = None) -> None:
         name = name or self.controller_name or "?"
@@ -290,7 +295,23 @@ class BatchpilotScheduler(TrackingScheduler):
         if self.metrics is not None:
             self.metrics.fell_back(self.max_num_active_reqs, self.max_num_scheduled_tokens)
 
-    # ------------------------------------------------------------------ vLLM hook
+    # ------------------------------------------------------------------ vLLM hooks
+    def track(self, hook: Callable[..., T], *args: Any) -> T | None:
+        """The tracker's side of a vLLM hook, guarded: a fault there stops the tracker and
+        is the controller's failure (logged, static caps); vLLM's side runs on."""
+        if self.tracking_fault is not None:
+            return None
+        try:
+            return hook(*args)
+        except Exception as exc:  # keep serving
+            self.tracking_fault = describe(exc)
+            reason = f"the step tracker failed: {self.tracking_fault}"
+            if self.controller is not None:
+                self._fall_back(reason)
+            else:
+                logger.error("batchpilot: %s (no controller was in charge; serving on)", reason)
+            return None
+
     def shutdown(self) -> None:
         """vLLM's, and the decision thread let go (it ends once its call in hand returns)."""
         if self._thread is not None:

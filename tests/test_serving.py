@@ -25,7 +25,8 @@ from batchpilot.serving.config import (
     SLO_ENV,
     engine_settings,
 )
-from batchpilot.serving.scheduler import BatchpilotScheduler
+from batchpilot.serving.metrics import DecisionMetrics
+from batchpilot.serving.scheduler import BatchpilotScheduler, ControllerFailure
 
 pytestmark = pytest.mark.vllm
 CAP = 16
@@ -411,6 +412,54 @@ def test_a_late_decision_that_fails_is_a_failure(llm, fault, reason: str) -> Non
         assert bad.calls == 1 and s.max_num_active_reqs == CAP
     finally:
         bad.release.set()
+
+
+def test_a_fault_in_the_step_tracker_is_the_controllers_not_the_engines(
+    llm, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tracker's side of vLLM's hooks ran unguarded on every step: a fault there (a vLLM
+    whose request objects changed) would have stopped the engine."""
+    s = scheduler(llm)
+    s.set_controller("static:2")
+
+    def broken(*args) -> None:
+        raise RuntimeError("no num_output_tokens")
+
+    monkeypatch.setattr(s.tracker, "on_update", broken)
+    try:
+        with caplog.at_level(logging.ERROR, logger="batchpilot.serving"):
+            running = serve(llm, 6)  # every request served
+        assert s.controller is None and max(running) == 6 and s.max_num_active_reqs == CAP
+        assert s.fallback_reason == "the step tracker failed: RuntimeError: no num_output_tokens"
+        assert len(serving_logs(caplog)) == 1  # once, not a step
+        with pytest.raises(ControllerFailure, match="the step tracker stopped"):
+            s.set_controller("static:2")  # no telemetry to decide on
+    finally:
+        s.tracking_fault = None
+        s.tracker.start()
+
+
+def test_metrics_that_cannot_be_written_stop_and_the_engine_serves_on(
+    llm, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A metric is a file in multiprocess mode: a full disk made every step raise."""
+    s = scheduler(llm)
+    s.set_controller("static:2")
+
+    def full(value: float) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(s.metrics.limit, "set", full)
+    try:
+        with caplog.at_level(logging.ERROR, logger="batchpilot.serving"):
+            running = serve(llm, 6)
+        assert max(running) == 2 and s.controller is not None and s.fallback_reason is None
+        assert DecisionMetrics.stopped == "OSError: [Errno 28] No space left on device"
+        assert serving_logs(caplog) == [
+            f"batchpilot metrics stopped: writing one failed ({DecisionMetrics.stopped})"
+        ]
+    finally:
+        DecisionMetrics.stopped = None
 
 
 def test_a_decision_out_for_good_is_a_failure(llm, monkeypatch: pytest.MonkeyPatch) -> None:
