@@ -713,9 +713,10 @@ def _read(path: Path, version: tuple[Path, int, int], skip_bad_rows: bool) -> Tr
     if first.startswith("["):
         raise TraceError(
             f"{path}:1: a JSON array, not a trace format this reader knows; it reads "
-            f"{KNOWN_FORMATS}. A ShareGPT conversations file (ShareGPT_V3_unfiltered_cleaned_"
-            "split.json) needs tokenizing into a length CSV (num_prefill_tokens,"
-            "num_decode_tokens) first"
+            f"{KNOWN_FORMATS}. Request records (timestamp, input_length, output_length) go one "
+            "JSON object a line (JSON Lines), not in an array; a ShareGPT conversations file "
+            "(ShareGPT_V3_unfiltered_cleaned_split.json) needs tokenizing into a length CSV "
+            "(num_prefill_tokens,num_decode_tokens) first"
         )
     if first.startswith("{"):
         trace = _read_jsonl(path, skip_bad_rows)

@@ -316,6 +316,7 @@ def test_a_json_array_is_refused_naming_the_formats_read(tmp_path: Path, text: s
     for known in ("Azure", "BurstGPT", "Vidur", "ShareGPT length CSV", "GSM8K", "Bailian JSONL"):
         assert known in message
     assert "needs tokenizing into a length CSV" in message and "more than once" not in message
+    assert "go one JSON object a line (JSON Lines), not in an array" in message  # Mooncake's
 
 
 @pytest.mark.parametrize("blank", ["   ", "\t", " \t ", "  \r", ""])
