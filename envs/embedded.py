@@ -124,10 +124,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("traces_dir", type=Path, help="the shared traces folder")
     parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "data" / "embedded_workloads.json"
+        "--out",
+        type=Path,
+        default=Path(__file__).parent / "data" / "embedded_workloads.json",
+        help="where to write the tables (default: the JSON batchpilot ships)",
     )
     args = parser.parse_args()
-    args.out.write_text(json.dumps(derive(args.traces_dir), indent=1) + "\n")
+    try:
+        tables = derive(args.traces_dir)
+        args.out.write_text(json.dumps(tables, indent=1) + "\n")
+    except (OSError, ValueError) as exc:  # a missing or bad trace (TraceError), --out
+        parser.error(str(exc))
     print(f"wrote {args.out}")
 
 
