@@ -280,7 +280,8 @@ def _parse_int(value: str | int | float | None, what: str, where: str) -> int:
     try:
         number = plain_float(value, padded=True) if isinstance(value, str) else float(value)
     except (TypeError, ValueError):
-        raise TraceError(f"{where}: {what} is {value!r}, not a number") from None
+        again = " (the header again: two files joined into one?)" if value == what else ""
+        raise TraceError(f"{where}: {what} is {value!r}, not a number{again}") from None
     except OverflowError:  # an int past the float range, as a long digit string reads
         number = math.inf if value > 0 else -math.inf  # type: ignore[operator]
     if number > MAX_TOKENS:

@@ -86,6 +86,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\nnan,10,5\n", ":3: arrived_at is 'nan', not a time"),
         ("num_prefill_tokens,num_decode_tokens\n5,6\n,\n", ":3: num_prefill_tokens is '', not a number"),
         ("num_prefill_tokens,num_decode_tokens\n3_74,6\n", ":2: num_prefill_tokens is '3_74', not a number"),
+        ("num_prefill_tokens,num_decode_tokens\n5,6\nnum_prefill_tokens,num_decode_tokens\n", ":3: num_prefill_tokens is 'num_prefill_tokens', not a number (the header again: two files joined into one?)"),
         ("num_prefill_tokens,num_decode_tokens\n\uff13\uff14,6\n", ":2: num_prefill_tokens is '\uff13\uff14', not a number"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n1_0.5,10,5\n", ":2: arrived_at is '1_0.5', not a time"),
     ],
