@@ -67,6 +67,9 @@ def _rows(path: Path) -> list[tuple[int, dict[str, str]]]:
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            if twice := sorted({h for h in header if header.count(h) > 1}):
+                raise ValueError(f"{path}:1: the header names column(s) {twice} more than once")
             for row in reader:
                 if None in row:  # DictReader's key for cells past the header's columns
                     raise ValueError(
@@ -177,7 +180,12 @@ def _fit(
     scaled = X / t[:, None]
     if not np.isfinite(scaled).all():  # LAPACK fails on them, or never returns
         raise ValueError(f"{path}: counts too large for their times to fit (a ratio overflows)")
-    coef = np.linalg.lstsq(scaled, np.ones_like(t), rcond=None)[0]
+    coef, _, rank, _ = np.linalg.lstsq(scaled, np.ones_like(t), rcond=None)
+    if rank < X.shape[1]:  # lstsq's least-norm answer is one of many: no measurement
+        raise ValueError(
+            f"{path}: {len(t)} row(s) too alike to fit {X.shape[1]} coefficients (rank "
+            f"{rank}): the table needs more distinct batch, chunk and context sizes"
+        )
     rel = np.abs(X @ coef / t - 1)
     return coef.tolist(), float(np.median(rel)), float(np.percentile(rel, 90))
 

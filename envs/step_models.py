@@ -300,6 +300,8 @@ class TableStepModel(StepModel):
                 )
             if any(b <= a for a, b in pairwise(xs)):
                 raise ValueError(f"{origin}: step.{name}_knots must be strictly increasing")
+            if xs[0] < 1:
+                raise ValueError(f"{origin}: step.{name}_knots start at {xs[0]:g}; counts are >= 1")
             if min(ys) < 0:
                 raise ValueError(f"{origin}: step.{name}_s must be >= 0")
         for f in fields(self):
@@ -310,6 +312,10 @@ class TableStepModel(StepModel):
 
 MAX_STEP_S = 60.0
 """The longest one-request decode step a profile may time (anything longer is a unit slip)."""
+MIN_STEP_S = 1e-4
+"""The shortest one-request decode step a profile may time: vLLM's own bookkeeping takes
+milliseconds a step (a tiny model on a CPU: 2.7 ms); a thousandth of a real step is a unit
+slip, such as operator tables in seconds read as milliseconds."""
 MAX_ANY_STEP_S = 3600.0
 """The longest step a profile may time within its caps: a whole 128k-token prompt in one
 step takes a measured 70B profile 100 s; an hour is no engine step."""
@@ -380,14 +386,14 @@ def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
 def check_step_range(
     model: StepModel, max_seqs: int, max_tokens: int, max_context: int, max_kv: int, origin: str
 ) -> None:
-    """A one-request decode step must take more than 0 seconds and at most `MAX_STEP_S`, and
-    no step within a deployment's caps (`StepModel.extremes`) less than 0 or more than
+    """A one-request decode step must take from `MIN_STEP_S` to `MAX_STEP_S`, and no step
+    within a deployment's caps (`StepModel.extremes`) less than 0 or more than
     `MAX_ANY_STEP_S`."""
     one = model.decode_time(1, 1)
-    if not one > 0:
+    if not one >= MIN_STEP_S:
         raise ValueError(
-            f"{origin}: the step model times a one-request decode step at {one:g} s; a step "
-            "takes time"
+            f"{origin}: the step model times a one-request decode step at {one:g} s, under "
+            f"{MIN_STEP_S * 1e3:g} ms: not an engine step (milliseconds, not seconds?)"
         )
     if not one <= MAX_STEP_S:
         raise ValueError(

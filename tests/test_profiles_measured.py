@@ -305,6 +305,7 @@ def zero_times(step: dict) -> dict:
         (lambda d: d["step"].update(attn_base_s=10**400), "step.attn_base_s is a 401-digit integer, not a finite"),
         (lambda d: d["step"]["token_knots"].__setitem__(0, 10**400), r"step.token_knots\[0\] is a 401-digit integer"),
         (lambda d: d["step"]["token_knots"].__setitem__(0, True), r"step.token_knots\[0\] must be a number, got True"),
+        (lambda d: d["step"]["token_knots"].__setitem__(0, 0), r"step.token_knots start at 0; counts are >= 1"),
         # tables extended below 0 s within the profile's caps
         (lambda d: d["step"].update(token_knots=[100, 200], token_s=[0.0, 0.05]), r"times a one-request decode step at -0\.0"),
         (lambda d: d["step"].update(token_knots=[1, 2], token_s=[0.02, 0.0]), r"\(1,024 requests, 8,192 tokens, 4,096-token contexts, 52,160 KV tokens\) at as little as -163\.\d+ s: a table"),
@@ -440,6 +441,10 @@ def _damage(path: Path, damage: str) -> None:
             "latin-1": f"{header}\n{first}\n\xe9,{rest}".encode("latin-1"),
             "blank lines, bad cell": f"{header}\n\n\n{first}\n\nfast,{rest.split(',', 1)[1]}".encode(),
             "zero times": re.sub(r"0\.0[\d.e-]*", "0", text).encode(),
+            "a column twice": "\n".join(
+                f"{line},{header.split(',')[-1] if i == 0 else 999}"
+                for i, line in enumerate(text.splitlines())
+            ).encode(),  # the last of the two was read
         }[damage]
     )
 
@@ -453,6 +458,7 @@ def _damage(path: Path, damage: str) -> None:
         ("latin-1", r"mlp.csv: not UTF-8 text"),
         ("blank lines, bad cell", r"mlp.csv:6: column 'num_tensor_parallel_workers' missing or not a number"),
         ("zero times", r"mlp.csv:2: the layer's linear ops sum to 0 ms; a measured time must be > 0"),
+        ("a column twice", r"mlp.csv:1: the header names column\(s\) \['time_stats.emb.median'\] more than once"),
     ],
 )
 def test_bad_vidur_files_are_named_by_file_and_line(tmp_path: Path, capsys, damage, message) -> None:
@@ -463,6 +469,20 @@ def test_bad_vidur_files_are_named_by_file_and_line(tmp_path: Path, capsys, dama
     args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
     assert cli([*args, "--out", str(tmp_path / "out.json")]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_an_attention_table_too_alike_to_fit_is_refused(tmp_path: Path, capsys, kind: str) -> None:
+    """One decode (or prefill) row, repeated: least squares gave its least-norm answer, a
+    cost per KV token 357x Vidur's, as a fit with 0.0% error."""
+    vidur = _small_vidur(tmp_path / "vidur")
+    path = vidur / "compute/a100/attention-70b-shape-tp2/attention.csv"
+    header, *rows = path.read_text().splitlines()
+    one = next(r for r in rows if (r.split(",")[0] == "True") == (kind == "prefill"))
+    path.write_text("\n".join([header, *[r for r in rows if r.split(",")[0] != one.split(",")[0]], one, one]) + "\n")
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "out.json")]) == 2
+    assert re.search(r"attention.csv: 2 row\(s\) too alike to fit \d coefficients \(rank 1\)", capsys.readouterr().err)
 
 
 def test_a_build_reads_only_the_files_it_uses(tmp_path: Path, capsys) -> None:
