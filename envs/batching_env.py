@@ -329,6 +329,12 @@ class BatchingEnv(gym.Env):
         self._profile_p = np.array(list(weights.values())) / sum(weights.values())
         self._profile_objs = [get_profile(p) for p in self.profiles]
         names = [p.name for p in self._profile_objs]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            given = [p for p, n in zip(self.profiles, names, strict=True) if n == twice[0]]
+            raise ValueError(
+                f"profiles {given} are all named {twice[0]!r}; per-profile settings (workload "
+                "profiles:, step_time_scale, ...) name profiles by name: rename one"
+            )
         self.step_time_scale = profile_ranges(step_time_scale, names, "step_time_scale")
         self.kv_scale = profile_ranges(kv_scale, names, "kv_scale")
         self.knee_scale = profile_ranges(knee_scale, names, "knee_scale")

@@ -249,6 +249,19 @@ def test_knee_scale_moves_the_decode_knee_only() -> None:
     assert linear.stretched(2).time(1, 200, 0, 0, 0, 0) < linear.time(1, 200, 0, 0, 0, 0)
 
 
+def test_two_profiles_of_one_name_are_refused(tmp_path) -> None:
+    """A profile file named as a built-in one: the built-in's workloads and scales applied to
+    both, unsaid."""
+    from dataclasses import replace
+
+    from batchpilot.envs.profiles import get_profile, write_profile
+
+    path = tmp_path / "mine.json"
+    write_profile(replace(get_profile("cpu-tiny-llama"), name="llama-2-7b-a100"), path)
+    with pytest.raises(ValueError, match=r"profiles \['llama-2-7b-a100', '.*mine.json'\] are all named 'llama-2-7b-a100'"):
+        gym.make("batchpilot/Batching-v0", profile=["llama-2-7b-a100", str(path)], workload=SMALL)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
