@@ -621,12 +621,19 @@ def measured_profile(
         )
     all_reduce = None
     if tp > 1:
-        net = (tables.get("all_reduce", {}).get(thw.vidur_network or "") or {}).get(str(tp))
+        nets = tables.get("all_reduce", {})
+        net = (nets.get(thw.vidur_network or "") or {}).get(str(tp))
         if net is None:
-            raise ValueError(
-                f"no all-reduce table for {tp} x {thw.title} in the Vidur tables (Vidur "
-                "measured NVLink nodes of A100s and H100s): TP 1 only on this GPU"
-            )
+            why = "Vidur measured NVLink nodes of A100s and H100s: TP 1 only on this GPU"
+            if thw.vidur_network:
+                have = nets.get(thw.vidur_network)
+                file = f"network/{thw.vidur_network}_dgx/all_reduce.csv"
+                why = (
+                    f"{file} is missing or unreadable" if have is None else
+                    f"{file} has no rows of {tp} GPUs within one node (it has "
+                    f"{', '.join(sorted(have, key=int)) or 'none'})"
+                )  # fmt: skip
+            raise ValueError(f"no all-reduce table for {tp} x {thw.title} ({why})")
         if len(net["bytes"]) < 2:
             raise ValueError(
                 f"the all-reduce table for {tp} x {thw.title} (Vidur network/"

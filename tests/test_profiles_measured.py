@@ -737,6 +737,18 @@ def test_unbuildable_profiles_say_why(model, gpu, tp, kwargs, message) -> None:
         measured_profile(load_tables(), model, gpu, tp, **kwargs)
 
 
+def test_a_missing_all_reduce_table_names_its_file() -> None:
+    """It said 'TP 1 only on this GPU' of an A100 whose all-reduce file lacked the rows."""
+    tables = dict(load_tables())
+    nets = dict(tables["all_reduce"])
+    nets["a100"] = {n: v for n, v in nets["a100"].items() if n != "2"}
+    with pytest.raises(ValueError, match=r"network/a100_dgx/all_reduce.csv has no rows of 2 GPUs within one node \(it has 4, 8\)"):
+        measured_profile(tables | {"all_reduce": nets}, "llama-2-70b", "a100", 2)
+    del nets["a100"]
+    with pytest.raises(ValueError, match=r"network/a100_dgx/all_reduce.csv is missing or unreadable"):
+        measured_profile(tables | {"all_reduce": nets}, "llama-2-70b", "a100", 2)
+
+
 @pytest.mark.parametrize(("source", "target", "within"), [("a100", "h100", 0.10), ("a100", "a40", 0.15)])
 def test_carried_timings_predict_a_measured_gpu(source: str, target: str, within: float) -> None:
     """Carried by the datasheets, one GPU's measured linear-layer tables predict another's
