@@ -869,10 +869,10 @@ def get_profile(name_or_path: str) -> EngineProfile:
     """A shipped profile by name, or a profile JSON file (as `batchpilot calibrate` writes)."""
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
-    path = Path(name_or_path)
+    path = Path(name_or_path).expanduser()
     if not name_or_path.strip():
         raise ValueError(f"no profile named; known: {', '.join(PROFILES)}, or a profile JSON")
-    if path.suffix == ".json" or path.exists():
+    if path.suffix.lower() == ".json" or "/" in name_or_path or path.exists():
         if not regular_file(path, "a profile JSON file"):
             raise ValueError(f"{path}: no such profile file")
         return EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))

@@ -72,8 +72,9 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps({"name": "x"}))
     with pytest.raises(ValueError, match="not an engine profile"):
         get_profile(str(path))
-    with pytest.raises(ValueError, match="no such profile file"):
-        get_profile(str(tmp_path / "missing.json"))
+    for missing in ("missing.json", "missing.JSON", "missing"):  # a path, not a profile name
+        with pytest.raises(ValueError, match=f"{missing}: no such profile file"):
+            get_profile(str(tmp_path / missing))
     text = PROFILES["llama-2-7b-a100"].to_json()  # json would keep the second block_size
     path.write_text(text.replace('"block_size": 16', '"block_size": 16, "block_size": 32'))
     with pytest.raises(ValueError, match=r"p.json: the profile gives a key twice in one object \(block_size\)"):
