@@ -53,6 +53,10 @@ ATTENTION_TABLE = "compute/a100/attention-70b-shape-tp2/attention.csv"
 ATTENTION_SHAPE = {"q_heads_per_gpu": 32, "kv_heads_per_gpu": 4, "head_dim": 128, "gpu": "a100"}
 """The measured attention table's shape: 64 query and 8 KV heads split over TP 2."""
 GRID_RATIO = 2 ** (1 / 6)
+MAX_JUMP = 10.0
+"""The most a linear-layer time may change from one measured token count to the next (up:
+beyond the tokens' own growth): Vidur's tables change under 4x (noise in a small embedding's
+time); more is a bad cell."""
 
 
 MAX_COUNT = 2**53
@@ -131,6 +135,25 @@ def _isotonic(y: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(int(n), m) for m, n in blocks])
 
 
+def _check_jumps(path: Path, what: str, x: np.ndarray, y: np.ndarray) -> None:
+    """Refuse a series (token counts `x`, ascending; times `y`) whose time, from one point to
+    the next, grows over `MAX_JUMP` times faster than its tokens or falls to under
+    1/`MAX_JUMP`: one bad cell, which the non-decreasing fit would carry to the points after
+    it (a high one lifts them all)."""
+    if len(x) < 2:
+        return
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 ms times: inf, or nan if both
+        change = y[1:] / y[:-1]
+        jump = np.nan_to_num(np.maximum(change / (x[1:] / x[:-1]), 1 / change), nan=0.0)
+    i = int(np.argmax(jump))
+    if jump[i] > MAX_JUMP:
+        raise ValueError(
+            f"{path}: {what} took {y[i]:g} ms at num_tokens {x[i]:.0f} and {y[i + 1]:g} ms "
+            f"at {x[i + 1]:.0f}, a jump of over {MAX_JUMP:g}x (Vidur's tables: under 4x); a "
+            "bad cell on one of those rows?"
+        )
+
+
 def _thin(x: np.ndarray, y: np.ndarray) -> tuple[list[float], list[float]]:
     """The isotonic (non-decreasing) fit to the measured points, kept at knots on a
     geometric grid (and the last point)."""
@@ -165,6 +188,8 @@ def linear_tables(path: Path) -> dict[str, dict[str, list[float]]]:
     for tp, points in sorted(by_tp.items()):
         x = np.array(sorted(points))
         med = np.array([np.median(points[t], axis=0) for t in x])
+        for i, op in enumerate(("the layer's linear ops", "emb", "mlp_up_proj")):
+            _check_jumps(path, f"at TP {tp}, {op}", x, med[:, i])
         knots, layer = _thin(x, med[:, 0])
         _, emb = _thin(x, med[:, 1])
         _, up = _thin(x, med[:, 2])
