@@ -238,6 +238,19 @@ def attention_fit(path: Path) -> dict[str, object]:
         (d_base, d_kv), d_med, d_p90 = _fit([np.ones_like(b), b * k], t, path)
         c, k, t = np.array(pre).T
         (p_base, p_tok, p_pair), p_med, p_p90 = _fit([np.ones_like(c), c, c * (k + c)], t, path)
+    fitted = {
+        "decode base": d_base,
+        "decode per batch x context token": d_kv,
+        "prefill base": p_base,
+        "prefill per token": p_tok,
+        "prefill per token pair": p_pair,
+    }
+    for name, value in fitted.items():
+        if value < 0:
+            raise ValueError(
+                f"{path}: the fitted {name} time is {value:.3g} ms, below 0: the table's times "
+                "fall where its sizes grow"
+            )
     return {
         "reference": ATTENTION_SHAPE,
         "decode": {

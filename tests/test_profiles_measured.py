@@ -487,6 +487,25 @@ def test_an_attention_table_too_alike_to_fit_is_refused(tmp_path: Path, capsys, 
     assert re.search(r"attention.csv: 2 row\(s\) too alike to fit \d coefficients \(rank 1\)", capsys.readouterr().err)
 
 
+def test_an_attention_fit_below_0_names_its_table(tmp_path: Path, capsys) -> None:
+    """Decode times that fall as batch x context grows: reported as the profile's field
+    (step.attn_decode_kv_s must be >= 0), not the table it came from."""
+    vidur = _small_vidur(tmp_path / "vidur")
+    path = vidur / "compute/a100/attention-70b-shape-tp2/attention.csv"
+    rows = list(csv.DictReader(path.open()))
+    for row in rows:
+        if row["is_prefill"] == "False":
+            b, k = int(row["batch_size"]), int(row["kv_cache_size"])
+            row["time_stats.attn_decode.median"] = str(0.05 - b * k * 1e-8)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "out.json")]) == 2
+    assert re.search(r"attention.csv: the fitted decode per batch x context token time is -1e-08 ms, below 0", capsys.readouterr().err)
+
+
 def test_a_build_reads_only_the_files_it_uses(tmp_path: Path, capsys) -> None:
     """Another model's table of another shape (Vidur's phi-2 has no post-attention layernorm)
     stops no build; deriving every table names it, without a traceback."""
