@@ -352,6 +352,7 @@ def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
     if not isinstance(data, dict):
         raise ValueError(f"{origin}: step must be an object, got {type(data).__name__}")
     data = dict(data)
+    given_kind = "kind" in data
     kind = data.pop("kind", "linear")
     cls = STEP_MODELS.get(kind) if isinstance(kind, str) else None
     if cls is None:
@@ -361,7 +362,14 @@ def step_model_from_dict(data: object, origin: str = "profile") -> StepModel:
     names = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(f"{origin}: step.{unknown[0]} is not a field of a {kind} step model")
+        fits = [k for k, c in STEP_MODELS.items() if set(data) <= {f.name for f in fields(c)}]
+        hint = (
+            f'; step.kind is missing, and the fields are a {fits[0]} step model\'s ("kind": '
+            f'"{fits[0]}")'
+            if not given_kind and fits
+            else ""
+        )
+        raise ValueError(f"{origin}: step.{unknown[0]} is not a field of a {kind} step model{hint}")
     missing = [n for n, f in names.items() if n not in data and n != "source"]
     if missing:
         raise ValueError(f"{origin}: step.{missing[0]} missing ({kind} step model)")

@@ -288,6 +288,7 @@ def zero_times(step: dict) -> dict:
         (lambda d: d["step"].update(zero_times(d["step"])), "times a one-request decode step at 0 s"),
         (lambda d: d["step"].pop("seq_s"), "step.seq_s missing"),
         (lambda d: d["step"].update(warp=1), "step.warp is not a field"),
+        (lambda d: d["step"].pop("kind"), r'step.attn_base_s is not a field of a linear step model; step.kind is missing, and the fields are a table step model\'s \("kind": "table"\)'),
         (lambda d: d.update(num_gpu_blocks=0), "num_gpu_blocks must be an integer >= 1"),
         # a cache or context no request fits in
         (lambda d: d.update(num_gpu_blocks=1), "the KV cache holds 0 tokens after vLLM's null block"),
