@@ -514,8 +514,16 @@ def test_a_build_reads_only_the_files_it_uses(tmp_path: Path, capsys) -> None:
     other = vidur / "compute/a100/microsoft/phi-2/mlp.csv"
     other.parent.mkdir(parents=True)
     other.write_text("num_tokens,num_tensor_parallel_workers\n1,1\n")
+    fallback = vidur / "compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv"  # carried from if need be
+    fallback.parent.mkdir(parents=True)
+    fallback.write_text("garbage\n1,2,3\n")
     args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
     assert cli([*args, "--out", str(tmp_path / "out.json")]) == 0
+    assert "note" not in capsys.readouterr().out
+    assert cli([*args, "--tp", "2", "--out", str(tmp_path / "out.json")]) == 2  # then it is read
+    captured = capsys.readouterr()
+    assert "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv has no rows at TP 2: passed over" in captured.out
+    assert f"{fallback}:2: 2 cell(s) more than the header has columns" in captured.err
     with pytest.raises(SystemExit) as info:
         table_main([str(vidur), "--out", str(tmp_path / "tables.json")])
     assert info.value.code == 2

@@ -183,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from batchpilot.envs.profile_tables import derive
+    from batchpilot.envs.profile_tables import derive, linear_tables
     from batchpilot.envs.profiles import architecture, linear_table_keys, write_profile
 
     if not args.vidur.is_dir():
@@ -208,8 +208,22 @@ def _build(args: argparse.Namespace) -> int:
             f"no linear-layer table for {model.title} on {gpu.title} or a GPU to carry from "
             f"(Vidur compute/{{{','.join(keys)}}}/mlp.csv); measured: {', '.join(have) or 'none'}"
         )
-    # only the files this profile may use; `measured_profile` picks the first with its TP
-    tables = derive(args.vidur, keys, gpu.vidur_network)
+    # only the file this profile uses: the first with its TP (a broken table of a GPU it
+    # would not carry from stops nothing; one it passes over is said)
+    use = keys  # none usable: all, for `measured_profile` to say what each has
+    for key in keys:
+        path = args.vidur / "compute" / key / "mlp.csv"
+        if not path.exists():
+            continue
+        if not path.is_file():
+            print(f"note: {path} is not a file: passed over")
+            continue
+        if str(args.tp) not in linear_tables(path):
+            print(f"note: {path} has no rows at TP {args.tp}: passed over")
+            continue
+        use = [key]
+        break
+    tables = derive(args.vidur, use, gpu.vidur_network)
     profile = measured_profile(
         tables,
         model,
