@@ -347,7 +347,9 @@ ARCHITECTURE_LIMITS: dict[str, int] = {
 3.1 405B: 126 layers, hidden 16,384, 128 heads, intermediate 53,248, vocabulary 128,256),
 low enough that no size built from them overflows a float."""
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}
+"""Bytes a parameter of a checkpoint's ``torch_dtype`` takes as vLLM serves it: its ``--dtype
+auto`` serves float32 checkpoints in float16 (and Vidur timed 16-bit operators)."""
 LLAMA_FAMILY = (
     "llama", "mistral", "qwen2", "qwen3", "internlm", "internlm2", "baichuan", "granite",
     "olmo", "olmo2", "aquila",
@@ -737,8 +739,8 @@ def measured_profile(
     return EngineProfile(
         name=name,
         description=(
-            f"{arch.title} ({arch.max_model_len:,}-token context, 16-bit) on {tp} x "
-            f"{gpu_title}, TP {tp}, gpu_memory_utilization "
+            f"{arch.title} ({arch.max_model_len:,}-token context, {arch.dtype_bytes * 8}-bit) "
+            f"on {tp} x {gpu_title}, TP {tp}, gpu_memory_utilization "
             f"{gpu_memory_utilization}: weights {weights / GIB:.1f} GiB, activation peak "
             f"{activations / GIB:.1f} GiB, runtime reserve {runtime_reserve_gib:g} GiB per "
             f"GPU, KV cache {num_blocks * block_size:,} tokens; "

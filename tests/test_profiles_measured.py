@@ -668,6 +668,16 @@ def test_model_names_and_paths_are_told_apart(tmp_path: Path) -> None:
 
 
 
+def test_a_float32_checkpoint_is_served_in_16_bits(tmp_path: Path) -> None:
+    """vLLM's --dtype auto serves float32 checkpoints in float16: the profile doubled their
+    weights and KV cache (and still called itself 16-bit, with 16-bit step times)."""
+    half = architecture_from_hf_config(_write(tmp_path / "half.json", LLAMA_2_7B_CONFIG))
+    full = architecture_from_hf_config(
+        _write(tmp_path / "full.json", dict(LLAMA_2_7B_CONFIG, torch_dtype="float32"))
+    )
+    assert full.dtype_bytes == half.dtype_bytes == 2
+
+
 def test_a_model_config_that_is_no_regular_file_is_refused_unread(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
