@@ -895,11 +895,17 @@ def unreachable_tpot(profile: EngineProfile, tpot_ms: float | None) -> str | Non
     )
 
 
+MAX_NAME = 200
+"""The longest profile name: one that titles a report's table and a plot."""
+
+
 def check_profile_name(name: str, what: str = "profile name") -> None:
     """Raise ValueError unless `name` is one printable line, as workload specs select
     profiles by it and reports title them with it."""
     if not name or not name.isprintable() or name != name.strip():
         raise ValueError(f"{what} {name!r}: need one printable line, no edge spaces")
+    if len(name) > MAX_NAME:
+        raise ValueError(f"{what} {name[:40]!r}...: {len(name):,} characters, over {MAX_NAME}")
 
 
 def write_profile(profile: EngineProfile, path: Path) -> None:

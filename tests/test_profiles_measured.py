@@ -297,6 +297,7 @@ def zero_times(step: dict) -> dict:
         (lambda d: d.update(max_model_len=1), "max_model_len is 1; a request needs at least 2 tokens"),
         (lambda d: d.update(name="a\nb"), r"name 'a\\nb': need one printable line"),  # titles broke
         (lambda d: d.update(name=""), "name '': need one printable line"),
+        (lambda d: d.update(name="x" * 100_000), r"name 'x{40}'...: 100,000 characters, over 200"),  # titled a table with 105 KB
         (lambda d: d.update(tensor_parallel_size=1.5), "tensor_parallel_size must be an integer"),
         (lambda d: d.update(colour="red"), "colour is not an engine profile field"),
         (lambda d: d.pop("block_size"), "block_size missing"),
