@@ -784,8 +784,9 @@ SHIPPED_POLICY = Path(__file__).resolve().parents[1] / "training/reports/learned
 def test_compare_runs_a_policy_at_its_interval_or_refuses_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A new user's first comparison needs no --interval; a suite at another interval fails
-    before best-static's tuning runs, naming the scenario."""
+    """A new user's first comparison needs no --interval, with a suite too (its scenarios
+    set none: they ran at 1it and failed); a suite scenario at another interval fails before
+    best-static's tuning runs, naming the scenario."""
     policy = f"policy:{SHIPPED_POLICY}"
     out = tmp_path / "cmp"
     code = main(["compare", "--workload", "fixed:64:32@poisson:4", "--num-requests", "20",
@@ -795,12 +796,24 @@ def test_compare_runs_a_policy_at_its_interval_or_refuses_before_any_run(
     assert "control interval: 500ms, the learned policy's" in capsys.readouterr().out
     sc = json.loads((out / "results.json").read_text())["scenarios"][0]
     assert sc["scenario"]["interval"] == "500ms"
-    code = main(["compare", "--suite", "steady", "--controllers", f"{policy},best-static",
-                 "--no-progress", "--out", str(tmp_path / "suite")])  # fmt: skip
+    suite = tmp_path / "mine.yml"
+    suite.write_text(
+        "profiles: [llama-2-7b-a100]\ndefaults: {num_requests: 20}\nscenarios:\n"
+        "  - {name: plain, source: 'fixed:64:32', arrival: 'poisson:4'}\n"
+    )
+    code = main(["compare", "--suite", str(suite), "--controllers", f"{policy},static:8",
+                 "--seeds", "1", "--no-progress", "--workers", "1", "--out", str(tmp_path / "s1")])  # fmt: skip
+    assert code == 0
+    assert "control interval: 500ms, the learned policy's" in capsys.readouterr().out
+    sc = json.loads((tmp_path / "s1" / "results.json").read_text())["scenarios"][0]
+    assert sc["scenario"]["interval"] == "500ms"
+    suite.write_text(suite.read_text() + "  - {name: slow, source: 'fixed:64:32', arrival: 'poisson:4', interval: 1s}\n")
+    code = main(["compare", "--suite", str(suite), "--controllers", f"{policy},best-static",
+                 "--no-progress", "--out", str(tmp_path / "s2")])  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
-    assert "error: scenario 'steady/" in err and "trained to decide every 500ms" in err
-    assert not (tmp_path / "suite" / "results.json").exists()
+    assert "error: scenario 'mine/slow" in err and "trained to decide every 500ms" in err
+    assert not (tmp_path / "s2" / "results.json").exists()
 
 
 def test_report_says_nothing_of_the_context_when_every_request_fits(tmp_path: Path) -> None:

@@ -139,8 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interval",
-        help="control interval: Nit (1 to 1,000,000) or Nms / Ns (1ms to 3600s). Default: the "
-        "learned policy's (policy:PATH) if given, else 1it; or each suite scenario's",
+        help="control interval: Nit (1 to 1,000,000) or Nms / Ns (1ms to 3600s). Default: a "
+        "suite scenario's where it sets one, else the learned policy's (policy:PATH) if given, "
+        "else 1it",
     )
     parser.add_argument(
         "--seeds",
@@ -276,8 +277,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         controllers = split_specs(spec)
     except ValueError as exc:
         raise ValueError(f"--controllers {spec!r}: {exc}") from None
-    if args.suite is None and args.interval is None and (trained := trained_interval(controllers)):
-        scenarios = [replace(sc, interval=trained) for sc in scenarios]
+    if args.interval is None and (trained := trained_interval(controllers)):
+        unset = Scenario.__dataclass_fields__["interval"].default  # a suite's that names none
+        scenarios = [
+            replace(sc, interval=trained) if sc.interval == unset else sc for sc in scenarios
+        ]
         print(f"control interval: {trained}, the learned policy's (--interval sets another)")
     seeds = args.seeds or seeds
     tuning = args.tuning_seeds or tuning
