@@ -317,7 +317,8 @@ def _csv_header(
     if fmt.time is not None and fmt.time not in header:
         raise TraceError(
             f"{path}:1: the header has {fmt.prompt}/{fmt.output} ({fmt.name} format) but no "
-            f"{fmt.time} column; header {header!r}"
+            f"{fmt.time} column; header {header!r} (lengths alone, for poisson:RATE or "
+            "gamma:RATE:CV arrivals, go under num_prefill_tokens,num_decode_tokens)"
         )
     return fmt, reader
 
