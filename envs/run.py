@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +59,14 @@ class Timeline:
                 t.interval_preemptions,
             )
         )
+
+    def limits_chosen(self) -> dict[str, dict[int, int]]:
+        """How many recorded decisions set each max_num_seqs and each token budget (every
+        `stride`-th decision past `max_rows`)."""
+        return {
+            name: dict(Counter(int(row[i]) for row in self.rows))
+            for i, name in ((1, "max_num_seqs"), (2, "max_num_batched_tokens"))
+        }
 
     def array(self) -> dict[str, np.ndarray]:
         """Columns by name (see `TIMELINE_FIELDS`)."""

@@ -51,6 +51,24 @@ def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:
     ):  # fmt: skip
         assert key in m
     assert m["simulated_seconds"] > 0 and m["engine_iterations"] > 200
+    # what the controller chose, decision by decision (static: one pair, every step)
+    chosen = data["limits_chosen"]
+    assert chosen == {"max_num_seqs": {"64": m["engine_iterations"]},
+                      "max_num_batched_tokens": {"8192": m["engine_iterations"]}}  # fmt: skip
+
+
+def test_simulate_says_which_limits_a_controller_chose(capsys) -> None:
+    """Why a policy lost at a tight TPOT was a script's question: it held max_num_seqs at
+    1,024 while its teacher chose 16-64."""
+    argv = ["simulate", "--workload", "embedded:gsm8k@poisson:8", "--num-requests", "300",
+            "--controller", "alg1", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(
+        r"limits chosen \([\d,]+ decisions\): max_num_seqs ([\d,]+ \d+%(, )?){1,4}; "
+        r"max_num_batched_tokens ([\d,]+ \d+%(, )?){1,4}",
+        line,
+    ), line
 
 
 def test_simulate_runs_a_policy_at_its_trained_interval_unless_told_otherwise(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.training.commands.common import (
@@ -23,6 +24,9 @@ from batchpilot.training.commands.common import (
     slo_spec,
     write_json,
 )
+
+if TYPE_CHECKING:
+    from batchpilot.envs.run import Timeline
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +88,7 @@ def main(args: argparse.Namespace) -> int:
     metrics["dropped_requests"] = workload.dropped
     metrics["truncated_requests"] = workload.truncated
     metrics["skipped_rows"] = workload.skipped_rows
+    chosen = out.timeline.limits_chosen()
 
     table = Table(title=f"{controller.name} on {workload.name}, profile {profile.name}")
     table.add_column("metric")
@@ -98,6 +103,7 @@ def main(args: argparse.Namespace) -> int:
         f"{metrics['p99_ttft_ms']:,.0f} ms, p99 TPOT {metrics['p99_tpot_ms']:,.1f} ms, "
         f"{metrics['num_preemptions']:,} preemptions"
     )
+    print(chosen_line(out.timeline))
     if workload.truncated or workload.dropped:
         fate = "truncated" if workload.truncated else "dropped"
         count = workload.truncated or workload.dropped
@@ -122,7 +128,25 @@ def main(args: argparse.Namespace) -> int:
                 "controller": controller.name,
                 "slo": str(engine.slo),
                 "metrics": metrics,
+                "limits_chosen": {k: {str(v): n for v, n in c.items()} for k, c in chosen.items()},
             },
         )
         print(f"wrote {args.json}")
     return 0
+
+
+
+def chosen_line(timeline: Timeline, most: int = 4) -> str:
+    """The limits the controller chose most often, each with its share of the decisions
+    (every `stride`-th of a long run's)."""
+    parts = []
+    for name, counts in timeline.limits_chosen().items():
+        total = sum(counts.values())
+        common = sorted(counts.items(), key=lambda vn: (-vn[1], vn[0]))[:most]
+        parts.append(f"{name} " + ", ".join(f"{v:,} {n / total:.0%}" for v, n in common))
+    which = (
+        f"{timeline.decisions:,} decisions"
+        if timeline.stride == 1
+        else f"every {timeline.stride}th of {timeline.decisions:,} decisions"
+    )
+    return f"limits chosen ({which}): " + "; ".join(parts)
