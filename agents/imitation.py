@@ -7,7 +7,10 @@ decision, ``beta`` halving each round) while the teacher still labels every stat
 policy visits, and the policy is refitted on everything gathered so far (Ross et al.,
 DAgger). With ``stakes_knobs`` the labels of those knobs count by how much the teacher's
 choice mattered (`knob_stakes`), so the mode of near-ties does not outweigh the states
-where one choice wins clearly. With ``tie_sets`` a label of those knobs is the set of grid
+where one choice wins clearly; ``seq_stakes_tbt`` weighs the ``max_num_seqs`` labels so only
+where the interval's mean TBT nears the TPOT target, where the batch size decides TPOT (most
+of its labels elsewhere are near-ties, and weighing them all collapsed the clone to small
+limits). With ``tie_sets`` a label of those knobs is the set of grid
 choices the teacher scored within `TIE_TOLERANCE` of its best (`acceptable`), and the
 policy is fitted to put its probability anywhere in that set (the negative log of the set's
 total probability), so where every choice ties the label pulls toward none of them (the
@@ -83,6 +86,11 @@ class ImitationSpec:
     tie_sets: list[str] = field(default_factory=list)
     """Knobs (`KNOBS`) whose labels are the teacher's near-tie sets (module doc; needs a
     teacher that reports its sweeps: ``mpc``); empty: the teacher's one choice."""
+    seq_stakes_tbt: float = 0.0
+    """Where the interval's mean TBT is at least this share of the TPOT target, the
+    ``max_num_seqs`` labels weigh by their stakes, as ``stakes_knobs`` weighs a knob
+    everywhere (needs a teacher that reports its sweeps); 0: nowhere. Near the target the
+    batch size decides TPOT; elsewhere most of its labels are near-ties."""
     seq_tie_break: str = "teacher"
     """Which of the teacher's near-ties a ``max_num_seqs`` label takes (`SEQ_TIE_BREAKS`):
     ``teacher``, its own choice (the current limit, else the larger); ``knee`` and
@@ -95,6 +103,11 @@ class ImitationSpec:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if not 0.0 <= self.beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {self.beta}")
+        if not 0.0 <= self.seq_stakes_tbt < math.inf:
+            raise ValueError(f"seq_stakes_tbt must be a share >= 0, got {self.seq_stakes_tbt}")
+        if self.seq_stakes_tbt and "max_num_seqs" in self.stakes_knobs:
+            raise ValueError("seq_stakes_tbt weighs max_num_seqs where the TBT nears the TPOT "
+                             "target; stakes_knobs already weighs it everywhere: give one")
         if self.learning_rate <= 0 or self.value_epochs < 0:
             raise ValueError("need learning_rate > 0 and value_epochs >= 0")
         if self.seq_tie_break not in SEQ_TIE_BREAKS:
@@ -110,7 +123,7 @@ class ImitationSpec:
             from batchpilot.baselines.specs import make_controller
 
             if not hasattr(make_controller(self.teacher), "sweeps"):
-                used = ("stakes_knobs", "tie_sets", "seq_tie_break")
+                used = ("stakes_knobs", "tie_sets", "seq_stakes_tbt", "seq_tie_break")
                 key = next(k for k in used if getattr(self, k) and getattr(self, k) != "teacher")
                 raise ValueError(
                     f"{key} needs a teacher that reports how much each "
@@ -120,7 +133,10 @@ class ImitationSpec:
     @property
     def sweeps(self) -> bool:
         """Whether labelling reads the teacher's sweeps (for stakes, tie sets or the knee)."""
-        return bool(self.stakes_knobs or self.tie_sets) or self.seq_tie_break != "teacher"
+        return (
+            bool(self.stakes_knobs or self.tie_sets or self.seq_stakes_tbt)
+            or self.seq_tie_break != "teacher"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,6 +155,8 @@ class Episode:
     """Per knob, (labels, grid size) booleans: the choices a label accepts (`acceptable`)."""
     rewards: np.ndarray
     metrics: dict[str, float]
+    tbt_over_tpot: np.ndarray
+    """Per label, the interval's mean TBT over the TPOT target (0 without one)."""
 
 
 def grid_scores(sweep: dict[int, float], grid: tuple[int, ...]) -> dict[int, float]:
@@ -214,17 +232,24 @@ def nearest_tie(mask: np.ndarray, grid: tuple[int, ...], target: float) -> int:
     return int(min(np.flatnonzero(mask), key=lambda i: (round(abs(math.log(grid[i]) - x), 9), -i)))
 
 
-def label_weights(stakes: np.ndarray, knobs: list[str]) -> np.ndarray:
+def label_weights(
+    stakes: np.ndarray, knobs: list[str], seq_rows: np.ndarray | None = None
+) -> np.ndarray:
     """Per-knob weights from stakes (rows: labels, columns: `KNOBS`): for each of `knobs`,
     its stakes over the median of its non-zero ones (robust to a few huge leads), capped at
-    `STAKES_CAP`, plus `STAKES_FLOOR`, rescaled to average 1. Other knobs, and a knob whose
-    stakes are all 0, weigh 1."""
+    `STAKES_CAP`, plus `STAKES_FLOOR`, rescaled to average 1; with `seq_rows` (booleans, one
+    a label), the ``max_num_seqs`` labels of those rows so, the others alike. Other knobs,
+    and a knob whose stakes are all 0, weigh 1."""
     w = np.ones_like(stakes, dtype=np.float64)
-    for k in (KNOBS.index(name) for name in knobs):
-        column = stakes[:, k]
+    every = np.ones(len(stakes), dtype=bool)
+    weighed = [(KNOBS.index(name), every) for name in knobs]
+    if seq_rows is not None:
+        weighed.append((KNOBS.index("max_num_seqs"), seq_rows))
+    for k, rows in weighed:
+        column = stakes[rows, k]
         if (column > 0).any():
             scale = np.median(column[column > 0])
-            w[:, k] = np.minimum(column / scale, STAKES_CAP) + STAKES_FLOOR
+            w[rows, k] = np.minimum(column / scale, STAKES_CAP) + STAKES_FLOOR
     return w / w.mean(axis=0, keepdims=True)
 
 
@@ -257,7 +282,7 @@ def collect_episode(
     teacher = make_controller(teacher_spec)
     teacher.reset(base.engine)
     rng = np.random.default_rng(seed)
-    states, labels, rewards, label_stakes = [], [], [], []
+    states, labels, rewards, label_stakes, tbt_over_tpot = [], [], [], [], []
     accepted: list[list[np.ndarray]] = [[] for _ in KNOBS]
     done = False
     info: dict[str, Any] = {}
@@ -275,6 +300,8 @@ def collect_episode(
             label[0] = nearest_tie(ties, SEQ_GRID, knee)
         states.append(obs)
         labels.append(label)
+        tpot_ms = base.engine.slo.tpot_ms
+        tbt_over_tpot.append(telemetry.recent_tbt_s * 1e3 / tpot_ms if tpot_ms else 0.0)
         if stakes:
             seqs, budgets = teacher.sweeps
             label_stakes.append((knob_stakes(seqs, SEQ_GRID), knob_stakes(budgets, BUDGET_GRID)))
@@ -302,6 +329,7 @@ def collect_episode(
          zip(accepted, (SEQ_GRID, BUDGET_GRID), strict=True)],
         np.asarray(rewards, np.float64),
         metrics,
+        np.asarray(tbt_over_tpot, np.float64),
     )
 
 
@@ -458,6 +486,7 @@ def dagger(
     obs_all: list[np.ndarray] = []
     accepted_all: list[list[np.ndarray]] = []
     stakes_all: list[np.ndarray] = []
+    tbt_all: list[np.ndarray] = []
     returns_all: list[np.ndarray] = []
     history = []
     for r in range(spec.rounds):
@@ -468,13 +497,15 @@ def dagger(
             obs_all.append(ep.obs)
             accepted_all.append(ep.acceptable)
             stakes_all.append(ep.stakes)
+            tbt_all.append(ep.tbt_over_tpot)
             returns_all.append(discounted_returns(ep.rewards, gamma))
         all_stakes = np.concatenate(stakes_all)
+        near = np.concatenate(tbt_all) >= spec.seq_stakes_tbt if spec.seq_stakes_tbt else None
         stats = fit(
             model.policy,
             np.concatenate(obs_all),
             [np.concatenate(masks) for masks in zip(*accepted_all, strict=True)],
-            label_weights(all_stakes, spec.stakes_knobs),
+            label_weights(all_stakes, spec.stakes_knobs, near),
             np.concatenate(returns_all),
             spec,
             rng,
@@ -488,6 +519,8 @@ def dagger(
         if spec.sweeps:  # the share of labels whose choice was a near-tie
             tied = (all_stakes < TIE_TOLERANCE).mean(axis=0)
             stats |= {f"{k}_tie_share": float(t) for k, t in zip(KNOBS, tied, strict=True)}
+        if near is not None:  # the share of max_num_seqs labels weighed by their stakes
+            stats["seq_stakes_share"] = float(near.mean())
         if log is not None:
             log(stats, r)
         history.append(stats)

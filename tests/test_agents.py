@@ -247,6 +247,15 @@ def test_label_weights_average_one_and_keep_ties_at_the_floor() -> None:
     assert w[2, 1] / w[0, 1] == pytest.approx((STAKES_CAP + STAKES_FLOOR) / STAKES_FLOOR)
     np.testing.assert_allclose(label_weights(np.zeros((3, 2)), ["budget"]), 1.0)
     np.testing.assert_array_equal(label_weights(stakes, ["budget"])[:, 0], 1.0)
+    # max_num_seqs weighed only in the rows near the TPOT target (the last three): the
+    # others alike, those by their own stakes (median 2), the budget untouched
+    near = np.array([False, False, True, True, True])
+    w = label_weights(stakes, [], near)
+    np.testing.assert_allclose(w[:, 1], 1.0)
+    assert w[0, 0] == w[1, 0] and w[4, 0] / w[3, 0] == pytest.approx(
+        (1 + STAKES_FLOOR) / (1.5 + STAKES_FLOOR)
+    )
+    assert w[0, 0] / w[4, 0] == pytest.approx(1 / (1 + STAKES_FLOOR))
 
 
 def test_stakes_weighting_lets_a_decisive_minority_label_win() -> None:
@@ -337,6 +346,14 @@ def test_imitation_stakes_errors_name_the_problem(
     with pytest.raises(ValueError, match="seq_tie_break must be one of"):
         ImitationSpec(teacher="mpc", seq_tie_break="smallest")
     assert ImitationSpec(teacher="mpc:horizon_s=4", seq_tie_break="knee").sweeps
+    with pytest.raises(ValueError, match="seq_stakes_tbt needs a teacher that reports"):
+        ImitationSpec(teacher="static:48:1024", seq_stakes_tbt=0.8)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="seq_stakes_tbt must be a share >= 0"):
+            ImitationSpec(teacher="mpc", seq_stakes_tbt=bad)
+    with pytest.raises(ValueError, match="stakes_knobs already weighs it everywhere"):
+        ImitationSpec(teacher="mpc", seq_stakes_tbt=0.8, stakes_knobs=["max_num_seqs"])
+    assert ImitationSpec(teacher="mpc:horizon_s=4", seq_stakes_tbt=0.8).sweeps
 
 
 def test_the_decode_knee_is_where_a_decode_step_takes_the_tpot_target() -> None:
