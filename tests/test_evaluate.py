@@ -807,7 +807,7 @@ def test_compare_runs_a_policy_at_its_interval_or_refuses_before_any_run(
     assert "control interval: 500ms, the learned policy's" in capsys.readouterr().out
     sc = json.loads((tmp_path / "s1" / "results.json").read_text())["scenarios"][0]
     assert sc["scenario"]["interval"] == "500ms"
-    suite.write_text(suite.read_text() + "  - {name: slow, source: 'fixed:64:32', arrival: 'poisson:4', interval: 1s}\n")
+    suite.write_text(suite.read_text() + "  - {name: slow, source: 'fixed:64:32', arrival: 'poisson:4', interval: 1it}\n")
     code = main(["compare", "--suite", str(suite), "--controllers", f"{policy},best-static",
                  "--no-progress", "--out", str(tmp_path / "s2")])  # fmt: skip
     assert code == 2

@@ -72,6 +72,8 @@ class Suite:
     controllers: list[str] | None = None
     seeds: int | None = None
     tuning_seeds: int | None = None
+    timed: frozenset[str] = frozenset()
+    """The scenarios (by name) whose entry or the file's defaults set an ``interval``."""
 
 
 def suite_dir() -> Path:
@@ -124,7 +126,7 @@ def parse_suite(data: Any, path: Path) -> Suite:
     if not isinstance(description, str):
         raise SuiteError(f"{path}: 'description' must be a string, got {description!r}")
     profiles = _as_list(data.get("profiles", [DEFAULT_PROFILE]), f"{path}: 'profiles'")
-    scenarios = []
+    scenarios, timed = [], set()
     for i, entry in enumerate(entries):
         where = f"{path}: scenarios[{i}]"
         if not isinstance(entry, dict):
@@ -141,6 +143,8 @@ def parse_suite(data: Any, path: Path) -> Suite:
                 raise SuiteError(f"{where}: missing key {key!r}")
         for profile in _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'"):
             scenarios.append(_scenario(path.stem, merged, profile, where))
+            if "interval" in merged:
+                timed.add(scenarios[-1].name)
     names = [sc.name for sc in scenarios]
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise SuiteError(f"{path}: scenario names must be unique; given twice: {twice}")
@@ -155,6 +159,7 @@ def parse_suite(data: Any, path: Path) -> Suite:
         controllers=_controllers(data.get("controllers"), path),
         seeds=data.get("seeds"),
         tuning_seeds=data.get("tuning_seeds"),
+        timed=frozenset(timed),
     )
 
 

@@ -234,6 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         names = list(suite_names()) if args.suite == "all" else [args.suite]
         suites = [load_suite(n) for n in names]
         scenarios = [sc for suite in suites for sc in suite.scenarios]
+        timed = frozenset().union(*(suite.timed for suite in suites))
         given = {
             k: v
             for k, v in (
@@ -252,7 +253,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seeds, tuning = first.seeds or seeds, first.tuning_seeds or tuning
         default_controllers = ",".join(first.controllers or SUITE_CONTROLLERS.split(","))
     else:
-        scenarios = []
+        scenarios, timed = [], frozenset()
         for text in args.workload or [DEFAULT_WORKLOAD]:
             source, arrival = parse_workload(text)
             scenarios.append(
@@ -278,11 +279,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as exc:
         raise ValueError(f"--controllers {spec!r}: {exc}") from None
     if args.interval is None and (trained := trained_interval(controllers)):
-        unset = Scenario.__dataclass_fields__["interval"].default  # a suite's that names none
+        untimed = [sc.name for sc in scenarios if sc.name not in timed]
         scenarios = [
-            replace(sc, interval=trained) if sc.interval == unset else sc for sc in scenarios
+            replace(sc, interval=trained) if sc.name not in timed else sc for sc in scenarios
         ]
-        print(f"control interval: {trained}, the learned policy's (--interval sets another)")
+        if untimed:
+            where = "" if len(untimed) == len(scenarios) else f" in {len(untimed)} scenarios"
+            print(
+                f"control interval{where}: {trained}, the learned policy's "
+                "(--interval sets another)"
+            )
     seeds = args.seeds or seeds
     tuning = args.tuning_seeds or tuning
     if args.first_seed + seeds > TUNING_SEED_BASE:
