@@ -334,9 +334,12 @@ def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str
     def rows() -> Iterator[tuple[int, dict[str, str]]]:
         with handle:
             try:
-                for row in reader:
-                    if spanned := _newlines(row):
-                        raise _quote_error(path, reader.line_num - spanned, reader.line_num)
+                last = reader.line_num
+                for row in reader:  # a record over several lines: a quoted text, or a stray quote
+                    if reader.line_num - last > 1 and _swallows_rows(row, fmt, reader.fieldnames):
+                        first = reader.line_num - _newlines(row)
+                        raise _quote_error(path, first, reader.line_num)
+                    last = reader.line_num
                     if not _blank(row):
                         yield reader.line_num, row
             except csv.Error as exc:  # raised before line_num counts the record's line
@@ -400,11 +403,41 @@ def _blank(row: dict[str, str | None]) -> bool:
     return all(value is None for value in rest)
 
 
+def _texts(row: dict[str | None, Any]) -> list[str]:
+    """A CSV record's fields (those past the header's columns too) that hold text."""
+    values = [v for value in row.values() for v in (value if isinstance(value, list) else [value])]
+    return [v for v in values if v]
+
+
 def _newlines(row: dict[str | None, Any]) -> int:
     """The line breaks inside a CSV record's quoted fields: a record over several lines (a
     quote never closed takes the file's last line break too, not one more line)."""
-    values = [v for value in row.values() for v in (value if isinstance(value, list) else [value])]
-    return sum(v.rstrip("\r\n").count("\n") for v in values if v)
+    return sum(v.rstrip("\r\n").count("\n") for v in _texts(row))
+
+
+def _swallows_rows(row: dict[str | None, Any], fmt: _CsvFormat, header: Sequence[str]) -> bool:
+    """Whether a line inside one of the record's quoted fields is a row of the trace (the
+    header's columns, numbers where its token counts go): a stray quote joined lines, not a
+    quoted text over several lines (a prompt column's)."""
+    at = [header.index(fmt.prompt), header.index(fmt.output)]
+    for text in _texts(row):
+        for line in text.split("\n")[1:]:
+            try:
+                cells = next(csv.reader([line.rstrip("\r")]), [])
+            except csv.Error:
+                continue
+            if len(cells) == len(header) and all(_is_number(cells[i]) for i in at):
+                return True
+    return False
+
+
+def _is_number(text: str) -> bool:
+    """Whether a CSV cell reads as a number (`plain_float`, spaces around it allowed)."""
+    try:
+        plain_float(text, padded=True)
+    except ValueError:
+        return False
+    return True
 
 
 def _quote_error(path: Path, first: int, last: int) -> TraceError:

@@ -253,6 +253,13 @@ def test_a_stray_quote_is_refused_naming_its_line(
     )
 
 
+def test_a_quoted_text_over_several_lines_is_read(tmp_path: Path) -> None:
+    """A prompt column's text over lines is no stray quote (the check refused it once)."""
+    text = 'num_prefill_tokens,num_decode_tokens,prompt\n5,6,"Hello,\nhow are you?"\n7,8,"a\n\nb"\n9,1,x\n'
+    trace = load_trace(write(tmp_path, "prompts.csv", text))
+    assert trace.prompt_tokens.tolist() == [5, 7, 9] and trace.output_tokens.tolist() == [6, 8, 1]
+
+
 def test_a_replayed_trace_names_its_format_span_and_rate(tmp_path: Path) -> None:
     """A JSONL in seconds without Bailian's chat_id is read as Mooncake's milliseconds: the
     replay ran 1000x too fast and nothing said so."""
