@@ -349,7 +349,8 @@ low enough that no size built from them overflows a float."""
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}
 """Bytes a parameter of a checkpoint's ``torch_dtype`` takes as vLLM serves it: its ``--dtype
-auto`` serves float32 checkpoints in float16 (and Vidur timed 16-bit operators)."""
+auto`` serves float32 checkpoints in 16 bits (float16, or bfloat16 where the GPU has it), and
+Vidur timed 16-bit operators."""
 LLAMA_FAMILY = (
     "llama", "mistral", "qwen2", "qwen3", "internlm", "internlm2", "baichuan", "granite",
     "olmo", "olmo2", "aquila",
@@ -631,7 +632,7 @@ def measured_profile(
                 have = nets.get(thw.vidur_network)
                 file = f"network/{thw.vidur_network}_dgx/all_reduce.csv"
                 why = (
-                    f"{file} is missing or unreadable" if have is None else
+                    f"{file} is missing" if have is None else
                     f"{file} has no rows of {tp} GPUs within one node (it has "
                     f"{', '.join(sorted(have, key=int)) or 'none'})"
                 )  # fmt: skip

@@ -401,7 +401,8 @@ def check_step_range(
     if not one >= MIN_STEP_S:
         raise ValueError(
             f"{origin}: the step model times a one-request decode step at {one:g} s, under "
-            f"{MIN_STEP_S * 1e3:g} ms: not an engine step (milliseconds, not seconds?)"
+            f"{MIN_STEP_S * 1e3:g} ms: not an engine step (times in seconds where milliseconds "
+            "were meant?)"
         )
     if not one <= MAX_STEP_S:
         raise ValueError(

@@ -250,7 +250,7 @@ def _text_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[str]:
             for magic, what in _COMPRESSED.items():
                 if raw.startswith(magic):
                     raise TraceError(f"{path}:1: the file is {what}")
-            if raw[257:262] == b"ustar":  # a tar header's magic (a .tar.gz's, once gunzipped)
+            if raw[257:262] == b"ustar" and b"\x00" in raw[:257]:  # a tar header (or .tar.gz's)
                 raise TraceError(f"{path}:1: the file is a tar archive (extract the trace first)")
             raw = raw.removeprefix(b"\xef\xbb\xbf")
         if b"\x00" in raw:
@@ -317,8 +317,9 @@ def _csv_header(
     if fmt.time is not None and fmt.time not in header:
         raise TraceError(
             f"{path}:1: the header has {fmt.prompt}/{fmt.output} ({fmt.name} format) but no "
-            f"{fmt.time} column; header {header!r} (lengths alone, for poisson:RATE or "
-            "gamma:RATE:CV arrivals, go under num_prefill_tokens,num_decode_tokens)"
+            f"{fmt.time} column; header {header!r} (to use its lengths alone, with "
+            "poisson:RATE or gamma:RATE:CV arrivals, name those columns "
+            "num_prefill_tokens,num_decode_tokens)"
         )
     return fmt, reader
 

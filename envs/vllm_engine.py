@@ -95,6 +95,8 @@ class VLLMEngine:
                 raise ValueError("give kv_cache_gib or kv_cache_memory_bytes, not both")
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+        if isinstance(step_log, bool) or not isinstance(step_log, int) or step_log < 1:
+            raise ValueError(f"step_log must be a whole number of steps >= 1, got {step_log!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable
         if clock == "cpu":
             one_model_thread()

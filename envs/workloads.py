@@ -161,8 +161,8 @@ def make_workload(
         read = ""
         if process.kind == "replay" and n > 1:  # the rate read: a wrong time unit shows here
             span = float(times[-1] - times[0])
-            rate = f", {_figure((n - 1) / span)}/s" if span > 0 else ""
-            read = f": {trace.format} trace, {n:,} requests over {_figure(span)} s{rate}"
+            over = f"over {_figure(span)} s, {_figure((n - 1) / span)}/s" if span > 0 else "at once"
+            read = f": {trace.format} trace, {n:,} requests {over}"
         label = f"{trace.name} ({process_label(process)}{read}){window}"
         prompt = trace.prompt_tokens[first : first + n]
         output = trace.output_tokens[first : first + n]
@@ -262,7 +262,7 @@ def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
 
 
 def _figure(x: float) -> str:
-    """`x` to three significant figures, without an exponent: 0.0485, 12.3, 1,030."""
+    """`x` to three significant figures, an exponent only under 0.001: 0.0485, 12.3, 1,030."""
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}"
 
 

@@ -51,16 +51,20 @@ class DecisionMetrics:
 
     _cache: ClassVar[dict[str, DecisionMetrics]] = {}
     stopped: ClassVar[str | None] = None
-    """Why no metric is written any more: writing one failed (in multiprocess mode each is
-    a file under ``PROMETHEUS_MULTIPROC_DIR``, which a full disk refuses), logged once."""
+    """Why no metric is written any more: opening or writing one raised (in multiprocess mode
+    each is a file under ``PROMETHEUS_MULTIPROC_DIR``, which may be gone), logged once."""
 
     def __init__(self, name: str) -> None:
+        self.decisions = 0
+        self.write(lambda: self._children(name))
+
+    def _children(self, name: str) -> None:
+        """The metrics' children for `name` (in multiprocess mode, files opened)."""
         self.limit = _LIMIT.labels(name)
         self.budget = _BUDGET.labels(name)
         self.decision = _DECISION.labels(name)
         self.fallbacks = _FALLBACKS.labels(name)
         self.late = _LATE.labels(name)
-        self.decisions = 0
         """Decisions recorded in this process (the histogram's count, readable here)."""
 
     @classmethod

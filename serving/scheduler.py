@@ -40,12 +40,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import suppress
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits
-from batchpilot.envs.vllm_scheduler import T, TrackingScheduler
+from batchpilot.envs.vllm_scheduler import TrackingScheduler
 from batchpilot.serving.config import (
     CONTROLLER_ENV,
     DEFAULT_SLO,
@@ -55,6 +55,7 @@ from batchpilot.serving.config import (
 from batchpilot.serving.metrics import DecisionMetrics
 
 logger = logging.getLogger("batchpilot.serving")
+T = TypeVar("T")
 
 SLOW_CALLS = 3
 """Consecutive over-budget decisions that count as a failure."""

@@ -462,6 +462,27 @@ def test_metrics_that_cannot_be_written_stop_and_the_engine_serves_on(
         DecisionMetrics.stopped = None
 
 
+def test_metrics_that_cannot_be_opened_stop_and_the_controller_takes_charge(
+    llm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A metric's file opened as the controller took charge, outside the guard: with the
+    metrics directory gone, the engine could not start."""
+    from batchpilot.serving import metrics
+
+    def gone(*labels: str) -> None:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    s = scheduler(llm)
+    monkeypatch.setattr(metrics._LIMIT, "labels", gone)
+    monkeypatch.setattr(DecisionMetrics, "_cache", {})
+    try:
+        s.set_controller("static:3")
+        assert max(serve(llm, 6)) == 3 and s.controller is not None
+        assert DecisionMetrics.stopped == "FileNotFoundError: [Errno 2] No such file or directory"
+    finally:
+        DecisionMetrics.stopped = None
+
+
 def test_a_decision_out_for_good_is_a_failure(llm, monkeypatch: pytest.MonkeyPatch) -> None:
     """A late decision holds the engine on the static limits (counted as late, not as a
     failure); one still out after `STUCK_S` is a failure, named, and its thread let go."""

@@ -188,6 +188,15 @@ def test_not_a_model_directory_is_named(tmp_path) -> None:
         VLLMEngine(tmp_path)
 
 
+@pytest.mark.parametrize("step_log", [0, -1, 2.5, True])
+def test_a_step_log_of_no_whole_steps_is_refused(tiny_model: str, step_log) -> None:
+    """0 failed later, in the deque, with a message about neither."""
+    from batchpilot.envs.vllm_engine import VLLMEngine
+
+    with pytest.raises(ValueError, match=f"step_log must be a whole number of steps >= 1, got {step_log!r}"):
+        VLLMEngine(tiny_model, step_log=step_log)
+
+
 def test_settings_vllm_refuses_name_the_model(tiny_model: str) -> None:
     """vLLM's own ValueErrors (here pydantic's, on a context over the model's positions) name
     the directory too."""

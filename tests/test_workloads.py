@@ -302,7 +302,7 @@ def test_a_length_csv_without_arrived_at_stays_untimed(tmp_path: Path, traces: P
     assert (shared.format, shared.arrival_s) == ("sharegpt", None)
     # only a format sharing its token columns with an untimed one gives way when its time is missing
     path = write(tmp_path, "both.csv", "ContextTokens,GeneratedTokens,num_prefill_tokens,num_decode_tokens\n1,2,3,4\n")
-    with pytest.raises(TraceError, match=r"ContextTokens/GeneratedTokens \(azure format\) but no TIMESTAMP.*go under num_prefill_tokens,num_decode_tokens"):
+    with pytest.raises(TraceError, match=r"ContextTokens/GeneratedTokens \(azure format\) but no TIMESTAMP.*name those columns num_prefill_tokens,num_decode_tokens\)"):
         load_trace(path)
 
 
@@ -549,6 +549,18 @@ def test_embedded_tables_reproduce_the_traces(traces: Path) -> None:
     assert np.median(prompt) == pytest.approx(1020, rel=0.05)
     assert np.median(output) == pytest.approx(129, rel=0.05)
     assert prompt.mean() == pytest.approx(1155, rel=0.05)
+
+
+def test_the_tables_tool_names_a_missing_trace(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`python -m batchpilot.envs.embedded DIR`: a traceback for a folder without the traces."""
+    from batchpilot.envs import embedded
+
+    monkeypatch.setattr("sys.argv", ["embedded", str(tmp_path), "--out", str(tmp_path / "t.json")])
+    with pytest.raises(SystemExit) as done:
+        embedded.main()
+    assert done.value.code == 2
+    assert "AzureLLMInferenceTrace_conv.csv: no such trace file" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_make_workload_is_deterministic_per_seed() -> None:
