@@ -442,9 +442,9 @@ def _is_number(text: str) -> bool:
 
 
 def _quote_error(path: Path, first: int, last: int) -> TraceError:
-    """A record over lines `first`-`last`: no trace's field holds a line break, so a quote
-    that opens a field and is never closed (or closed lines later) joined the lines between
-    into one row; reading it would drop them and pair one line's time with another's
+    """A record over lines `first`-`last` that swallowed rows of the trace (`_swallows_rows`):
+    a quote that opens a field and is never closed (or closed lines later) joined the lines
+    between into one row; reading it would drop them and pair one line's time with another's
     lengths, and no row of it can be left out alone."""
     return TraceError(
         f"{path}:{first}: a quote opened on this line runs on to line {last}, joining lines "

@@ -56,6 +56,7 @@ class DecisionMetrics:
 
     def __init__(self, name: str) -> None:
         self.decisions = 0
+        """Decisions recorded in this process (the histogram's count, readable here)."""
         self.write(lambda: self._children(name))
 
     def _children(self, name: str) -> None:
@@ -65,7 +66,6 @@ class DecisionMetrics:
         self.decision = _DECISION.labels(name)
         self.fallbacks = _FALLBACKS.labels(name)
         self.late = _LATE.labels(name)
-        """Decisions recorded in this process (the histogram's count, readable here)."""
 
     @classmethod
     def get(cls, name: str) -> DecisionMetrics:
@@ -84,7 +84,9 @@ class DecisionMetrics:
                 write()
         except Exception as exc:
             cls.stopped = f"{type(exc).__name__}: {exc}"
-            logger.error("batchpilot metrics stopped: writing one failed (%s)", cls.stopped)
+            logger.error(
+                "batchpilot metrics stopped: opening or writing one failed (%s)", cls.stopped
+            )
 
     def record(self, max_num_seqs: int, max_num_batched_tokens: int, seconds: float) -> None:
         """A decision that took `seconds` set these limits."""

@@ -456,7 +456,7 @@ def test_metrics_that_cannot_be_written_stop_and_the_engine_serves_on(
         assert max(running) == 2 and s.controller is not None and s.fallback_reason is None
         assert DecisionMetrics.stopped == "OSError: [Errno 28] No space left on device"
         assert serving_logs(caplog) == [
-            f"batchpilot metrics stopped: writing one failed ({DecisionMetrics.stopped})"
+            f"batchpilot metrics stopped: opening or writing one failed ({DecisionMetrics.stopped})"
         ]
     finally:
         DecisionMetrics.stopped = None
