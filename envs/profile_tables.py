@@ -242,10 +242,9 @@ def attention_fit(path: Path) -> dict[str, object]:
         (d_base, d_kv), d_med, d_p90 = _fit([np.ones_like(b), b * k], t, path)
         c, k, t = np.array(pre).T
         (p_base, p_tok, p_pair), p_med, p_p90 = _fit([np.ones_like(c), c, c * (k + c)], t, path)
-    fitted = {
-        "decode base": d_base,
+    fitted = {  # as a profile takes them (`measured_profile`: the two bases' mean)
+        "base (decode's and prefill's mean)": (d_base + p_base) / 2,
         "decode per batch x context token": d_kv,
-        "prefill base": p_base,
         "prefill per token": p_tok,
         "prefill per token pair": p_pair,
     }
