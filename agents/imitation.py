@@ -106,8 +106,10 @@ class ImitationSpec:
         if not 0.0 <= self.seq_stakes_tbt < math.inf:
             raise ValueError(f"seq_stakes_tbt must be a share >= 0, got {self.seq_stakes_tbt}")
         if self.seq_stakes_tbt and "max_num_seqs" in self.stakes_knobs:
-            raise ValueError("seq_stakes_tbt weighs max_num_seqs where the TBT nears the TPOT "
-                             "target; stakes_knobs already weighs it everywhere: give one")
+            raise ValueError(
+                "seq_stakes_tbt weighs max_num_seqs where the TBT nears the TPOT "
+                "target; stakes_knobs already weighs it everywhere: give one"
+            )
         if self.learning_rate <= 0 or self.value_epochs < 0:
             raise ValueError("need learning_rate > 0 and value_epochs >= 0")
         if self.seq_tie_break not in SEQ_TIE_BREAKS:

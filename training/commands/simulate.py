@@ -135,7 +135,6 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def chosen_line(timeline: Timeline, most: int = 4) -> str:
     """The limits the controller chose most often, each with its share of the decisions
     (every `stride`-th of a long run's)."""
