@@ -97,7 +97,7 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
         (lambda d: d["step"].update(prefill_token_s=2.0), r"at up to 409\d\.\d+ s, over 3600 s"),
         (lambda d: d["step"].update(decode_seq_s=20.0), r"at up to 51\d\d\.\d+ s, over 3600 s"),
         # operator tables in seconds read as milliseconds: 0 ms latencies, 32,768 req/s
-        (lambda d: d["step"].update(base_s=2e-6, decode_seq_s=0.0, kv_token_s=0.0), r"one-request decode step at 2e-06 s, under 0.1 ms: not an engine step \(milliseconds, not seconds\?\)"),
+        (lambda d: d["step"].update(base_s=2e-6, decode_seq_s=0.0, kv_token_s=0.0), r"one-request decode step at 2e-06 s, under 0.1 ms: not an engine step \(times in seconds where milliseconds were meant\?\)"),
         (lambda d: d.update(block_size=10**30), "block_size is 1000000000000000000000000000000, over 65,536"),
     ],
 )
