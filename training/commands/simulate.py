@@ -103,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
         f"{metrics['p99_ttft_ms']:,.0f} ms, p99 TPOT {metrics['p99_tpot_ms']:,.1f} ms, "
         f"{metrics['num_preemptions']:,} preemptions"
     )
-    print(chosen_line(out.timeline))
+    print(chosen_line(out.timeline, chosen))
     if workload.truncated or workload.dropped:
         fate = "truncated" if workload.truncated else "dropped"
         count = workload.truncated or workload.dropped
@@ -135,11 +135,11 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def chosen_line(timeline: Timeline, most: int = 4) -> str:
-    """The limits the controller chose most often, each with its share of the decisions
-    (every `stride`-th of a long run's)."""
+def chosen_line(timeline: Timeline, chosen: dict[str, dict[int, int]], most: int = 4) -> str:
+    """The limits the controller chose most often (`chosen`: `Timeline.limits_chosen`), each
+    with its share of the decisions (every `stride`-th of a long run's)."""
     parts = []
-    for name, counts in timeline.limits_chosen().items():
+    for name, counts in chosen.items():
         total = sum(counts.values())
         common = sorted(counts.items(), key=lambda vn: (-vn[1], vn[0]))[:most]
         parts.append(f"{name} " + ", ".join(f"{v:,} {n / total:.0%}" for v, n in common))
