@@ -227,17 +227,22 @@ class ArrivalRate:
 
     def __init__(self) -> None:
         self._times: deque[float] = deque()
+        self._short: deque[float] = deque()  # the last `short_window_s` of them
 
     def add(self, t: float) -> None:
-        """An arrival at `t`; arrivals past the window are dropped here too, so memory stays
+        """An arrival at `t`; arrivals past the windows are dropped here too, so memory stays
         bounded where no one asks for the rate (a server without a controller)."""
         self._times.append(t)
         while self._times[0] < t - self.window_s:
             self._times.popleft()
+        self._short.append(t)
+        while self._short[0] < t - self.short_window_s:
+            self._short.popleft()
 
     def copy(self) -> ArrivalRate:
         other = copy.copy(self)
         other._times = self._times.copy()
+        other._short = self._short.copy()
         return other
 
     def rate(self, now: float) -> float:
@@ -246,13 +251,10 @@ class ArrivalRate:
         return len(self._times) / min(self.window_s, max(now, self.min_span_s))
 
     def short_rate(self, now: float) -> float:
-        """Arrivals per second over the last `short_window_s` (call after `rate`)."""
-        times, start, n = self._times, now - self.short_window_s, 0
-        for i in range(len(times) - 1, -1, -1):
-            if times[i] < start:
-                break
-            n += 1
-        return n / min(self.short_window_s, max(now, self.min_span_s))
+        """Arrivals per second over the last `short_window_s`."""
+        while self._short and self._short[0] < now - self.short_window_s:
+            self._short.popleft()
+        return len(self._short) / min(self.short_window_s, max(now, self.min_span_s))
 
 
 class StepTimes:
@@ -349,6 +351,79 @@ def on_track(
     ):
         return False
     return slo.e2el_ms is None or (now - arrival) * 1e3 <= slo.e2el_ms
+
+
+def first_token_limit_ms(slo: SLO) -> float:
+    """The age (ms) past which a request with no first token yet is off track (`on_track`):
+    the tighter of the TTFT and end-to-end targets; infinite if `slo` sets neither."""
+    limits = [v for v in (slo.ttft_ms, slo.e2el_ms) if v is not None]
+    return min(limits) if limits else math.inf
+
+
+class LapsedFirstTokens:
+    """Requests with no first token yet, and the summed weight of those `on_track` finds off
+    track: past `first_token_limit_ms` of age. Incremental: a report costs the requests
+    that lapsed since the last one, not the queue's length.
+
+    Requests are added in the order of their arrival times (an engine clock's). Memory is
+    bounded by the requests held plus those that left within the last limit's span (a
+    removed one is forgotten lazily; the order is compacted when it holds twice as many).
+    """
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every request."""
+        self._held: dict[str, tuple[float, int]] = {}  # key -> (arrival, weight)
+        self._order: deque[tuple[float, str]] = deque()  # not lapsed yet (lazily)
+        self._lapsed: set[str] = set()
+        self._total = 0
+        self._limit_ms = math.inf
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, key: str, arrival_s: float, weight: int) -> None:
+        """A request with no first token, arrived at `arrival_s`, with `weight` at stake."""
+        self.discard(key)
+        self._held[key] = (arrival_s, weight)
+        if self._limit_ms < math.inf:
+            self._order.append((arrival_s, key))
+            if len(self._order) > 2 * len(self._held) + 64:
+                self._reorder()
+
+    def discard(self, key: str) -> None:
+        """The request got its first token or left (no-op if not held)."""
+        held = self._held.pop(key, None)
+        if held is not None and key in self._lapsed:
+            self._lapsed.remove(key)
+            self._total -= held[1]
+
+    def _reorder(self) -> None:
+        """The order again from the held requests not lapsed (added in arrival order)."""
+        if self._limit_ms == math.inf:
+            self._order = deque()
+        else:
+            lapsed = self._lapsed
+            self._order = deque((a, k) for k, (a, _) in self._held.items() if k not in lapsed)
+
+    def lapsed_weight(self, now: float, slo: SLO) -> int:
+        """Summed weight of the held requests off track at `now` under `slo`."""
+        limit = first_token_limit_ms(slo)
+        if limit != self._limit_ms:  # a new SLO: sort the held requests again
+            self._limit_ms = limit
+            self._lapsed.clear()
+            self._total = 0
+            self._reorder()
+        order, held, lapsed = self._order, self._held, self._lapsed
+        while order and (now - order[0][0]) * 1e3 > limit:  # `on_track`'s test, to the bit
+            arrival, key = order.popleft()
+            entry = held.get(key)
+            if entry is not None and entry[0] == arrival and key not in lapsed:
+                lapsed.add(key)
+                self._total += entry[1]
+        return self._total
 
 
 class TelemetryAccumulator:

@@ -243,7 +243,7 @@ class VLLMEngine:
                 {"prompt_token_ids": self._prompt_ids(r)},
                 self._sampling(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False),
             )
-            tracker.tracks[tracker.last_added].arrival_s = r.arrival_s * self.time_scale
+            tracker.set_arrival(tracker.last_added, r.arrival_s * self.time_scale)
 
     def _prompt_ids(self, r: Request) -> list[int]:
         """Deterministic token ids for a length-only request (ids 1..vocab-1)."""

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchpilot.envs.metrics import SLO, RequestRecord, RunMetrics
-from batchpilot.envs.telemetry import Telemetry, TelemetryAccumulator, on_track
+from batchpilot.envs.telemetry import (
+    LapsedFirstTokens,
+    Telemetry,
+    TelemetryAccumulator,
+    on_track,
+)
 
 CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
 STEP_LOG_LEN = 1
@@ -38,10 +43,18 @@ class _Track:
     max_itl_s: float = 0.0
     computed: int = 0
     """Tokens with KV computed as of the last step scheduled (what a preemption drops)."""
+    queued: int = 0
+    """Tokens it waits to prefill in vLLM's waiting queue (0 while scheduled)."""
 
 
 class StepTracker:
-    """Per-request and per-interval accounting of a vLLM scheduler's steps."""
+    """Per-request and per-interval accounting of a vLLM scheduler's steps.
+
+    A report costs the requests started (running, or preempted after a first token), not
+    the waiting queue: the queued prefill tokens are summed as requests arrive, are
+    scheduled and are preempted, and the requests with no first token yet are watched for
+    their deadlines (`LapsedFirstTokens`), so a long queue does not slow the engine loop.
+    """
 
     def __init__(
         self, slo: SLO | None = None, keep_records: bool = False, step_log_len: int = STEP_LOG_LEN
@@ -63,6 +76,12 @@ class StepTracker:
         self.t0 = self.clock()
         self.skipped = 0.0
         self.tracks: dict[str, _Track] = {}
+        self.started: dict[str, _Track] = {}
+        """The tracks with a first token."""
+        self.unstarted = LapsedFirstTokens()
+        """The tracks without one, weighed by their max tokens."""
+        self.queued_tokens = 0
+        """Sum of the tracks' `_Track.queued`."""
         self.records: list[RequestRecord] = []
         self.stats = RunMetrics()
         self.last_finish_s = 0.0
@@ -92,8 +111,27 @@ class StepTracker:
     def on_arrival(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         now = self.now()
         self.last_added = request_id
-        self.tracks[request_id] = _Track(now, prompt_tokens, max_tokens)
+        self._drop(request_id)
+        self.tracks[request_id] = _Track(now, prompt_tokens, max_tokens, queued=prompt_tokens)
+        self.queued_tokens += prompt_tokens
+        self.unstarted.add(request_id, now, max_tokens)
         self.tele.arrived(now, prompt_tokens)
+
+    def set_arrival(self, request_id: str, arrival_s: float) -> None:
+        """The request arrived at `arrival_s` on the engine clock, before vLLM was handed it
+        (a replayed workload's own time); call in arrival order, before it is scheduled."""
+        track = self.tracks[request_id]
+        track.arrival_s = arrival_s
+        self.unstarted.add(request_id, arrival_s, track.max_tokens)
+
+    def _drop(self, request_id: str) -> _Track | None:
+        """Stop tracking a request (None if it was not tracked)."""
+        track = self.tracks.pop(request_id, None)
+        if track is not None:
+            self.queued_tokens -= track.queued
+            self.started.pop(request_id, None)
+            self.unstarted.discard(request_id)
+        return track
 
     def _kv_mark(self, now: float, kv_usage: float) -> None:
         """Integrate KV usage as a step function of time: the last value until `now`."""
@@ -119,6 +157,8 @@ class StepTracker:
             track = self.tracks.get(rid)
             if track is not None:
                 track.computed = context
+                self.queued_tokens -= track.queued
+                track.queued = 0
             if n == 1 and req.num_output_tokens > 0 and before == req.num_tokens - 1:
                 decode += 1
             else:
@@ -134,6 +174,10 @@ class StepTracker:
                 dropped = track.computed  # vLLM has already reset num_computed_tokens
                 track.recomputed += dropped
                 self.tele.interval.recomputed_tokens += dropped
+                req = requests.get(rid)
+                queued = 0 if req is None else req.num_tokens - req.num_computed_tokens
+                self.queued_tokens += queued - track.queued
+                track.queued = queued
             self.tele.interval.preemptions += 1
         self.tele.interval.prompt_tokens += prefill
         decode_kv = kv - prefill_kv
@@ -164,6 +208,8 @@ class StepTracker:
                 continue
             if track.first_token_s < 0:
                 track.first_token_s = now
+                self.unstarted.discard(rid)
+                self.started[rid] = track
                 iv.ttft_n += 1
                 iv.ttft_sum += now - track.arrival_s
             elif track.last_token_s >= 0:
@@ -174,7 +220,7 @@ class StepTracker:
             track.output_tokens += n
             iv.output_tokens += n
         for rid in finished:
-            track = self.tracks.pop(rid, None)
+            track = self._drop(rid)
             if track is not None:
                 self._finish(rid, track, now)
 
@@ -208,9 +254,12 @@ class StepTracker:
         Any other (no output yet, an error, all at once) is forgotten."""
         if request_ids is None:
             self.tracks.clear()
+            self.started.clear()
+            self.unstarted.clear()
+            self.queued_tokens = 0
         now = self.now()
         for rid in request_ids or ():
-            track = self.tracks.pop(rid, None)
+            track = self._drop(rid)
             if served and track is not None and track.output_tokens > 0:
                 self._finish(rid, track, now)
 
@@ -237,20 +286,17 @@ class StepTracker:
             for r in scheduler.running
             if r.num_output_tokens > 0 and r.num_computed_tokens >= r.num_prompt_tokens
         )
-        tracks, slo = self.tracks, self.slo
-        on_track_tokens = off_track_tokens = 0
-        for k in tracks.values():
+        slo = self.slo
+        on_track_tokens = 0
+        off_track_tokens = self.unstarted.lapsed_weight(now, slo)
+        for k in self.started.values():
             if on_track(slo, now, k.arrival_s, k.first_token_s, k.last_token_s, k.output_tokens):
                 on_track_tokens += k.output_tokens
             else:
                 off_track_tokens += k.max_tokens
-        oldest = now
-        pending_prefill = 0
-        for r in scheduler.waiting:
-            pending_prefill += r.num_tokens - r.num_computed_tokens
-            track = tracks.get(r.request_id)
-            if track is not None:
-                oldest = min(oldest, track.arrival_s)
+        head = next_waiting(scheduler)
+        track = None if head is None else self.tracks.get(head.request_id)
+        oldest = now if track is None else track.arrival_s
         return self.tele.report(
             now,
             self.iterations,
@@ -264,7 +310,16 @@ class StepTracker:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             oldest_waiting_age_s=now - oldest,
-            waiting_prefill_tokens=pending_prefill,
+            waiting_prefill_tokens=self.queued_tokens,
             inflight_on_track_tokens=on_track_tokens,
             inflight_off_track_output_tokens=off_track_tokens,
         )
+
+
+def next_waiting(scheduler: Any) -> Any:
+    """The request vLLM's scheduler would take next from its waiting queues (those holding
+    KV blocks drain first), or None if none waits."""
+    for queue in (getattr(scheduler, "kv_holding_waiting", None), scheduler.waiting):
+        if queue:
+            return queue.peek_request()
+    return None

@@ -134,3 +134,27 @@ def test_a_request_aborted_after_output_counts_only_when_vllm_aborted_it() -> No
     tracker.on_abort(["stop", "early"], served=True)
     assert tracker.stats.counts["completed"] == 1 and tracker.tracks == {}
     assert tracker.tele.interval.output_tokens == 4  # produced, whatever became of them
+
+
+def test_a_tracker_weighs_a_request_waiting_past_its_deadline_from_its_arrival() -> None:
+    """The tracker keeps the queue's sums as requests come and go: a request with no first
+    token is off track from its deadline, counted from the arrival time it was given (a
+    replayed workload's own), until its first token; a request gone leaves no trace."""
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.vllm_tracker import StepTracker
+
+    tracker = StepTracker(SLO.parse("ttft:1000"))
+    now = [0.0]
+    tracker.clock = lambda: now[0]
+    tracker.start()
+    now[0] = 5.0
+    tracker.on_arrival("late", 10, 7)
+    tracker.set_arrival("late", 3.5)  # it arrived 1.5 s ago: past the TTFT target
+    tracker.on_arrival("fresh", 20, 9)
+    assert tracker.unstarted.lapsed_weight(now[0], tracker.slo) == 7
+    assert tracker.queued_tokens == 30
+    tracker.on_update({"late": 1}, set(), 0.0)  # its first token: judged by its TPOT now
+    assert tracker.unstarted.lapsed_weight(now[0], tracker.slo) == 0
+    assert set(tracker.started) == {"late"}
+    tracker.on_abort(["late", "fresh"])
+    assert tracker.queued_tokens == 0 and not tracker.started and not len(tracker.unstarted)

@@ -36,7 +36,9 @@ from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workloads import make_workload
 
 pytestmark = pytest.mark.vllm
-SLO_SPEC = SLO.parse("ttft:2000,tpot:50")
+SLOS = ("ttft:2000,tpot:50", "ttft:200,tpot:50")
+"""The targets: training's, and a TTFT that requests pass while they wait (the tracker
+weighs those incrementally, `LapsedFirstTokens`; the simulator by walking its queue)."""
 QUANTUM_S = 1.0 / 4096
 INTERVAL_ITERS = 3
 LIMITS = [Limits(6, 256)] * 2 + [Limits(32)] * 5 + [Limits(4, 512)]
@@ -122,18 +124,20 @@ def decisions(engine, workload) -> list[Telemetry]:
     return seen
 
 
-def observations(seen: list[Telemetry]) -> np.ndarray:
-    observer = Observer(SLO_SPEC)
+def observations(seen: list[Telemetry], slo: SLO) -> np.ndarray:
+    observer = Observer(slo)
     observer.reset()
     return np.array([observer(t) for t in seen])
 
 
-def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
+@pytest.mark.parametrize("slo_spec", SLOS)
+def test_tracker_and_simulator_give_the_same_observations(tmp_path, slo_spec: str) -> None:
     from batchpilot.envs.vllm_engine import VLLMEngine
     from batchpilot.envs.vllm_models import tiny_llama
 
+    slo = SLO.parse(slo_spec)
     real = VLLMEngine(
-        tiny_llama(tmp_path / "tiny-llama"), slo=SLO_SPEC, max_num_seqs=32, num_gpu_blocks=24,
+        tiny_llama(tmp_path / "tiny-llama"), slo=slo, max_num_seqs=32, num_gpu_blocks=24,
         step_log=10_000,
     )
     clock = VirtualClock()
@@ -148,16 +152,18 @@ def test_tracker_and_simulator_give_the_same_observations(tmp_path) -> None:
     profile = profile_like(
         real, steps, "replay", "the vLLM engine's shape, its recorded step times"
     )
-    sim_seen = decisions(SimEngine(profile, slo=SLO_SPEC, fast_forward=False), workload)
+    sim_seen = decisions(SimEngine(profile, slo=slo, fast_forward=False), workload)
     assert steps.used == len(steps.steps)
     assert len(sim_seen) == len(real_seen)
 
-    real_obs, sim_obs = observations(real_seen), observations(sim_seen)
+    real_obs, sim_obs = observations(real_seen, slo), observations(sim_seen, slo)
     assert np.any(real_obs[:, OBSERVATION_FIELDS.index("tbt_mean_over_tpot")] > 0)
     assert np.any(real_obs[:, OBSERVATION_FIELDS.index("ttft_over_target")] > 0)
     assert np.any(real_obs[:, OBSERVATION_FIELDS.index("preemptions_per_running")] > 0)
     assert len(set(real_obs[:, OBSERVATION_FIELDS.index("log2_token_budget")])) == 3
     assert any(t.inflight_off_track_output_tokens for t in real_seen)  # the reward's debit
+    lapsed = [t.oldest_waiting_age_s * 1e3 > slo.ttft_ms for t in real_seen]
+    assert any(lapsed) == (slo.ttft_ms < 2000)  # requests pass the tight TTFT waiting
     # the measured speed: the virtual clock's line, to its rounding to QUANTUM_S
     assert real_seen[-1].step_s_per_token == pytest.approx(TOKEN_S, rel=0.05)
     assert real_seen[-1].step_base_s == pytest.approx(STEP_S, abs=2 * QUANTUM_S)

@@ -8,9 +8,11 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import assert_profile_file_refused
 
+from batchpilot.envs.metrics import SLO
 from batchpilot.envs.profiles import (
     A100_80G,
     GIB,
@@ -21,7 +23,14 @@ from batchpilot.envs.profiles import (
     roofline_profile,
 )
 from batchpilot.envs.sim_engine import SimEngine
-from batchpilot.envs.telemetry import Limits, StepCost, TelemetryError
+from batchpilot.envs.telemetry import (
+    ArrivalRate,
+    LapsedFirstTokens,
+    Limits,
+    StepCost,
+    TelemetryError,
+    on_track,
+)
 from batchpilot.envs.workloads import make_workload
 
 
@@ -177,3 +186,57 @@ def test_simulator_reports_the_engines_speed() -> None:
     assert 0 < base < 0.1 and 0 < per_token < 1e-3
     assert slow_per_token == pytest.approx(2 * per_token, rel=0.3)
     assert slow_base == pytest.approx(2 * base, rel=0.3)
+
+
+@pytest.mark.parametrize("slo", ["ttft:200,tpot:50", "e2el:150,ttft:400", "tpot:50"])
+def test_lapsed_first_tokens_weigh_what_on_track_writes_off(slo: str) -> None:
+    """Incremental, the weight of requests with no first token that `on_track` finds off
+    track equals a walk over them all, through arrivals, first tokens, departures, a key
+    reused, a change of SLO; and what it remembers stays bounded by what it holds."""
+    rng = np.random.default_rng(0)
+    targets = [SLO.parse(slo), SLO.parse("ttft:300")]  # then a looser one
+    watch, held, now, n = LapsedFirstTokens(), {}, 0.0, 0
+    for step in range(3000):
+        target = targets[step // 2000]  # the SLO changes two-thirds of the way
+        now += float(rng.exponential(0.01))
+        if rng.random() < 0.55 or not held:
+            key = f"r{n - 3}" if rng.random() < 0.05 else f"r{n}"  # sometimes a key again
+            n += 1
+            weight = int(rng.integers(1, 100))
+            watch.add(key, now, weight)
+            held[key] = (now, weight)
+        else:
+            key = list(held)[int(rng.integers(len(held)))]
+            watch.discard(key)
+            del held[key]
+        if step % 7 == 0:
+            walked = sum(w for a, w in held.values() if not on_track(target, now, a, -1, -1, 0))
+            assert watch.lapsed_weight(now, target) == walked
+            assert len(watch) == len(held)
+            assert len(watch._order) <= 2 * len(held) + 65
+    assert watch.lapsed_weight(now, targets[-1]) > 0
+    watch.clear()
+    assert watch.lapsed_weight(now, targets[-1]) == 0 and len(watch) == 0
+    for i in range(10_000):  # requests that come and go long before their deadline
+        watch.add(f"q{i}", now + i, 1)
+        watch.discard(f"q{i}")
+    assert len(watch._order) <= 65
+
+
+def test_arrival_rates_count_the_arrivals_in_their_windows() -> None:
+    """The short and long rates are the arrivals in the last 5 s and 30 s per second (at
+    least 1 s of span), through bursts and gaps, read at any time after the arrivals (each
+    read only moves engine time on)."""
+    rng = np.random.default_rng(1)
+    rates, times, now = ArrivalRate(), [], 0.0
+    for _ in range(400):
+        now += float(rng.choice([0.0, 0.001, 0.5, 7.0]))  # bursts, steady, gaps
+        times.append(now)
+        rates.add(now)
+        if rng.random() < 0.3:
+            later = now + float(rng.uniform(0, 6))
+            long_n = sum(t >= later - 30.0 for t in times)
+            short_n = sum(t >= later - 5.0 for t in times)
+            assert rates.rate(later) == long_n / min(30.0, max(later, 1.0))
+            assert rates.short_rate(later) == short_n / min(5.0, max(later, 1.0))
+            now = later  # engine time only moves on
