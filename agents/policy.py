@@ -199,7 +199,9 @@ def fmt_ranges(scale: dict[str, tuple[float, float]]) -> str:
 
 
 def read_sidecar(onnx_path: Path) -> dict[str, Any]:
-    """The sidecar of `onnx_path`, checked against the file and this version's layout."""
+    """The sidecar of `onnx_path` (``~`` expanded, as no shell does in ``policy:~/...``),
+    checked against the file and this version's layout."""
+    onnx_path = onnx_path.expanduser()
     side = sidecar_path(onnx_path)
     if onnx_path.name.endswith(".onnx.json"):
         raise PolicyFileError(
@@ -318,7 +320,7 @@ def numpy_act(onnx_path: Path, n_obs: int, mode: str) -> Act:
 
 def load_policy(path: str | Path) -> PolicyController:
     """The controller a ``policy:PATH`` spec names, after checking file and sidecar."""
-    onnx_path = Path(path)
+    onnx_path = Path(path).expanduser()
     meta = read_sidecar(onnx_path)
     fields = meta["observation"]["fields"]
     slo = SLO.parse(meta["slo"])

@@ -121,7 +121,7 @@ def mapping_problems(
             problems.append(f"{prefix}{key}: " + unknown_key(key, hints, what))
             continue
         problem = type_problem(value, hints[key])
-        if problem is None and ranges and key in ranges:
+        if problem is None and ranges and key in ranges and value is not None:  # None: off
             problem = ranges[key](value)
         if problem:
             problems.append(f"{prefix}{key}: {problem}")

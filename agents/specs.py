@@ -30,7 +30,29 @@ FACTORIES: ChainMap[str, Callable[[list[str]], Controller]] = ChainMap(
 
 def make_controller(spec: str) -> Controller:
     """Build the controller a spec names (``policy:PATH`` included); ``A+B`` is the minimum."""
-    return baseline_specs.make_controller(spec, FACTORIES)
+    try:
+        return baseline_specs.make_controller(spec, FACTORIES)
+    except ValueError as exc:
+        from batchpilot.agents.policy import PolicyFileError
+
+        if isinstance(exc, PolicyFileError) and baseline_specs.COMBINE.search(spec):
+            raise PolicyFileError(f"{exc} (if the path holds a '+': {SEPARATORS})") from None
+        raise
+
+
+SEPARATORS = (
+    "',' separates controller specs and '+' joins two controllers, so a policy's path "
+    "in a spec cannot hold either: move or link the file to a path without them"
+)
+
+
+def policy_spec(path: Path) -> str:
+    """``policy:PATH``, for a path a user gave alone (``--policy``, a run's directory);
+    a ValueError naming the problem if the spec would split it."""
+    spec = f"policy:{path}"
+    if "," in spec or baseline_specs.COMBINE.search(spec):
+        raise ValueError(f"policy path {path}: {SEPARATORS}")
+    return spec
 
 
 def spec_key(spec: str) -> str:
@@ -41,6 +63,6 @@ def spec_key(spec: str) -> str:
         name, sep, path = part.partition(":")
         if name == "policy" and sep:
             with suppress(OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
-                part = f"policy:{Path(path).resolve()}"
+                part = f"policy:{Path(path).expanduser().resolve()}"
         parts.append(part)
     return baseline_specs.spec_key("+".join(parts))

@@ -62,6 +62,8 @@ def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str
             raise ControllerSpecError(
                 f"{name}: bad argument {arg!r}; use key=value with key one of {', '.join(types)}"
             )
+        if key in out:
+            raise ControllerSpecError(f"{name}: {key} given twice; give each argument once")
         kind = types[key]
         try:
             if kind is bool:

@@ -64,6 +64,10 @@ class WorkloadSpec:
             if unknown:
                 raise ValueError(f"workload spec: unknown key(s) {sorted(unknown)}")
             data = dict(value)
+            for key in ("source", "arrival", "bad_rows"):
+                if key in data and not isinstance(data[key], str):
+                    got = f"{data[key]!r} ({type(data[key]).__name__})"
+                    raise ValueError(f"workload spec: {key} must be a string, got {got}")
             n = data.get("num_requests", cls.num_requests)
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REQUESTS:
                 raise ValueError(

@@ -627,6 +627,23 @@ def test_policy_spec_runs_as_a_controller(exported: Path) -> None:
     assert m["completed"] == 60
 
 
+def test_a_policy_path_is_found_under_home_and_not_split(
+    exported: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """``policy:~/...`` is the file under the home directory (no shell expands it there); a
+    path that ``+`` would split says so."""
+    from batchpilot.agents.policy import PolicyFileError
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("p", "a+b"):
+        (tmp_path / name).mkdir()
+        for src in (exported, sidecar_path(exported)):
+            (tmp_path / name / src.name).write_bytes(src.read_bytes())
+    assert make_controller(f"policy:~/p/{exported.name}").control_interval is not None
+    with pytest.raises(PolicyFileError, match=r"does not exist: .*if the path holds a '\+'"):
+        make_controller(f"policy:{tmp_path}/a+b/{exported.name}")
+
+
 def another_member(run: Path, dst: Path, **run_json) -> Path:
     """A copy of `run` whose final weights are shifted by seeded noise (a second member), with
     `run_json` changes to its run description."""
@@ -1049,6 +1066,7 @@ def test_train_report_step_says_first_whether_the_policy_won(
         ({"--suite": "nosuch"}, "unknown suite 'nosuch'"),
         ({"--suite": "steady", "--suite ": "steady"}, "two suites share a name (steady, steady)"),
         ({"--policy ": "{policy}"}, "a policy is given twice"),
+        ({"--policy": "runs/a+b/policy.onnx"}, "policy path runs/a+b/policy.onnx: ',' separates"),
     ],
 )
 def test_evaluate_refuses_bad_input_before_any_run(tmp_path: Path, capsys, change, message) -> None:

@@ -54,6 +54,12 @@ BASE = {
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:gsm8k", "num_request": 5}}}, "eval.workload.num_request: unknown key"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:gsm8k", "num_requests": 0}}}, "eval.workload.num_requests: 0 is outside"),
         ({"env_kwargs": {"workload": [{"sorce": "embedded:gsm8k"}]}}, "env_kwargs: workload spec: unknown key"),
+        ({"env_kwargs": {"workload": {"source": "embedded:gsm8k", "arrival": 5}}}, r"env_kwargs: workload spec: arrival must be a string, got 5 \(int\)"),
+        ({"env_kwargs": {"workload": {"source": ["embedded:gsm8k", "embedded:sharegpt"]}}}, r"workload spec: source must be a string, got \['embedded:gsm8k', 'embedded:sharegpt'\] \(list\)"),
+        ({"eval": {"profile": ["llama-7b-a100", "llama-2-7b-a100"], "workload": {"source": "embedded:azure-conv", "profiles": ["llama-7b-a100"]}}}, "eval.profile 'llama-2-7b-a100': no eval workload applies to it"),
+        ({"eval": {"profile": ["llama-7b-a100"], "workload": {"source": "embedded:azure-conv", "profiles": ["llama-7b-a100", "llama-7b-a10O"]}}}, "eval.workload embedded:azure-conv: profiles names 'llama-7b-a10O', which is not one of eval.profile"),
+        ({"eval": {"profile": ["llama-7b-a100", "llama-7b-a100"], "workload": {"source": "embedded:azure-conv"}}}, "eval.profile: a profile named twice"),
+        ({"policy_kwargs": {"net_arch": {"pi": [8], "qf": [8]}}}, r"policy_kwargs.net_arch: unknown key\(s\) \['qf'\]; PPO reads pi"),
         ({"env_kwargs": {"profile": "no-such-gpu"}}, "env_kwargs: .*no-such-gpu"),
         ({"env_kwargs": {"observation_fields": ["waiting", "queue_mood"]}}, r"env_kwargs: observation fields .*unknown: \['queue_mood'\]"),
         ({"env_kwargs": {"observation_fields": ["waiting", "waiting"]}}, "env_kwargs: observation fields .*once"),
@@ -376,6 +382,33 @@ def test_a_report_suites_unreadable_trace_is_refused_before_training(tmp_path: P
     )
     with pytest.raises(ValueError, match=re.escape(message)):
         load_config(path)
+
+
+def test_a_report_that_could_not_name_the_policy_is_refused_before_training(
+    tmp_path: Path, capsys
+) -> None:
+    """The report names the exported policy in a controller spec, where '+' joins two: an
+    output directory holding one fails at once, not after training."""
+    path = tmp_path / "report.yml"
+    path.write_text(
+        yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"report": {"suites": ["steady"]}}})
+    )
+    out = tmp_path / "r+x"
+    assert main(["train", "--config", str(path), "--out", str(out), "--no-progress"]) == 2
+    assert f"policy path {out / 'policy.onnx'}: ',' separates" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_ppo_settings_off_by_null_are_accepted(tmp_path: Path) -> None:
+    """SB3's own defaults for target_kl and clip_range_vf are None (off)."""
+    path = tmp_path / "null.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {"batchpilot/Batching-v0": BASE | {"target_kl": None, "clip_range_vf": None}}
+        )
+    )
+    cfg = load_config(path)
+    assert cfg.hyperparams["target_kl"] is None and cfg.hyperparams["clip_range_vf"] is None
 
 
 def test_huge_layers_are_refused(tmp_path: Path) -> None:

@@ -346,6 +346,12 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
          + "".join(f"d{i}: &d{i} [{', '.join(['*d' if i == 1 else f'*d{i - 1}'] * 6)}]\n" for i in range(1, 9)),
          "holds more than 100,000 values"),
         ("scenarios: " + "[" * 5000 + "]" * 5000 + "\n", "nest too deeply"),
+        ("profiles: [llama-2-7b-a100]\nscenarios:\n  - {name: a, source: embedded:gsm8k, arrival:"
+         " {llama-2-7b-a100: poisson:1, llama-2-7b-a10O: poisson:9}}\n",
+         "'arrival' gives a value for 'llama-2-7b-a10O', which is not one of the scenario's profiles"),
+        ("profiles: [llama-2-7b-a100]\ndefaults: {slo: {llama-2-7b-a100: 'ttft:1000', llama2-7b-a100:"
+         " 'ttft:9'}}\nscenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1}\n",
+         "defaults: 'slo' gives a value for 'llama2-7b-a100', a profile no scenario runs on"),
     ]  # fmt: skip
     for i, (text, message) in enumerate(cases):
         path = tmp_path / f"bad{i}.yml"
@@ -644,6 +650,20 @@ def test_compare_writes_report_html_and_json(tmp_path: Path) -> None:
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3
     assert not any(p.suffix == ".svg" for p in out.iterdir())
+
+
+def test_scenarios_whose_names_make_one_file_name_keep_their_own_plots(tmp_path: Path) -> None:
+    """'Burst A' and 'burst-a' slug alike; each links plots of its own run, not the other's."""
+    suite = tmp_path / "collide.yml"
+    suite.write_text(
+        "defaults: {num_requests: 20, source: 'fixed:64:16'}\nscenarios:\n"
+        "  - {name: Burst A, arrival: 'poisson:1'}\n  - {name: burst-a, arrival: 'poisson:20'}\n"
+    )
+    out = tmp_path / "cmp"
+    argv = ["compare", "--suite", str(suite), "--controllers", "static:8", "--seeds", "1"]
+    assert main([*argv, "--no-capacity", "--out", str(out), "--no-progress"]) == 0
+    links = re.findall(r"^!\[[^\]]*\]\((.*)\)$", (out / "report.md").read_text(), re.MULTILINE)
+    assert len(links) == len(set(links)) == 4 and all((out / link).is_file() for link in links)
 
 
 def test_a_report_written_again_removes_only_the_plots_the_last_one_linked(tmp_path: Path) -> None:

@@ -252,10 +252,21 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+def unique_slug(name: str, taken: set[str]) -> str:
+    """`slug(name)`, or with -2, -3, ... if `taken` holds it already; added to `taken`."""
+    base = out = slug(name)
+    i = 2
+    while out in taken:
+        out, i = f"{base}-{i}", i + 1
+    taken.add(out)
+    return out
+
+
 def plot_scenario(
-    sc: dict[str, Any], labels: list[str], out_dir: Path, capacity_slo: dict | None
+    sc: dict[str, Any], labels: list[str], out_dir: Path, capacity_slo: dict | None, base: str
 ) -> list[Path]:
-    """Write this scenario's PNGs (one colour per controller in `labels`); returns their paths."""
+    """Write this scenario's PNGs as ``{base}-{kind}.png`` (one colour per controller in
+    `labels`); returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,7 +275,6 @@ def plot_scenario(
 
     paths = []
     colors = {c: plt.cm.tab10(i % 10) for i, c in enumerate(labels)}
-    base = slug(sc["name"])
 
     fig, axes = plt.subplots(4, 1, figsize=(9, 9.5), sharex=True)
     for c in labels:
@@ -494,9 +504,11 @@ def write_report(
     md += [*(f"{line}  " for line in intro), "", *preamble]
     body += [f"<p>{html.escape(x)}</p>" for x in intro]
     body += [_md_block_html(preamble)]
+    bases: set[str] = set()  # the plots' file names: two names may slug alike
     for sc in results["scenarios"]:
         s = sc["scenario"]
         cap = sc["capacity_target"]
+        base = unique_slug(sc["name"], bases)
         desc = (
             f"Workload {sc['workload']} (first seed), {engine_label(s)}, "
             f"goodput SLO {s['slo']}, control interval {s['interval']} for every controller."
@@ -522,7 +534,7 @@ def write_report(
             )
             md += [line, "", md_table(phead, prows), ""]
             body += [f"<p>{html.escape(line)}</p>", _html_table(phead, prows)]
-        for path in plot_scenario(sc, labels, out_dir, cap):
+        for path in plot_scenario(sc, labels, out_dir, cap, base):
             md += [f"![{path.stem}]({path.name})", ""]
             data = base64.b64encode(path.read_bytes()).decode()
             body.append(f'<img alt="{path.stem}" src="data:image/png;base64,{data}">')

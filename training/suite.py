@@ -141,10 +141,26 @@ def parse_suite(data: Any, path: Path) -> Suite:
         for key in ("name", "source"):
             if key not in merged:
                 raise SuiteError(f"{where}: missing key {key!r}")
-        for profile in _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'"):
+        on = _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'")
+        for key, value in entry.items():  # (defaults may serve other scenarios' profiles too)
+            strays = [k for k in value if k not in on] if isinstance(value, dict) else []
+            if strays:
+                raise SuiteError(
+                    f"{where}: {key!r} gives a value for {strays[0]!r}, which is not one of the "
+                    f"scenario's profiles ({', '.join(map(str, on))})"
+                )
+        for profile in on:
             scenarios.append(_scenario(path.stem, merged, profile, where))
             if "interval" in merged:
                 timed.add(scenarios[-1].name)
+    used = {sc.profile for sc in scenarios}
+    for key, value in defaults.items():
+        strays = [k for k in value if k not in used] if isinstance(value, dict) else []
+        if strays:
+            raise SuiteError(
+                f"{path}: defaults: {key!r} gives a value for {strays[0]!r}, a profile no "
+                "scenario runs on"
+            )
     names = [sc.name for sc in scenarios]
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise SuiteError(f"{path}: scenario names must be unique; given twice: {twice}")

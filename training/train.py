@@ -240,7 +240,14 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     problems += mapping_problems(
         policy_kwargs, policy_hints, prefix="policy_kwargs.", what="a policy keyword"
     )
-    wide = [v for v in ints(policy_kwargs.get("net_arch")) if not 1 <= v <= MAX_LAYER]
+    net_arch = policy_kwargs.get("net_arch")
+    if isinstance(net_arch, dict) and set(net_arch) - {"pi", "vf"}:
+        stray = sorted(map(str, set(net_arch) - {"pi", "vf"}))
+        problems.append(
+            f"policy_kwargs.net_arch: unknown key(s) {stray}; PPO reads pi (the policy's layers) "
+            "and vf (the value function's)"
+        )
+    wide = [v for v in ints(net_arch) if not 1 <= v <= MAX_LAYER]
     if wide:
         problems.append(f"policy_kwargs.net_arch: layer sizes {wide[:3]} outside [1, {MAX_LAYER}]")
     if body.get("policy", "MlpPolicy") != "MlpPolicy":
@@ -326,11 +333,25 @@ def _check_eval(cfg: TrainConfig, path: Path) -> None:
         raise ValueError(f"{path}: eval.profile: {exc}") from None
     if not ev.workloads:
         raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
+    if len(set(ev.profiles)) < len(ev.profiles):
+        raise ValueError(f"{path}: eval.profile: a profile named twice in {ev.profiles}")
     for w in ev.workloads:
         if not set(w.get("profiles", ev.profiles)) & set(ev.profiles):
             raise ValueError(
                 f"{path}: eval.workload {w['source']}: its profiles {w['profiles']} "
                 f"name none of eval.profile {ev.profiles}"
+            )
+        strays = [name for name in w.get("profiles", ()) if name not in ev.profiles]
+        if strays:
+            raise ValueError(
+                f"{path}: eval.workload {w['source']}: profiles names {strays[0]!r}, which is "
+                f"not one of eval.profile {ev.profiles}"
+            )
+    for name in ev.profiles:
+        if not any(name in w.get("profiles", ev.profiles) for w in ev.workloads):
+            raise ValueError(
+                f"{path}: eval.profile {name!r}: no eval workload applies to it (each lists "
+                "other profiles); it would never be scored"
             )
     try:
         ev.check()
@@ -609,6 +630,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     learned policy won, as quickstart's report is, and ``out/report/report.md`` over them
     all: `batchpilot evaluate`'s report); returns the latter."""
     from batchpilot.agents.export import export
+    from batchpilot.agents.specs import policy_spec
     from batchpilot.training.commands.common import command_line
     from batchpilot.training.commands.evaluate import (
         REFERENCES,
@@ -638,7 +660,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
         sections.append(SuiteSection(dest.name, suite_description(path), results, dest))
     command = command_line()
     return write_suites_report(
-        sections, [f"policy:{policy}"], out / "report", title=TITLE, command=command
+        sections, [policy_spec(policy)], out / "report", title=TITLE, command=command
     )
 
 

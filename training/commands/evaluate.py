@@ -21,6 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from batchpilot.agents.specs import policy_spec
 from batchpilot.baselines.specs import split_specs
 from batchpilot.training.commands.common import FIRST_SEED, SEEDS, check_output, command_line
 from batchpilot.training.evaluate import DEFAULT_SEEDS
@@ -76,6 +77,7 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.training.suite import suite_names
 
     check_output(args.out, "--out", directory=True)
+    labels = [policy_spec(p) for p in args.policy]
     # a missing or mismatched file fails before any run
     intervals = {str(p): read_sidecar(p)["control_interval"] for p in args.policy}
     if len(intervals) < len(args.policy):
@@ -107,7 +109,6 @@ def main(args: argparse.Namespace) -> int:
         )
         sections.append(SuiteSection(stem, description, results, args.out / stem))
     command = command_line()
-    labels = [f"policy:{p}" for p in args.policy]
     report = write_suites_report(sections, labels, args.out, title=args.title, command=command)
     print(f"wrote {report}")
     return 0
@@ -135,7 +136,7 @@ def run_suite(
     report headed by whether each policy won; returns the results."""
     from batchpilot.training.policy_report import compare_policy
 
-    labels = [f"policy:{p}" for p in policies]
+    labels = [policy_spec(p) for p in policies]
     argv = [
         "--suite", suite,
         "--controllers", ",".join([references, *labels]),

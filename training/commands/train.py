@@ -65,6 +65,11 @@ def main(args: argparse.Namespace) -> int:
     outs = [args.out] if len(seeds) == 1 else [args.out / f"seed{s}" for s in seeds]
     start = time.perf_counter()
     runs = list(zip(seeds, outs, strict=True))
+    if cfg.report is not None:  # the report names the exported policy: fail before training
+        from batchpilot.agents.specs import policy_spec
+
+        for out in outs:
+            policy_spec(out / "policy.onnx")
     bests = train_runs(cfg, args.config, runs, resume=args.resume, progress=not args.no_progress)
     took = time.perf_counter() - start
     print(f"trained {len(runs)} run(s) to {cfg.n_timesteps:,} steps in {took:.0f} s")
