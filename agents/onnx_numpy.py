@@ -223,7 +223,12 @@ class Lowering:
     def lower(self, node: NodeProto) -> None:
         op = node.op_type
         where = f"node {node.name or node.output[0]!r}"
-        if node.domain not in ("", "ai.onnx") or op not in SUPPORTED_OPS:
+        if node.domain not in ("", "ai.onnx"):
+            raise GraphError(
+                f"{where}: op {op!r} of domain {node.domain!r} is not supported "
+                "(ONNX's own ops only)"
+            )
+        if op not in SUPPORTED_OPS:
             supported = ", ".join(sorted(SUPPORTED_OPS))
             raise GraphError(f"{where}: op {op!r} is not supported (supported: {supported})")
         attrs = {a.name: self.attribute(a) for a in node.attribute}
@@ -264,6 +269,8 @@ class Lowering:
             k = self.vector(args[1], self.dense(x))
             if (k == (1 if op in ("Div", "Mul") else 0)).all():
                 return x  # exactly the identity
+            if op == "Div" and not k.all():
+                raise GraphError("divides by 0 (a normalisation with a zero scale)")
             fn = {"Sub": np.subtract, "Add": np.add, "Div": np.divide, "Mul": np.multiply}[op]
             return self.in_place(fn, k)
         if op == "Clip":

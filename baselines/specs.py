@@ -29,6 +29,10 @@ class ControllerSpecError(ValueError):
     """A controller spec that names no known controller or has bad arguments."""
 
 
+MAX_LIMIT = 2**31 - 1
+"""The largest limit a static spec takes."""
+
+
 def _static(args: list[str]) -> Controller:
     if len(args) not in (1, 2):
         raise ControllerSpecError(
@@ -40,8 +44,11 @@ def _static(args: list[str]) -> Controller:
             value = plain_int(text, signed=True)  # a negative one: the range check names it
         except ValueError:
             raise ControllerSpecError(f"{spec}: {what} must be a whole number") from None
-        if value < 1:
-            raise ControllerSpecError(f"{spec}: {what} must be >= 1")
+        if not 1 <= value <= MAX_LIMIT:
+            raise ControllerSpecError(
+                f"{spec}: {what} must be >= 1" if value < 1 else f"{spec}: {what} must be at "
+                f"most {MAX_LIMIT:,} (a 32-bit int, as vLLM's own limits)"
+            )
         values.append(value)
     return StaticController(*values)
 

@@ -66,6 +66,8 @@ def test_specs_build_their_controllers() -> None:
         ("static:x", "N must be a whole number"),
         ("static:0_8", "N must be a whole number"),
         ("static:-1", "N must be >= 1"),
+        ("static:99999999999999999999999", "N must be at most 2,147,483,647"),
+        ("static:64:4294967296", "T must be at most 2,147,483,647"),
         ("alg1:eps=0.05:eps=0.2", "alg1: eps given twice"),  # was the last one, silently
         ("mpc:seqs=8/32:seqs=64", "mpc: seqs given twice"),
     ],

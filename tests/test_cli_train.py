@@ -82,6 +82,8 @@ BASE = {
         ({"policy_kwargs": {"activation_fn": "nn.ReLU"}}, "policy_kwargs.activation_fn: 'nn.ReLU'"),
         ({"policy_kwargs": {"netarch": [8]}}, "did you mean 'net_arch'"),
         ({"n_steps": 1}, "n_steps x n_envs is 1"),
+        ({"batch_size": 100_000}, r"batch_size: 100000 is more than a rollout \(n_steps x n_envs = 32\)"),
+        ({"n_timesteps": 1}, r"n_timesteps: 1 is less than a rollout \(n_steps x n_envs = 32\)"),
         ({"env_kwargs": {"control_interval_s": 0}}, "env_kwargs: control_interval_s must be a number of seconds in \\[0.001, 3600\\], got 0"),
         ({"env_kwargs": {"control_interval_s": -1}}, "env_kwargs: control_interval_s must be a number of seconds in \\[0.001, 3600\\], got -1"),
         ({"env_kwargs": {"control_interval_s": float("inf")}}, "env_kwargs.control_interval_s: inf is not of type float"),

@@ -216,6 +216,28 @@ def test_unsupported_op_is_refused_by_name() -> None:
         compile_graph(model_bytes(nodes, inits), 5)
 
 
+def test_an_op_of_another_domain_is_refused_by_its_domain() -> None:
+    """A Tanh of a custom domain is not ONNX's Tanh: the message names the domain."""
+    nodes, inits = other_arrangement()
+    nodes[5] = helper.make_node("Relu", ["a"], ["r"], name="act1", domain="com.example")
+    model = onnx.load_from_string(model_bytes(nodes, inits))
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(GraphError, match=r"node 'act1': op 'Relu' of domain 'com.example'"):
+        compile_graph(model.SerializeToString(), 5)
+
+
+def test_a_zero_scale_is_refused_at_load() -> None:
+    """A normalisation dividing by 0 would put inf into every decision; it is refused when
+    the graph is read, not at the first decision."""
+    nodes, inits = other_arrangement()
+    std = next(t for t in inits if t.name == "std")
+    values = numpy_helper.to_array(std).copy()
+    values[2] = 0.0
+    std.CopyFrom(numpy_helper.from_array(values, "std"))
+    with pytest.raises(GraphError, match=r"\(Div\): divides by 0"):
+        compile_graph(model_bytes(nodes, inits), 5)
+
+
 def test_unsupported_op_in_a_policy_file_is_refused(tmp_path: Path) -> None:
     """End to end: a re-sealed sidecar whose graph uses another op is refused by
     `load_policy`, naming the op."""

@@ -208,9 +208,10 @@ COMMITTED = Path(__file__).parents[1] / "training" / "reports" / "learned" / "po
 
 
 def nan_policy(directory: Path) -> Path:
-    """The committed policy with its observation normalisation's std zeroed: weights and
-    sidecar valid (re-sealed), but an entry equal to its mean comes out 0 / 0 = NaN, and
-    every logit with it."""
+    """The committed policy with weights that overflow float32: every weight of its first
+    layer 3e38 and the observation's means +-1e30, so the normalised inputs clip to +10 and
+    -10 alternately and each first-layer sum meets inf and -inf: NaN, and every logit with
+    it. The weights are finite and the sidecar valid (re-sealed), so it loads."""
     onnx = pytest.importorskip("onnx")
     import json
 
@@ -221,9 +222,12 @@ def nan_policy(directory: Path) -> Path:
 
     model = onnx.load(COMMITTED)
     for tensor in model.graph.initializer:
-        if tensor.name in ("mean", "std"):
-            zeros = np.zeros(list(tensor.dims), np.float32)
-            tensor.CopyFrom(numpy_helper.from_array(zeros, tensor.name))
+        if tensor.name == "mean":
+            means = np.resize(np.array([-1e30, 1e30], np.float32), list(tensor.dims))
+            tensor.CopyFrom(numpy_helper.from_array(means, tensor.name))
+        if tensor.name == "net.0.weight":
+            huge = np.full(list(tensor.dims), 3e38, np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(huge, tensor.name))
     path = directory / "policy.onnx"
     onnx.save(model, path)
     meta = json.loads(sidecar_path(COMMITTED).read_text()) | {"sha256": sha256(path)}

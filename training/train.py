@@ -258,6 +258,18 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     n_rollout = n_steps * body.get("n_envs", TrainConfig.n_envs)
     if n_rollout <= 1:
         problems.append(f"n_steps x n_envs is {n_rollout}; PPO needs more than 1")
+    batch = body.get("batch_size", 0)  # as given: SB3's default meets small rollouts warned
+    if batch > n_rollout > 1:
+        problems.append(
+            f"batch_size: {batch} is more than a rollout (n_steps x n_envs = {n_rollout}); "
+            f"PPO would train on batches of {n_rollout}"
+        )
+    steps = body.get("n_timesteps", TrainConfig.n_timesteps)
+    if steps < n_rollout:
+        problems.append(
+            f"n_timesteps: {steps} is less than a rollout (n_steps x n_envs = {n_rollout}); "
+            "PPO collects whole rollouts, so it would train that many steps"
+        )
     return problems
 
 
