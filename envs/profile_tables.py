@@ -170,6 +170,34 @@ def _thin(x: np.ndarray, y: np.ndarray) -> tuple[list[float], list[float]]:
     return [float(x[i]) for i in picked], [round(float(y[i]), 5) for i in picked]
 
 
+SHAPE_COLUMNS = {
+    "n_embd": "hidden",
+    "n_expanded_embd": "intermediate",
+    "n_head": "heads",
+    "n_kv_head": "kv_heads",
+}
+"""A Vidur linear-layer table's columns of the model shape it was measured on, and the
+`Architecture` fields they are (its ``vocab_size`` is padded: 32,768 for Llama-2's 32,000)."""
+
+
+def table_shape(path: Path) -> dict[str, int]:
+    """The model shape a Vidur linear-layer table was measured on (`Architecture` field ->
+    value; empty if it names none); a table of two shapes is a ValueError."""
+    shapes = {}
+    for line, row in _rows(path):
+        if not all(row.get(c) for c in SHAPE_COLUMNS):
+            return {}
+        shape = tuple(_count(path, row, c, line) for c in SHAPE_COLUMNS)
+        shapes.setdefault(shape, line)
+    if len(shapes) > 1:
+        (a, line_a), (b, line_b) = list(shapes.items())[:2]
+        raise ValueError(
+            f"{path}: rows of two model shapes (line {line_a}: {a}, line {line_b}: {b}; "
+            f"{', '.join(SHAPE_COLUMNS)})"
+        )
+    return dict(zip(SHAPE_COLUMNS.values(), next(iter(shapes)), strict=True))
+
+
 def linear_tables(path: Path) -> dict[str, dict[str, list[float]]]:
     """Per TP degree: token knots, per-layer linear ops (ms), embedding (ms), gate/up (ms)."""
     by_tp: dict[int, dict[int, list[tuple[float, float, float]]]] = defaultdict(

@@ -379,7 +379,8 @@ def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: i
     """A Vidur directory of Llama-2-7B on A100 at TP 1 (`tokens` token counts, 1 to 2^13) and
     the attention table; `cell` (file, column, value) overwrites that column's first row."""
     ops = [f"time_stats.{op}.median" for op in (*dict.fromkeys(LAYER_OPS), "emb")]
-    mlp = [{"num_tensor_parallel_workers": "1", "num_tokens": str(2**i)} for i in range(tokens)]
+    shape = {"n_head": "32", "n_kv_head": "32", "n_embd": "4096", "n_expanded_embd": "11008"}
+    mlp = [{"num_tensor_parallel_workers": "1", "num_tokens": str(2**i), **shape} for i in range(tokens)]
     for row in mlp:
         row.update({op: str(0.01 + int(row["num_tokens"]) * 1e-5) for op in ops})
     attention = []
@@ -421,6 +422,7 @@ def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: i
         (None, 14, ["--step-overhead-ms", "1e9"], r"out.json: the step model times a one-request decode step at 1e\+06 s.*; nothing written"),
         (None, 14, ["--gpu-memory-gib", "1e300"], r"gpu_memory_gib must be in \[0, 65536\] GiB, got 1e\+300"),
         (None, 14, ["--runtime-reserve-gib", "1e300"], r"runtime_reserve_gib must be in \[0, 65536\] GiB"),
+        (("mlp.csv", "n_embd", "5120"), 14, [], r"mlp.csv: rows of two model shapes \(line 2: \(5120, 11008, 32, 32\), line 3: \(4096,"),
     ],
 )
 def test_profiles_build_writes_no_profile_it_would_refuse(tmp_path: Path, capsys, cell, tokens, options, message) -> None:
@@ -615,6 +617,29 @@ def test_profiles_build_from_a_hugging_face_config(tmp_path: Path, capsys) -> No
     assert gqa.kv_bytes_per_token_per_gpu(1) * 4 == llama.kv_bytes_per_token_per_gpu(1)
     unset = _write(tmp_path / "mha.json", dict(LLAMA_2_7B_CONFIG, num_key_value_heads=None))
     assert architecture_from_hf_config(unset).kv_heads == 32  # null: as many as the heads
+
+
+@pytest.mark.parametrize(
+    ("change", "differ"),
+    [
+        ({"intermediate_size": 1}, "intermediate 1 vs 11,008"),  # once a 1.9 s TPOT, silently
+        ({"num_key_value_heads": 8}, "kv_heads 8 vs 32"),
+        ({"hidden_size": 5120, "num_attention_heads": 40, "num_key_value_heads": 40},
+         "hidden 5,120 vs 4,096; heads 40 vs 32; kv_heads 40 vs 32"),
+    ],
+)
+def test_a_model_paired_with_another_models_table_is_refused(
+    tmp_path: Path, capsys, change: dict, differ: str
+) -> None:
+    """Vidur's table names the shape it was measured on; a config of another shape would
+    take that model's times for its own."""
+    path = _write(tmp_path / "config.json", dict(LLAMA_2_7B_CONFIG, **change))
+    out = tmp_path / "built.json"
+    args = ["profiles", "build", "--model", str(path), "--gpu", "a100", "--vidur", str(VIDUR)]
+    assert cli([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "shape differs from the one" in err and differ in err and "Llama-2-7b-hf/mlp.csv" in err
+    assert not out.exists()
 
 
 def _write(path: Path, data: object) -> Path:

@@ -36,6 +36,7 @@ from batchpilot.envs.profiles import (
     RUNTIME_RESERVE_GIB,
     SEQ_OVERHEAD_S,
     STEP_OVERHEAD_S,
+    Architecture,
     measured_profile,
 )
 from batchpilot.training.commands.common import (
@@ -182,6 +183,25 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_shape(model: Architecture, table: Path) -> None:
+    """`table` was measured on `model`'s shape: another model's times would pass for its own
+    (a ValueError naming both)."""
+    from batchpilot.envs.profile_tables import SHAPE_COLUMNS, table_shape
+
+    shape = table_shape(table)
+    if not shape:
+        print(f"note: {table} names no model shape ({', '.join(SHAPE_COLUMNS)}): not checked")
+        return
+    mine = {k: getattr(model, k) for k in shape}
+    differ = [f"{k} {mine[k]:,} vs {v:,}" for k, v in shape.items() if mine[k] != v]
+    if differ:
+        raise ValueError(
+            f"{model.title}'s shape differs from the one {table} was measured on "
+            f"({'; '.join(differ)}): its times are another model's; give --vidur-model the "
+            "directory of a table measured on this shape"
+        )
+
+
 def _build(args: argparse.Namespace) -> int:
     from batchpilot.envs.profile_tables import derive, linear_tables
     from batchpilot.envs.profiles import architecture, linear_table_keys, write_profile
@@ -223,6 +243,8 @@ def _build(args: argparse.Namespace) -> int:
             continue
         use = [key]
         break
+    if len(use) == 1:
+        _check_shape(model, args.vidur / "compute" / use[0] / "mlp.csv")
     tables = derive(args.vidur, use, gpu.vidur_network)
     profile = measured_profile(
         tables,
