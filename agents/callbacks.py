@@ -213,6 +213,7 @@ class BaselineEvalCallback(BaseCallback):
         for b in self.baselines:
             self.reference[b] = self.scenario.score(lambda b=b: make_controller(b))
         self._evaluate()  # the starting policy (the imitation result) is a candidate too
+        self.logger.dump(self.num_timesteps)  # at its own step, as SB3's EvalCallback logs
 
     def _act(self, obs: np.ndarray) -> np.ndarray:
         vecnorm = self.model.get_vec_normalize_env()

@@ -335,6 +335,27 @@ def collect_episode(
     )
 
 
+RETURN_EPSILON = 1e-8
+"""`VecNormalize`'s default ``epsilon``: rewards are divided by sqrt(return variance + it)."""
+
+
+def return_statistics(episodes: list[np.ndarray], gamma: float, into: Any) -> None:
+    """Set `into` (SB3's `RunningMeanStd`) to what `VecNormalize` learns of these episodes'
+    rewards: the statistics of the discounted sum it keeps per env, reset at each episode's
+    start, by whose spread it divides the rewards PPO trains on."""
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+    fitted = RunningMeanStd(shape=())
+    for rewards in episodes:
+        sums = np.empty(len(rewards))
+        acc = 0.0
+        for i, r in enumerate(rewards):
+            acc = acc * gamma + r
+            sums[i] = acc
+        fitted.update(sums)
+    into.mean, into.var, into.count = fitted.mean, fitted.var, fitted.count
+
+
 def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
     out = np.empty_like(rewards)
     acc = 0.0
@@ -480,16 +501,23 @@ def dagger(
     seed: int,
     gamma: float,
     log: Callable[[dict[str, float], int], None] | None = None,
+    returns: Any = None,
 ) -> list[dict[str, float]]:
     """Clone `spec.teacher` into `model.policy` over `spec.rounds` rounds (see module doc),
     `collector` collecting the episodes (made from the same `spec`). `log(values, round)`
-    receives each round's ``imitation/*`` figures. Returns them."""
+    receives each round's ``imitation/*`` figures. Returns them.
+
+    With `returns` (SB3's `RunningMeanStd`: PPO's `VecNormalize` is to start from it), it is
+    set from the episodes' rewards (`return_statistics`) and the value head is fitted on
+    returns divided as `VecNormalize` divides rewards: on the scale PPO's critic trains on.
+    Without, on the raw returns."""
     rng = np.random.default_rng(seed)
     obs_all: list[np.ndarray] = []
     accepted_all: list[list[np.ndarray]] = []
     stakes_all: list[np.ndarray] = []
     tbt_all: list[np.ndarray] = []
     returns_all: list[np.ndarray] = []
+    rewards_all: list[np.ndarray] = []
     history = []
     for r in range(spec.rounds):
         beta = 1.0 if r == 0 else spec.beta**r
@@ -501,6 +529,11 @@ def dagger(
             stakes_all.append(ep.stakes)
             tbt_all.append(ep.tbt_over_tpot)
             returns_all.append(discounted_returns(ep.rewards, gamma))
+            rewards_all.append(ep.rewards)
+        targets = np.concatenate(returns_all)
+        if returns is not None:
+            return_statistics(rewards_all, gamma, returns)
+            targets = targets / np.sqrt(returns.var + RETURN_EPSILON)
         all_stakes = np.concatenate(stakes_all)
         near = np.concatenate(tbt_all) >= spec.seq_stakes_tbt if spec.seq_stakes_tbt else None
         stats = fit(
@@ -508,7 +541,7 @@ def dagger(
             np.concatenate(obs_all),
             [np.concatenate(masks) for masks in zip(*accepted_all, strict=True)],
             label_weights(all_stakes, spec.stakes_knobs, near),
-            np.concatenate(returns_all),
+            targets,
             spec,
             rng,
         )

@@ -71,11 +71,16 @@ class ActionGrid:
         if len(a) != 2 or not (math.isfinite(a[0]) and math.isfinite(a[1])):
             raise ValueError(f"action must be 2 finite entries, got {action!r}")
         i, j = int(a[0]), int(a[1])
+        n, m = self.nvec
+        if i != a[0] or j != a[1] or not (0 <= i < n and 0 <= j < m):
+            raise ValueError(
+                f"action {a} is outside the action space, MultiDiscrete([{n}, {m}]) (whole "
+                "numbers from 0): an agent meant for another space?"
+            )
         if self.mode == "step":
-            i = self.index[0] + min(2, max(0, i)) - 1
-            j = self.index[1] + min(2, max(0, j)) - 1
-        i = min(self.top[0], max(0, i))  # grid points past the engine's caps
-        j = min(self.top[1], max(0, j))  # act as the caps
+            i, j = self.index[0] + i - 1, self.index[1] + j - 1
+        i = min(self.top[0], max(0, i))  # grid points past the engine's caps act as the
+        j = min(self.top[1], max(0, j))  # caps (and a step can not leave the grid)
         self.index = (i, j)
         return self.limits_at(self.index)
 

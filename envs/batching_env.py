@@ -242,8 +242,10 @@ class BatchingEnv(gym.Env):
     ``recompute``.
 
     ## Episode End
-    Terminated when every request of the episode's workload has finished; truncated by
-    the `max_episode_steps` of `gymnasium.make` (default 512).
+    Terminated when every request of the episode's workload has finished; truncated only by
+    a `max_episode_steps` given to `gymnasium.make` (none by default: a step count would cut
+    episodes at a length that depends on `control_interval_s`; `batchpilot train` sets its
+    config's `max_episode_steps`).
 
     ## Arguments
     - `engine`: `"sim"` (default) or `"vllm"` (needs `model`, a model directory); extra
@@ -308,7 +310,10 @@ class BatchingEnv(gym.Env):
         model: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
         observation_fields: list[str] | None = None,
+        render_mode: str | None = None,
     ) -> None:
+        if render_mode is not None:
+            raise ValueError(f"render_mode {render_mode!r}: this env renders nothing")
         if engine not in ("sim", "vllm"):
             raise ValueError(f"engine must be 'sim' or 'vllm', got {engine!r}")
         if engine == "vllm" and not model:
@@ -433,6 +438,8 @@ class BatchingEnv(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        if options:
+            raise ValueError(f"reset options {sorted(options)}: this env takes none")
         super().reset(seed=seed)
         rng = self.np_random
         profile = self._profile_objs[int(rng.choice(len(self._profile_objs), p=self._profile_p))]

@@ -177,6 +177,50 @@ def test_dagger_clones_the_teacher() -> None:
     assert fresh.labels[0].tolist() == [SEQ_GRID.index(48), BUDGET_GRID.index(1024)]
 
 
+def test_the_warm_started_critic_learns_the_returns_ppo_will_train_it_on() -> None:
+    """PPO trains on rewards `VecNormalize` divides by its returns' spread: imitation sets
+    those statistics from its episodes and fits the value head on returns so divided (on
+    raw returns, its first PPO value loss was 8x a constant's)."""
+    import functools
+
+    import gymnasium as gym
+    import torch as th
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+    from batchpilot.agents.imitation import (
+        RETURN_EPSILON,
+        Collector,
+        ImitationSpec,
+        collect_episode,
+        dagger,
+        discounted_returns,
+    )
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
+    make_env = functools.partial(gym.make, "batchpilot/Batching-v0", **kwargs)
+    model = PPO("MlpPolicy", make_env(), seed=0, device="cpu", policy_kwargs={"net_arch": [32]})
+    spec = ImitationSpec(teacher="static:48:1024", rounds=1, episodes=2, epochs=5, value_epochs=200)
+    returns = RunningMeanStd(shape=())
+    dagger(model, Collector(make_env, spec), spec, seed=0, gamma=0.98, returns=returns)
+    episodes = [collect_episode(make_env, spec.teacher, s, None, beta=1.0) for s in (0, 1)]
+    sums = []  # VecNormalize's running discounted sum, step by step
+    for e in episodes:
+        acc = 0.0
+        for r in e.rewards:
+            acc = acc * 0.98 + r
+            sums.append(acc)
+    assert float(returns.var) == pytest.approx(np.var(sums), rel=1e-3)
+    spread = float(np.sqrt(returns.var + RETURN_EPSILON))
+    assert spread > 2  # a scale that matters
+    raw = np.concatenate([discounted_returns(e.rewards, 0.98) for e in episodes])
+    obs = th.as_tensor(np.concatenate([e.obs for e in episodes]))
+    with th.no_grad():
+        values = model.policy.predict_values(obs).numpy().ravel()
+    on_scale, off_scale = np.mean((values - raw / spread) ** 2), np.mean((values - raw) ** 2)
+    assert on_scale < np.var(raw / spread) < off_scale
+
+
 def test_the_collector_collects_a_claimed_round_0_episode_once(monkeypatch) -> None:
     """Runs of neighbouring seeds share round-0 episodes (the teacher drives, so the env seed
     decides them): each is collected once for all its claims, and collected again only after
@@ -515,6 +559,8 @@ def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> No
         "train/value_loss",
     ):
         assert tag in tags, tag
+    # the imitation result's evaluation at step 0 (it once waited for the first rollout's step)
+    assert min(e.step for e in acc.Scalars("eval/output_goodput")) == 0
     imitation = EventAccumulator(str(trained_run / "tb" / "imitation"))
     imitation.Reload()
     assert {"imitation/nll", "imitation/accuracy"} <= set(imitation.Tags()["scalars"])
@@ -559,19 +605,28 @@ def test_a_bad_evaluation_record_is_named(tmp_path: Path, text: str, message: st
         BaselineEvalCallback(None, "grid", SLO(), 1, tmp_path)  # type: ignore[arg-type]
 
 
-def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path) -> None:
+def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path, monkeypatch) -> None:
     import shutil
 
+    import batchpilot.training.train as train_module
     from batchpilot.agents.checkpoint import read_state
     from batchpilot.training.train import train
+
+    seeds = []  # the envs' seeds: a resumed run once drew its first episodes again
+    make_vec_env = train_module.make_vec_env
+    monkeypatch.setattr(
+        train_module, "make_vec_env", lambda cfg, seed=None: seeds.append(seed) or make_vec_env(cfg, seed)
+    )
 
     data = json.loads(json.dumps(TINY))
     data["batchpilot/Batching-v0"]["n_timesteps"] = 384
     config = write_config(tmp_path / "longer.yml", data)
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
+    steps = read_state(run_dir / "checkpoints" / "step_256")["num_timesteps"]
     train(load_config(config), config, run_dir, resume=True, progress=False)
     assert read_state(run_dir / "final")["num_timesteps"] >= 384
+    assert seeds == [TINY["batchpilot/Batching-v0"]["seed"] + steps]  # new episodes
     with pytest.raises(ValueError, match="already holds a run"):
         train(load_config(config), config, run_dir, resume=False, progress=False)
 

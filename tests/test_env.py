@@ -84,6 +84,31 @@ def test_actions_set_both_knobs_on_log_grids() -> None:
     assert SEQ_GRID.index(a["max_num_seqs"]) - SEQ_GRID.index(b["max_num_seqs"]) == 1
 
 
+@pytest.mark.parametrize(
+    ("mode", "action"),
+    [("grid", [100, 100]), ("grid", [-1, 0]), ("grid", [3.9, 2.2]), ("step", [3, 1]), ("grid", [np.nan, 0])],
+)
+def test_an_action_outside_the_space_is_refused(mode: str, action: list) -> None:
+    """Out of range or fractional: an agent meant for another space (they were clamped and
+    truncated, silently)."""
+    env = make(action_mode=mode)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"outside the action space|2 finite entries"):
+        env.step(np.array(action))
+
+
+def test_render_mode_and_reset_options_are_gymnasiums() -> None:
+    """No render mode (SB3's make_vec_env passes None); no reset options, unknown ones named;
+    no step cap from the registration: an episode ends with its workload."""
+    env = gym.make("batchpilot/Batching-v0", render_mode=None)
+    assert env.spec.max_episode_steps is None
+    env.reset(seed=0, options={})
+    with pytest.raises(ValueError, match=r"reset options \['profile'\]: this env takes none"):
+        env.reset(options={"profile": "llama-7b-a100"})
+    with pytest.raises(ValueError, match="render_mode 'human': this env renders nothing"):
+        gym.make("batchpilot/Batching-v0", render_mode="human")
+
+
 def test_reward_credit_sums_to_goodput_and_recompute_is_priced() -> None:
     """The dense credit telescopes: over an episode it is the good tokens exactly."""
     env = make(

@@ -419,13 +419,14 @@ def make_env(cfg: TrainConfig) -> Any:
     return Monitor(gym.make(cfg.env_id, max_episode_steps=cfg.max_episode_steps, **cfg.env_kwargs))
 
 
-def make_vec_env(cfg: TrainConfig) -> Any:
-    """`n_envs` envs in subprocesses (in-process for one), seeded from the config."""
+def make_vec_env(cfg: TrainConfig, seed: int | None = None) -> Any:
+    """`n_envs` envs in subprocesses (in-process for one), seeded with `seed` (None: the
+    config's)."""
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     fns = [functools.partial(make_env, cfg) for _ in range(cfg.n_envs)]
     venv = SubprocVecEnv(fns) if cfg.n_envs > 1 else DummyVecEnv(fns)
-    venv.seed(cfg.seed)
+    venv.seed(cfg.seed if seed is None else seed)
     return venv
 
 
@@ -458,6 +459,9 @@ class _Run:
     callbacks: list[Any]
     random_state: tuple[Any, Any, Any]
     """Python's, numpy's and torch's global random states once the model was built."""
+    returns: Any = None
+    """The return statistics the imitation phase fitted its critic's scale to (SB3's
+    `RunningMeanStd`; None: none), which PPO's `VecNormalize` starts from."""
 
 
 def train(cfg: TrainConfig, config_path: Path, out: Path, *, resume: bool, progress: bool) -> Path:
@@ -600,7 +604,9 @@ def _learn(run: _Run, progress: bool) -> Path:
     from batchpilot.agents.checkpoint import VECNORMALIZE, load_vecnormalize, save_checkpoint
 
     cfg, model, previous = run.cfg, run.model, run.previous
-    venv = make_vec_env(cfg)
+    # a resumed run goes on to new episodes: seeded as the config's seed would not repeat
+    seed = cfg.seed if previous is None else cfg.seed + model.num_timesteps
+    venv = make_vec_env(cfg, seed)
     try:
         if previous is not None and (previous / VECNORMALIZE).is_file():
             venv = load_vecnormalize(previous / VECNORMALIZE, venv)
@@ -608,11 +614,16 @@ def _learn(run: _Run, progress: bool) -> Path:
             venv = VecNormalize(  # scales (`Observer`)
                 venv, norm_obs=False, norm_reward=True, gamma=model.gamma
             )
+            if run.returns is not None:  # the scale the warm-started critic was fitted on
+                venv.ret_rms = run.returns
         model.set_env(venv)
-        python_state, numpy_state, torch_state = run.random_state
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
-        th.set_rng_state(torch_state)
+        if previous is None:
+            python_state, numpy_state, torch_state = run.random_state
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+            th.set_rng_state(torch_state)
+        else:
+            model.set_random_seed(seed)
         remaining = cfg.n_timesteps - (model.num_timesteps if previous is not None else 0)
         model.learn(
             max(remaining, 0),
@@ -709,7 +720,12 @@ def _imitate(run: _Run, episodes: Collector, named: bool, advance: Callable[[], 
         print(f"{prefix}imitation round {round_}: {figures}", flush=True)
         advance()
 
-    dagger(run.model, episodes, cfg.imitation, seed=cfg.seed, gamma=run.model.gamma, log=log)
+    if cfg.normalize:  # PPO's critic learns normalised returns: fit it on that scale
+        from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+        run.returns = RunningMeanStd(shape=())
+    model, gamma = run.model, run.model.gamma
+    dagger(model, episodes, cfg.imitation, seed=cfg.seed, gamma=gamma, log=log, returns=run.returns)
     logger.close()
 
 
