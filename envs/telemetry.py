@@ -389,7 +389,10 @@ class LapsedFirstTokens:
         self.discard(key)
         self._held[key] = (arrival_s, weight)
         if self._limit_ms < math.inf:
-            self._order.append((arrival_s, key))
+            order = self._order
+            if order and order[-1][1] == key:  # its entry just made: an earlier arrival time
+                order.pop()  # given after it (`StepTracker.set_arrival`), kept in order
+            order.append((arrival_s, key))
             if len(self._order) > 2 * len(self._held) + 64:
                 self._reorder()
 

@@ -158,3 +158,10 @@ def test_a_tracker_weighs_a_request_waiting_past_its_deadline_from_its_arrival()
     assert set(tracker.started) == {"late"}
     tracker.on_abort(["late", "fresh"])
     assert tracker.queued_tokens == 0 and not tracker.started and not len(tracker.unstarted)
+    # replayed requests handed over a little late, each given its own arrival time after
+    for i in range(5):
+        now[0] = 10.0 + i + 0.05
+        tracker.on_arrival(f"r{i}", 10, i + 1)
+        tracker.set_arrival(f"r{i}", 10.0 + i)
+    now[0] = 13.02  # r0-r2 arrived over 1 s ago; r2 was handed over less than 1 s ago
+    assert tracker.unstarted.lapsed_weight(now[0], tracker.slo) == 1 + 2 + 3
