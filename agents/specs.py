@@ -28,6 +28,13 @@ FACTORIES: ChainMap[str, Callable[[list[str]], Controller]] = ChainMap(
 """Spec name -> factory: ``policy`` and (a live view of) the baselines'."""
 
 
+SEPARATORS = (
+    "',' separates controller specs and '+' joins two controllers, so a policy's path "
+    "in a spec cannot hold either: move or link the file to a path without them"
+)
+"""Why a policy path cannot hold ',' or '+' (`policy_spec`)."""
+
+
 def make_controller(spec: str) -> Controller:
     """Build the controller a spec names (``policy:PATH`` included); ``A+B`` is the minimum."""
     try:
@@ -38,12 +45,6 @@ def make_controller(spec: str) -> Controller:
         if isinstance(exc, PolicyFileError) and baseline_specs.COMBINE.search(spec):
             raise PolicyFileError(f"{exc} (if the path holds a '+': {SEPARATORS})") from None
         raise
-
-
-SEPARATORS = (
-    "',' separates controller specs and '+' joins two controllers, so a policy's path "
-    "in a spec cannot hold either: move or link the file to a path without them"
-)
 
 
 def policy_spec(path: Path) -> str:

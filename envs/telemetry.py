@@ -414,7 +414,7 @@ class LapsedFirstTokens:
     def lapsed_weight(self, now: float, slo: SLO) -> int:
         """Summed weight of the held requests off track at `now` under `slo`."""
         limit = first_token_limit_ms(slo)
-        if limit != self._limit_ms:  # a new SLO: sort the held requests again
+        if limit != self._limit_ms:  # a new SLO: none lapsed, all held in order again
             self._limit_ms = limit
             self._lapsed.clear()
             self._total = 0

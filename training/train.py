@@ -258,7 +258,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     n_rollout = n_steps * body.get("n_envs", TrainConfig.n_envs)
     if n_rollout <= 1:
         problems.append(f"n_steps x n_envs is {n_rollout}; PPO needs more than 1")
-    batch = body.get("batch_size", 0)  # as given: SB3's default meets small rollouts warned
+    batch = body.get("batch_size", 0)  # as given (SB3's own default it warns about itself)
     if batch > n_rollout > 1:
         problems.append(
             f"batch_size: {batch} is more than a rollout (n_steps x n_envs = {n_rollout}); "
