@@ -42,13 +42,15 @@ EVAL_METRICS = ("output_goodput", "output_throughput", "num_preemptions")
 
 
 class DomainMetricsCallback(BaseCallback):
-    """Logs ``domain/*`` (rates over recent control intervals) and ``episode/*`` (finished
-    runs)."""
+    """Logs ``domain/*`` (rates over recent control intervals) and ``episode/*`` (the recent
+    runs whose workload finished; ``episode/truncated_share``: the share of recent episodes
+    a time limit cut short instead, which those averages leave out)."""
 
     def __init__(self, window: int = 1000) -> None:
         super().__init__()
         self.steps: deque[tuple[float, ...]] = deque(maxlen=window)
         self.episodes: deque[dict[str, float]] = deque(maxlen=20)
+        self.ends: deque[bool] = deque(maxlen=20)  # truncated, per recent episode
 
     def _on_step(self) -> bool:
         for info in self.locals["infos"]:
@@ -64,6 +66,9 @@ class DomainMetricsCallback(BaseCallback):
             )
             if "episode_metrics" in info:
                 self.episodes.append(info["episode_metrics"])
+                self.ends.append(False)
+            elif info.get("TimeLimit.truncated"):
+                self.ends.append(True)
         return True
 
     def _on_rollout_end(self) -> None:
@@ -78,6 +83,8 @@ class DomainMetricsCallback(BaseCallback):
         for key in EPISODE_METRICS:
             if self.episodes:
                 self.logger.record(f"episode/{key}", np.mean([m[key] for m in self.episodes]))
+        if self.ends:
+            self.logger.record("episode/truncated_share", float(np.mean(self.ends)))
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,26 @@ def test_the_warm_started_critic_learns_the_returns_ppo_will_train_it_on() -> No
     assert on_scale < np.var(raw / spread) < off_scale
 
 
+def test_episode_metrics_say_how_many_episodes_a_time_limit_cut() -> None:
+    """``episode/*`` averages runs whose workload finished; a truncated one has no metrics,
+    so the share of those is logged beside them rather than silently left out."""
+    from batchpilot.agents.callbacks import DomainMetricsCallback
+
+    step = {"interval_s": 0.5, "interval_good_output_tokens": 10, "interval_output_tokens": 12,
+            "interval_preemptions": 0, "max_num_seqs": 64, "max_num_batched_tokens": 512}  # fmt: skip
+    metrics = {"output_goodput": 100.0, "output_throughput": 120.0, "slo_attainment": 0.9,
+               "num_preemptions": 0}  # fmt: skip
+    recorded: dict[str, float] = {}
+    cb = DomainMetricsCallback()
+    logger = type("Logger", (), {"record": lambda _, k, v: recorded.__setitem__(k, v)})()
+    cb.model = type("Model", (), {"logger": logger})()
+    cb.locals = {"infos": [step | {"episode_metrics": metrics}, step | {"TimeLimit.truncated": True}, step]}
+    cb._on_step()
+    cb._on_rollout_end()
+    assert recorded["episode/truncated_share"] == 0.5
+    assert recorded["episode/output_goodput"] == 100.0
+
+
 def test_the_collector_collects_a_claimed_round_0_episode_once(monkeypatch) -> None:
     """Runs of neighbouring seeds share round-0 episodes (the teacher drives, so the env seed
     decides them): each is collected once for all its claims, and collected again only after
