@@ -139,12 +139,11 @@ class VLLMEngine:
             if legacy is not None:
                 os.environ[KV_SPACE_ENV] = legacy
         self.scheduler = self.llm.engine_core.engine_core.scheduler
-        self.scheduler.set_slo(slo or SLO())
+        self.set_slo(slo or SLO())
         self.scheduler.tracker.keep_records = keep_records
         self.scheduler.tracker.step_log_len = step_log  # the deque is made anew at start()
         self.scheduler.tracker.clock = CLOCKS[clock]
         self.clock = clock
-        self.slo = self.scheduler.tracker.slo
         self.time_scale = time_scale
         self.block_size = int(self.scheduler.block_size)
         self.num_total_blocks = int(self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks)
@@ -174,6 +173,12 @@ class VLLMEngine:
         return scheduler.tracker.telemetry(
             scheduler, scheduler.max_num_active_reqs, scheduler.max_num_scheduled_tokens, now=0.0
         )
+
+    def set_slo(self, slo: SLO) -> None:
+        """Score requests against `slo` from the next reset on (the engine outlives
+        episodes: starting it is costly)."""
+        self.slo = slo
+        self.scheduler.set_slo(slo)
 
     def set_limits(self, limits: Limits) -> None:
         self._limits = limits

@@ -52,7 +52,7 @@ def make_engine(
     if key not in _VLLM:
         _VLLM[key] = VLLMEngine(model, slo=slo, **dict(engine_args))
     engine = _VLLM[key]
-    engine.slo = engine.scheduler.tracker.slo = slo
+    engine.set_slo(slo)
     return engine
 
 
