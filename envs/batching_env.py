@@ -464,7 +464,7 @@ class BatchingEnv(gym.Env):
         self.observer.reset()
         info = {
             "workload": self.workload.name,
-            "profile": profile.name,
+            "profile": profile.name if self.engine_kind == "sim" else f"vllm:{self.model}",
             "step_time_scale": scales[0],
             "kv_scale": scales[1],
             "knee_scale": scales[2],
@@ -472,6 +472,13 @@ class BatchingEnv(gym.Env):
             "offered_output_tps": self._offered_tps,
         }
         return self.observer(self._telemetry), info
+
+    def close(self) -> None:
+        """Shut the real engine down, if one was started (a simulator holds nothing)."""
+        if self._vllm_engine is not None:
+            self._vllm_engine.close()  # type: ignore[attr-defined]
+            self._vllm_engine = self._engine = None  # a reset starts another
+        super().close()
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._engine is None:

@@ -225,6 +225,11 @@ class VLLMEngine:
             unfinished=len(self._arrivals) - self._next + len(self.scheduler.requests),
         )
 
+    def close(self) -> None:
+        """Shut the engine core down (its weights and KV cache go with it); the engine is
+        unusable after."""
+        self.llm.engine_core.shutdown()
+
     # ------------------------------------------------------------------ helpers
     def _idle(self, seconds: float) -> None:
         """Wait for the next arrival: sleep on the wall clock, skip on the CPU clock."""

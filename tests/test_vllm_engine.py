@@ -170,12 +170,17 @@ def test_gymnasium_env_on_vllm_passes_the_checker(
         control_interval_iters=4,
     )
     env_checker.check_env(env.unwrapped, skip_render_check=True)
-    obs, _ = env.reset(seed=1)
+    obs, info0 = env.reset(seed=1)
     terminated = False
     while not terminated:
         obs, _, terminated, _, _ = env.step(env.action_space.sample())
         assert env.observation_space.contains(obs)
     assert env.unwrapped.engine.result().metrics()["completed"] == 6
+    assert info0["profile"] == f"vllm:{tiny_model}"  # not a simulator profile's name
+    env.close()  # the engine core shut down, not left to the garbage collector
+    env.close()
+    with pytest.raises(RuntimeError, match="call reset"):
+        _ = env.unwrapped.engine
 
 
 def test_not_a_model_directory_is_named(tmp_path) -> None:
