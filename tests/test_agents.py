@@ -179,8 +179,8 @@ def test_dagger_clones_the_teacher() -> None:
 
 def test_the_warm_started_critic_learns_the_returns_ppo_will_train_it_on() -> None:
     """PPO trains on rewards `VecNormalize` divides by its returns' spread: imitation sets
-    those statistics from its episodes and fits the value head on returns so divided (on
-    raw returns, its first PPO value loss was 8x a constant's)."""
+    those statistics from its episodes and fits the value head on returns so divided (fitted
+    on raw returns, it began PPO 8x further from PPO's targets than a constant)."""
     import functools
 
     import gymnasium as gym
