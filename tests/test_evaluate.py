@@ -352,6 +352,8 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
         ("profiles: [llama-2-7b-a100]\ndefaults: {slo: {llama-2-7b-a100: 'ttft:1000', llama2-7b-a100:"
          " 'ttft:9'}}\nscenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1}\n",
          "defaults: 'slo' gives a value for 'llama2-7b-a100', a profile no scenario runs on"),
+        ("controllers: [static:0]\nscenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1}\n",
+         "'controllers': static:0: N must be >= 1"),  # once without the file
     ]  # fmt: skip
     for i, (text, message) in enumerate(cases):
         path = tmp_path / f"bad{i}.yml"

@@ -39,7 +39,7 @@ from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS
 from batchpilot.envs.workload import OverlongPolicy
-from batchpilot.training.evaluate import RANGES, Scenario
+from batchpilot.training.evaluate import RANGES, Scenario, check_controllers
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 from batchpilot.training.report import METRIC_NAMES
 from batchpilot.training.yaml_files import load_yaml
@@ -172,15 +172,16 @@ def parse_suite(data: Any, path: Path) -> Suite:
         name=path.stem,
         description=description,
         scenarios=scenarios,
-        controllers=_controllers(data.get("controllers"), path),
+        controllers=_controllers(data.get("controllers"), path, scenarios),
         seeds=data.get("seeds"),
         tuning_seeds=data.get("tuning_seeds"),
         timed=frozenset(timed),
     )
 
 
-def _controllers(value: Any, path: Path) -> list[str] | None:
-    """The suite's controller specs (a list or a comma-separated string), None if not given."""
+def _controllers(value: Any, path: Path, scenarios: list[Scenario]) -> list[str] | None:
+    """The suite's controller specs (a list or a comma-separated string), each buildable on
+    its scenarios (`check_controllers`), None if not given."""
     if isinstance(value, str):
         try:
             value = split_specs(value)
@@ -195,6 +196,10 @@ def _controllers(value: Any, path: Path) -> list[str] | None:
     twice = given_twice(value or [], key=spec_key)
     if twice:
         raise SuiteError(f"{path}: 'controllers' gives {twice} twice")
+    try:
+        check_controllers(value or [], scenarios)
+    except ValueError as exc:
+        raise SuiteError(f"{path}: 'controllers': {exc}") from None
     return value
 
 
