@@ -318,6 +318,11 @@ class BatchingEnv(gym.Env):
             raise ValueError(f"engine must be 'sim' or 'vllm', got {engine!r}")
         if engine == "vllm" and not model:
             raise ValueError("engine='vllm' needs model=DIR (a model directory vLLM can load)")
+        if engine == "sim" and model:
+            raise ValueError(
+                f"model={model!r} is read with engine='vllm' only; the simulator models the "
+                "engine its profile names (set engine: vllm, or leave model out)"
+            )
         if control_interval_s is not None and control_interval_iters is not None:
             raise ValueError(
                 f"set one of control_interval_s ({control_interval_s!r}) and "

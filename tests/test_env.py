@@ -300,6 +300,7 @@ def test_two_profiles_of_one_name_are_refused(tmp_path) -> None:
         ({"engine": "vllm", "model": "m", "kv_scale": [0.5, 1]}, "vary the simulator's episodes only"),
         ({"engine": "tpu"}, "engine must be 'sim' or 'vllm'"),
         ({"engine": "vllm"}, "needs model=DIR"),
+        ({"model": "/models/llama"}, "model='/models/llama' is read with engine='vllm' only"),  # was ignored
         ({"engine": "vllm", "model": "no/such/dir"}, "no/such/dir: not a model directory"),
         ({"action_mode": "jump"}, "action_mode must be"),
         ({"w_recompute": -1}, "w_recompute must be"),
