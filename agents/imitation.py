@@ -321,8 +321,8 @@ def collect_episode(
         obs, reward, terminated, truncated, info = env.step(action)
         rewards.append(reward)
         done = terminated or truncated
-    env.close()
     metrics = info.get("episode_metrics") or base.engine.result().metrics()
+    env.close()  # after the metrics: closing a real engine's env lets its engine go
     return Episode(
         np.asarray(states, np.float32),
         np.asarray(labels, np.int64),

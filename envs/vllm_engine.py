@@ -175,8 +175,8 @@ class VLLMEngine:
         )
 
     def set_slo(self, slo: SLO) -> None:
-        """Score requests against `slo` from the next reset on (the engine outlives
-        episodes: starting it is costly)."""
+        """Score requests against `slo` from now on (the engine outlives episodes: starting
+        it is costly)."""
         self.slo = slo
         self.scheduler.set_slo(slo)
 

@@ -122,7 +122,8 @@ class StepTracker:
         (a replayed workload's own time); call in arrival order, before it is scheduled."""
         track = self.tracks[request_id]
         track.arrival_s = arrival_s
-        self.unstarted.add(request_id, arrival_s, track.max_tokens)
+        if track.first_token_s < 0:  # one with a first token is judged as started
+            self.unstarted.add(request_id, arrival_s, track.max_tokens)
 
     def _drop(self, request_id: str) -> _Track | None:
         """Stop tracking a request (None if it was not tracked)."""
@@ -148,6 +149,20 @@ class StepTracker:
         self._kv_mark(self._step_start, kv_usage)
         prefill = decode = kv = 0
         prefill_seqs = prefill_kv = prefill_attn = 0
+        # preemptions first: one made between steps (vLLM's reset_prefix_cache) may be
+        # scheduled again in this step, which the loop below then sees
+        for rid in out.preempted_req_ids or ():
+            track = self.tracks.get(rid)
+            if track is not None:
+                track.preemptions += 1
+                dropped = track.computed  # vLLM has already reset num_computed_tokens
+                track.recomputed += dropped
+                self.tele.interval.recomputed_tokens += dropped
+                req = requests.get(rid)
+                queued = 0 if req is None else req.num_tokens - req.num_computed_tokens
+                self.queued_tokens += queued - track.queued
+                track.queued = queued
+            self.tele.interval.preemptions += 1
         for rid, n in out.num_scheduled_tokens.items():
             req = requests.get(rid)
             if req is None:
@@ -167,18 +182,6 @@ class StepTracker:
                 prefill_kv += context
                 prefill_attn += n * context
             kv += context
-        for rid in out.preempted_req_ids or ():
-            track = self.tracks.get(rid)
-            if track is not None:
-                track.preemptions += 1
-                dropped = track.computed  # vLLM has already reset num_computed_tokens
-                track.recomputed += dropped
-                self.tele.interval.recomputed_tokens += dropped
-                req = requests.get(rid)
-                queued = 0 if req is None else req.num_tokens - req.num_computed_tokens
-                self.queued_tokens += queued - track.queued
-                track.queued = queued
-            self.tele.interval.preemptions += 1
         self.tele.interval.prompt_tokens += prefill
         decode_kv = kv - prefill_kv
         self._step_counts = (prefill_seqs, prefill, prefill_kv, prefill_attn, decode, decode_kv)
@@ -317,9 +320,8 @@ class StepTracker:
 
 
 def next_waiting(scheduler: Any) -> Any:
-    """The request vLLM's scheduler would take next from its waiting queues (those holding
-    KV blocks drain first), or None if none waits."""
-    for queue in (getattr(scheduler, "kv_holding_waiting", None), scheduler.waiting):
-        if queue:
-            return queue.peek_request()
-    return None
+    """The head of vLLM's waiting queue (the oldest new request, or a preempted one put back
+    in front; under the priority policy, the first by priority), or None if none waits.
+    Requests parked holding KV blocks (a remote KV load, an idle input stream) are not
+    counted: they wait on something other than the batch limits."""
+    return scheduler.waiting.peek_request() if scheduler.waiting else None

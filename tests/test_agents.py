@@ -579,6 +579,11 @@ def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> No
         "train/value_loss",
     ):
         assert tag in tags, tag
+    # PPO's reward normalisation starts from the imitation episodes' return statistics (the
+    # scale its critic was fitted on): its count holds them besides PPO's own steps
+    first = min((trained_run / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    stats = json.loads((first / "vecnormalize.json").read_text())
+    assert stats["ret_count"] > int(first.name[5:]) + 1
     # the imitation result's evaluation at step 0 (it once waited for the first rollout's step)
     assert min(e.step for e in acc.Scalars("eval/output_goodput")) == 0
     imitation = EventAccumulator(str(trained_run / "tb" / "imitation"))

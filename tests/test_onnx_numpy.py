@@ -217,7 +217,7 @@ def test_unsupported_op_is_refused_by_name() -> None:
 
 
 def test_an_op_of_another_domain_is_refused_by_its_domain() -> None:
-    """A Tanh of a custom domain is not ONNX's Tanh: the message names the domain."""
+    """A Relu of a custom domain is not ONNX's Relu: the message names the domain."""
     nodes, inits = other_arrangement()
     nodes[5] = helper.make_node("Relu", ["a"], ["r"], name="act1", domain="com.example")
     model = onnx.load_from_string(model_bytes(nodes, inits))

@@ -183,6 +183,25 @@ def test_gymnasium_env_on_vllm_passes_the_checker(
         _ = env.unwrapped.engine
 
 
+def test_a_teacher_episode_cut_by_a_time_limit_on_vllm_is_collected(tiny_model: str) -> None:
+    """Imitation reads a truncated episode's metrics from the engine: before the env's close,
+    which now shuts a real engine down."""
+    import functools
+
+    import gymnasium as gym
+
+    from batchpilot.agents.imitation import collect_episode
+
+    make_env = functools.partial(
+        gym.make, "batchpilot/Batching-v0", engine="vllm", model=tiny_model,
+        engine_kwargs={"max_num_seqs": 16, "num_gpu_blocks": 24}, max_episode_steps=3,
+        workload={"source": "fixed:64:16", "arrival": "all-at-once", "num_requests": 6},
+        control_interval_s=None, control_interval_iters=2,
+    )  # fmt: skip
+    episode = collect_episode(make_env, "static:4", 0, None, beta=1.0)
+    assert len(episode.rewards) == 3 and episode.metrics["completed"] < 6
+
+
 def test_not_a_model_directory_is_named(tmp_path) -> None:
     from batchpilot.envs.vllm_engine import VLLMEngine
 

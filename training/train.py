@@ -593,7 +593,8 @@ def _random_state() -> tuple[Any, Any, Any]:
 
 def _learn(run: _Run, progress: bool) -> Path:
     """The PPO phase of a started run, on its envs (in subprocesses), from the random state
-    its model was built with; returns the checkpoint to export (`kept_checkpoint`)."""
+    its model was built with (a resumed run: seeded past the steps it took); returns the
+    checkpoint to export (`kept_checkpoint`)."""
     import random
 
     import numpy as np
@@ -605,7 +606,7 @@ def _learn(run: _Run, progress: bool) -> Path:
 
     cfg, model, previous = run.cfg, run.model, run.previous
     # a resumed run goes on to new episodes: seeded as the config's seed would not repeat
-    seed = cfg.seed if previous is None else cfg.seed + model.num_timesteps
+    seed = cfg.seed if previous is None else (cfg.seed + model.num_timesteps) % 2**32
     venv = make_vec_env(cfg, seed)
     try:
         if previous is not None and (previous / VECNORMALIZE).is_file():
