@@ -29,8 +29,8 @@ FACTORIES: ChainMap[str, Callable[[list[str]], Controller]] = ChainMap(
 
 
 SEPARATORS = (
-    "',' separates controller specs and '+' joins two controllers, so a policy's path "
-    "in a spec cannot hold either: move or link the file to a path without them"
+    "',' separates controller specs and '+' joins two controllers (unless a digit follows "
+    "it), so a policy's path in a spec cannot hold either: move or link the file"
 )
 """Why a policy path cannot hold ',' or '+' (`policy_spec`)."""
 
