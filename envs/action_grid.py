@@ -44,11 +44,10 @@ class ActionGrid:
             raise ValueError(f"action_mode must be one of {MODES}, got {self.mode!r}")
         self.index = self.top = (len(SEQ_GRID) - 1, len(BUDGET_GRID) - 1)
         self._limits: dict[tuple[int, int], Limits] = {}  # a decision is hot: made once
-
-    @property
-    def nvec(self) -> tuple[int, int]:
-        """The `MultiDiscrete` sizes of the action."""
-        return (len(SEQ_GRID), len(BUDGET_GRID)) if self.mode == "grid" else (3, 3)
+        self.nvec: tuple[int, int] = (
+            (len(SEQ_GRID), len(BUDGET_GRID)) if self.mode == "grid" else (3, 3)
+        )
+        """The `MultiDiscrete` sizes of the action (each decision checks against them)."""
 
     def reset(self, max_seqs: int, max_budget: int) -> Limits:
         """Start at the engine's caps (the grid points nearest them); returns those limits."""
