@@ -270,6 +270,27 @@ def test_yaml_merge_keys_read_as_yaml_says(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_counts_written_as_rl_zoo3_floats_are_read_as_ints(tmp_path: Path) -> None:
+    """rl-zoo3 writes ``n_timesteps: !!float 1e6``, and YAML reads ``1e6`` as a float: a
+    count was refused as "not a whole number". A whole float is now that int, a fraction
+    still refused by name."""
+    path = tmp_path / "zoo.yml"
+    body = (
+        "batchpilot/Batching-v0:\n"
+        "  n_timesteps: !!float 2048\n  n_steps: 6.4e1\n  batch_size: {batch}\n  seed: 3.0\n"
+        "  n_envs: 2\n"
+        "  env_kwargs: {{profile: llama-7b-a100, workload: {{source: embedded:gsm8k, "
+        "num_requests: 20, arrival: 'poisson:1'}}}}\n"
+    )
+    path.write_text(body.format(batch="1.28e2"))
+    cfg = load_config(path)
+    assert (cfg.n_timesteps, cfg.seed, cfg.hyperparams) == (2048, 3, {"n_steps": 64, "batch_size": 128})
+    assert all(type(v) is int for v in (cfg.n_timesteps, cfg.seed, *cfg.hyperparams.values()))
+    path.write_text(body.format(batch="64.5"))
+    with pytest.raises(ValueError, match=r"batch_size: 64\.5 is not of type int"):
+        load_config(path)
+
+
 def test_yaml_reads_exponents_as_floats_as_yaml_1_2_does(tmp_path: Path) -> None:
     """``1e-4`` and ``1.0e300`` were text (YAML 1.1): a float field refused them and a range
     of two numbers said only that one was not a number. Quoted, they stay text."""

@@ -32,6 +32,7 @@ import inspect
 import json
 import os
 import shutil
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -273,6 +274,20 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     return problems
 
 
+def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with each whole-number float given for a count (a setting or PPO argument of
+    type int) read as that int: rl-zoo3 writes ``n_timesteps: !!float 1e6``, and YAML reads
+    ``1e6`` as a float. A fraction stays a float, which the count's check refuses."""
+    from stable_baselines3 import PPO
+
+    hints = dataclass_hints(TrainConfig) | signature_hints(PPO.__init__)
+    counts = {k for k, hint in hints.items() if int in (hint, *typing.get_args(hint))}
+    return {
+        k: int(v) if k in counts and isinstance(v, float) and v.is_integer() else v
+        for k, v in body.items()
+    }
+
+
 def load_config(path: Path) -> TrainConfig:
     """Parse and check a whole config file up front; errors name the file and every bad key
     (a missing file, a directory or a pipe too)."""
@@ -286,6 +301,7 @@ def load_config(path: Path) -> TrainConfig:
         raise ValueError(f"{path}: env id {env_id!r}; batchpilot trains on {ENV_ID}")
     if not isinstance(body, dict):
         raise ValueError(f"{path}: {env_id} must map to a dict of settings")
+    body = whole_counts(body)
     problems = config_problems(body)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
