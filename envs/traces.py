@@ -7,6 +7,7 @@ blank and whitespace-only lines are skipped; every bad row, and every line that 
 text, raises a `TraceError` naming the file, the line and the problem. A regular CSV file is
 read in vectorised chunks (`trace_fast`), with the row-by-row reader's result; on anything
 irregular that reader leaves the file to the row-by-row one, whose result or error stands.
+A large file (`PROGRESS_BYTES`) shows the progress of its read where stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import csv
 import functools
 import gzip
+import io
 import itertools
 import json
 import math
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from batchpilot.envs import trace_fast
 from batchpilot.envs.input_files import regular_file
@@ -164,6 +168,11 @@ MAX_GZIP_LINE = 2**24
 (a plain file's lines are bounded by its size)."""
 
 
+PROGRESS_BYTES = 32 * 2**20
+"""Files this large on disk or larger show a progress bar (bytes read) on stderr while they
+are read, where stderr is a terminal: a week of a public trace is a minute's read or more."""
+
+
 MAX_GZIP_RATIO = 32
 """Most bytes a gzip trace may decompress to per byte on disk, past `GZIP_FLOOR_BYTES`: real
 traces compress 2-5x; more is a decompression bomb, whose rows would fill memory."""
@@ -175,8 +184,9 @@ class _BoundedGzipFile(gzip.GzipFile):
     """A gzip file read through `read` and `readline` that refuses, with a `TraceError`, to
     decompress past `limit` bytes."""
 
-    def __init__(self, path: Path, limit: int) -> None:
-        super().__init__(filename=path, mode="rb")
+    def __init__(self, path: Path, handle: BinaryIO, limit: int) -> None:
+        super().__init__(fileobj=handle, mode="rb")
+        self._handle = handle  # a file given, not named, is left open by `GzipFile.close`
         self._trace_path = path
         self._left = limit
         self._limit = limit
@@ -202,17 +212,65 @@ class _BoundedGzipFile(gzip.GzipFile):
     def readline(self, size: int | None = -1) -> bytes:
         return self._count(super().readline(self._bounded(size)))
 
+    def close(self) -> None:
+        super().close()
+        self._handle.close()
 
-def _open(path: Path) -> BinaryIO | gzip.GzipFile:
+
+class _ShownRead(io.RawIOBase):
+    """A file read with a transient progress bar of its bytes on stderr, gone when closed."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self._file = path.open("rb", buffering=0)
+        self._bar = Progress(
+            TextColumn(f"{what} {path.name}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._task = self._bar.add_task(what, total=path.stat().st_size)
+        self._bar.start()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._file.readinto(buffer)
+        self._bar.advance(self._task, n or 0)
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        position = self._file.seek(offset, whence)
+        self._bar.update(self._task, completed=position)
+        return position
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+            self._bar.stop()
+        super().close()
+
+
+def _open(path: Path, shown: str = "") -> BinaryIO | gzip.GzipFile:
     """The file opened for reading bytes; a gzip file (by its first bytes, whatever its name)
     through `gzip`, which decompresses as it is read, to at most `MAX_GZIP_RATIO` times its
-    size (or `GZIP_FLOOR_BYTES`)."""
-    handle = path.open("rb")
+    size (or `GZIP_FLOOR_BYTES`). A whole read says what it is in `shown`: then a file of
+    `PROGRESS_BYTES` or more shows its progress where stderr is a terminal."""
+    size = path.stat().st_size
+    if shown and size >= PROGRESS_BYTES and sys.stderr.isatty():
+        handle: BinaryIO = io.BufferedReader(_ShownRead(path, shown))  # type: ignore[assignment]
+    else:
+        handle = path.open("rb")
     if handle.read(len(_GZIP)) != _GZIP:
         handle.seek(0)
         return handle
-    handle.close()
-    return _BoundedGzipFile(path, max(MAX_GZIP_RATIO * path.stat().st_size, GZIP_FLOOR_BYTES))
+    handle.seek(0)
+    return _BoundedGzipFile(path, handle, max(MAX_GZIP_RATIO * size, GZIP_FLOOR_BYTES))
 
 
 def _raw_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[tuple[int, bytes]]:
@@ -325,7 +383,7 @@ def _csv_header(
 
 
 def _rows_csv(path: Path) -> tuple[_CsvFormat, Iterator[tuple[int, dict[str, str]]]]:
-    handle = _open(path)
+    handle = _open(path, "reading row by row")
     try:
         fmt, reader = _csv_header(path, handle)
     except BaseException:
@@ -494,7 +552,7 @@ def _read_csv_fast(path: Path, skip_bad_rows: bool = False) -> Trace | None:
     that reader leaves the file to the row reader (`trace_fast.read_columns`). With
     `skip_bad_rows` it leaves out the rows with a token count out of range, as the row reader
     does, and gives the first one's error by reading that row as the row reader does."""
-    with _open(path) as handle:
+    with _open(path, "reading") as handle:
         fmt, reader = _csv_header(path, handle)
         header = reader.fieldnames or []
         layout = _fast_layout(fmt, header)
@@ -568,7 +626,7 @@ def _read_jsonl(path: Path, skip_bad_rows: bool) -> Trace:
     """A Mooncake or a Bailian JSONL: both name timestamp, input_length and output_length; a
     first object (within `JSONL_LOOKAHEAD` lines, past bad ones) with Bailian's ``chat_id``
     makes the file Bailian's (timestamps in seconds), any other Mooncake's (milliseconds)."""
-    with _open(path) as handle:
+    with _open(path, "reading") as handle:
         lines = ((line, text) for line, text in enumerate(_text_lines(path, handle), 1))
         rows = ((line, text) for line, text in lines if text.strip())
         ahead = list(itertools.islice(rows, JSONL_LOOKAHEAD))

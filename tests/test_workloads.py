@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tarfile
 import warnings
 from pathlib import Path
@@ -413,6 +414,47 @@ def test_gzip_traces_are_read_as_they_decompress(tmp_path: Path, traces: Path) -
     renamed = tmp_path / "lengths.csv"
     renamed.write_bytes(gzip.compress(b"num_prefill_tokens,num_decode_tokens\n10,5\n"))
     assert load_trace(renamed).prompt_tokens.tolist() == [10]
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_large_trace_shows_its_read_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traces: Path
+) -> None:
+    """A week of a trace read for a minute or more (row by row, far more) with nothing on the
+    screen: a file of `PROGRESS_BYTES` or more now shows a bar of its bytes on a terminal's
+    stderr (lowered here to 1 byte), gone when read, and reads as it did (plain, gzip, JSONL,
+    an irregular CSV row by row)."""
+    conv = traces / "azure2023/AzureLLMInferenceTrace_conv.csv"
+    quoted = tmp_path / "quoted.csv"  # a quoted field: the vectorised reader leaves it
+    quoted.write_text('num_prefill_tokens,num_decode_tokens\n"5",6\n7,8\n')
+    packed = tmp_path / "conv.csv.gz"
+    packed.write_bytes(gzip.compress(conv.read_bytes()))
+    mooncake = tmp_path / "m.jsonl"
+    mooncake.write_text(MOONCAKE_ROW + '{"timestamp": 1000, "input_length": 9, "output_length": 2}\n')
+    files = {conv: "reading AzureLLMInferenceTrace_conv.csv", packed: "reading conv.csv.gz",
+             mooncake: "reading m.jsonl", quoted: "reading row by row quoted.csv"}  # fmt: skip
+    quiet = {path: load_trace(path) for path in files}
+    monkeypatch.setattr(traces_module, "PROGRESS_BYTES", 1)
+    monkeypatch.setenv("TERM", "xterm")
+    for path, shown in files.items():
+        traces_module._read.cache_clear()
+        screen = Terminal()
+        monkeypatch.setattr("sys.stderr", screen)
+        trace = load_trace(path)
+        assert shown in screen.getvalue()
+        assert np.array_equal(trace.prompt_tokens, quiet[path].prompt_tokens)
+        assert np.array_equal(trace.output_tokens, quiet[path].output_tokens)
+        assert trace.arrival_s is None or np.array_equal(trace.arrival_s, quiet[path].arrival_s)
+    traces_module._read.cache_clear()
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal: nothing shown
+    load_trace(conv)
+    assert sys.stderr.getvalue() == ""
 
 
 def tar_of(data: bytes) -> bytes:
