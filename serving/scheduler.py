@@ -57,6 +57,21 @@ from batchpilot.serving.metrics import DecisionMetrics
 logger = logging.getLogger("batchpilot.serving")
 T = TypeVar("T")
 
+
+def log_through_vllm() -> None:
+    """Give batchpilot's loggers vLLM's handlers (its format, stream and level), once, where
+    vLLM configured its own: vLLM configures only the ``vllm`` loggers, so inside its engine
+    process batchpilot's INFO lines (the controller taking charge, with the caps) were
+    dropped. Where vLLM configures no logging (``VLLM_CONFIGURE_LOGGING=0``), neither does
+    this. The lines still propagate to the root logger, which has no handler in vLLM's
+    engine process."""
+    ours, theirs = logging.getLogger("batchpilot"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level)
+
 SLOW_CALLS = 3
 """Consecutive over-budget decisions that count as a failure."""
 STUCK_S = 30.0
@@ -126,6 +141,7 @@ class BatchpilotScheduler(TrackingScheduler):
     """vLLM's V1 scheduler with per-step tracking and an optional batchpilot controller."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        log_through_vllm()
         super().__init__(*args, **kwargs)
         self.controller: Controller | None = None
         self.controller_name = ""

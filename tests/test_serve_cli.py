@@ -31,12 +31,14 @@ def free_port() -> int:
 
 @dataclass
 class Server:
-    """`batchpilot serve` running on loopback, its temporary files under `tmp`."""
+    """`batchpilot serve` running on loopback, its temporary files under `tmp`, its output
+    in `log`."""
 
     url: str
     model: str
     proc: subprocess.Popen[bytes]
     tmp: Path
+    log: Path
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -78,7 +80,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     else:
         proc.kill()
         pytest.fail(f"server not up in 240 s:\n{log.read_text()[-3000:]}")
-    server = Server(url, model, proc, tmp)
+    server = Server(url, model, proc, tmp, log)
     yield server
     server.stop()
 
@@ -116,6 +118,16 @@ def test_load_without_failures_and_controller_in_effect(server) -> None:
     assert not [k for k in m if k.endswith("_bucket")]  # histograms as count and sum only
     assert m["vllm:e2e_request_latency_seconds_count"] >= result.requests_ok
     assert "requests ok / failed" in table(result) and "fallbacks" in table(result)
+
+
+def test_the_log_says_which_controller_took_charge_up_to_which_caps(served: Server) -> None:
+    """The line was logged at INFO on a logger vLLM's engine process never configured, so it
+    was dropped: the log now has it, in vLLM's format."""
+    said = [line for line in served.log.read_text().splitlines() if "in charge" in line]
+    assert len(said) == 1, said
+    assert "batchpilot controller static:3 in charge" in said[0]
+    assert "caps of 16 requests and " in said[0]
+    assert said[0].startswith(("INFO", "(EngineCore")), said[0]  # vLLM's handler wrote it
 
 
 def test_load_on_a_server_that_is_down_keeps_its_counts(capsys) -> None:

