@@ -37,8 +37,9 @@ class Timeline:
     stride: int = 1
     decisions: int = 0
 
-    def add(self, t: Telemetry, limits: Limits, budget_cap: int) -> None:
-        """Record a decision; a budget of None is the engine's cap, `budget_cap`."""
+    def add(self, t: Telemetry, limits: Limits, caps: tuple[int, int]) -> None:
+        """Record a decision as the engine applies it: each limit at most the engine's cap
+        (`caps`: max_num_seqs, max_num_batched_tokens; a budget of None is that cap)."""
         self.decisions += 1
         if (self.decisions - 1) % self.stride:
             return
@@ -50,8 +51,8 @@ class Timeline:
         self.rows.append(
             (
                 t.time_s,
-                limits.max_num_seqs,
-                min(limits.max_num_batched_tokens or budget_cap, budget_cap),
+                min(limits.max_num_seqs, caps[0]),
+                min(limits.max_num_batched_tokens or caps[1], caps[1]),
                 t.num_requests_running,
                 t.num_requests_waiting,
                 t.kv_cache_usage,
@@ -138,7 +139,7 @@ def run(
         while not engine.done:
             limits = controller.decide(telemetry)
             engine.set_limits(limits)
-            timeline.add(telemetry, limits, engine.max_num_batched_tokens)
+            timeline.add(telemetry, limits, (engine.max_num_seqs, engine.max_num_batched_tokens))
             until = None
             if interval.seconds is not None:
                 until = telemetry.time_s + interval.seconds

@@ -71,6 +71,19 @@ def test_simulate_says_which_limits_a_controller_chose(capsys) -> None:
     ), line
 
 
+def test_limits_above_the_engines_caps_are_recorded_as_applied(tmp_path: Path) -> None:
+    """``static:5000:20000`` on a 1,024-request engine was summarised as max_num_seqs 5,000
+    (the budget as its cap, 8,192): the summary said a limit the engine never ran."""
+    out = tmp_path / "m.json"
+    argv = ["simulate", "--controller", "static:5000:20000", "--profile", "llama-2-7b-h100",
+            "--num-requests", "50", "--no-progress", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    steps = data["metrics"]["engine_iterations"]
+    assert data["limits_chosen"] == {"max_num_seqs": {"1024": steps},
+                                     "max_num_batched_tokens": {"8192": steps}}  # fmt: skip
+
+
 def test_simulate_runs_a_policy_at_its_trained_interval_unless_told_otherwise(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
