@@ -9,13 +9,14 @@ field added to them is checked without another edit here.
 from __future__ import annotations
 
 import collections.abc
-import difflib
 import inspect
 import math
 import types
 import typing
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from batchpilot.envs.names import did_you_mean
 
 Check = Callable[[Any], str | None]
 """A value check: None if the value is fine, else what is wrong with it."""
@@ -88,9 +89,7 @@ def unknown_key(key: Any, known: Iterable[str], what: str) -> str:
     """'unknown key ...' with the closest known key as a suggestion; `key` as parsed from
     YAML or JSON (YAML's may be a number, a bool or null)."""
     known = sorted(known)
-    close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown key {key!r} ({what}); {hint}known: {', '.join(known)}"
+    return f"unknown key {key!r} ({what}); {did_you_mean(key, known)}known: {', '.join(known)}"
 
 
 def signature_hints(fn: Callable[..., Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from batchpilot.baselines.mpc import MPC_ARGS, MPCController
 from batchpilot.baselines.oracle import OracleController
 from batchpilot.baselines.static import StaticController
 from batchpilot.envs.controller import Controller
+from batchpilot.envs.names import did_you_mean
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 
 BEST_STATIC = "best-static"
@@ -224,7 +225,8 @@ def make_controller(
         )
     if name not in factories:
         raise ControllerSpecError(
-            f"unknown controller {spec!r}; known: {', '.join(sorted(factories))}, and A+B "
+            f"unknown controller {spec!r}; {did_you_mean(name, factories)}known: "
+            f"{', '.join(sorted(factories))}, and A+B "
             f"combinations (`batchpilot compare` also takes {BEST_STATIC} and default)"
         )
     controller = factories[name](args)

@@ -37,6 +37,7 @@ import numpy as np
 
 from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import read_json, read_json_object
+from batchpilot.envs.names import did_you_mean
 from batchpilot.envs.profile_tables import load_tables
 from batchpilot.envs.step_models import (
     LinearStepModel,
@@ -879,7 +880,10 @@ def get_profile(name_or_path: str) -> EngineProfile:
         if not regular_file(path, "a profile JSON file"):
             raise ValueError(f"{path}: no such profile file")
         return EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))
-    raise ValueError(f"unknown profile {name_or_path!r}; known: {', '.join(PROFILES)}")
+    raise ValueError(
+        f"unknown profile {name_or_path!r}; {did_you_mean(name_or_path, PROFILES)}known: "
+        f"{', '.join(PROFILES)}"
+    )
 
 
 def unreachable_tpot(profile: EngineProfile, tpot_ms: float | None) -> str | None:

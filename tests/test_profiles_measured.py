@@ -603,7 +603,9 @@ def test_profiles_build_from_a_hugging_face_config(tmp_path: Path, capsys) -> No
     out = tmp_path / "built.json"
     args = ["profiles", "build", "--model", str(model_dir), "--gpu", "a40", "--vidur", str(VIDUR)]
     assert cli([*args, "--out", str(out)]) == 2  # /home/me/... is no Vidur directory
-    assert "no linear-layer table for llama-2-7b on A40-48GB" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "no linear-layer table for llama-2-7b on A40-48GB" in said
+    assert "under another name: --vidur-model NAME" in said  # what the next line does
     assert cli([*args, "--vidur-model", "meta-llama/Llama-2-7b-hf", "--out", str(out)]) == 0
     built, shipped = get_profile(str(out)), PROFILES["llama-2-7b-a40"]
     _assert_same_step(built.step, shipped.step)

@@ -26,6 +26,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import difflib
 import inspect
 import json
 from pathlib import Path
@@ -224,9 +225,18 @@ def _build(args: argparse.Namespace) -> int:
     keys = list(linear_table_keys(args.gpu, model.vidur_name).values())
     if not any((args.vidur / "compute" / k / "mlp.csv").is_file() for k in keys):
         have = sorted("/".join(p.parts[-4:-1]) for p in args.vidur.glob("compute/*/*/*/mlp.csv"))
+        hint = ""
+        if args.vidur_model is None and have:
+            names = sorted({h.split("/", 1)[1] for h in have})
+            near = difflib.get_close_matches(model.vidur_name, names, n=1, cutoff=0) or names
+            hint = (
+                f"; a model Vidur timed under another name: --vidur-model NAME, the name after "
+                f"the GPU (e.g. --vidur-model {near[0]})"
+            )
         raise ValueError(
             f"no linear-layer table for {model.title} on {gpu.title} or a GPU to carry from "
-            f"(Vidur compute/{{{','.join(keys)}}}/mlp.csv); measured: {', '.join(have) or 'none'}"
+            f"(Vidur compute/{{{','.join(keys)}}}/mlp.csv); measured: "
+            f"{', '.join(have) or 'none'}{hint}"
         )
     # only the file this profile uses: the first with its TP (a broken table of a GPU it
     # would not carry from stops nothing; one it passes over is said)
