@@ -263,6 +263,18 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
     # consistently ahead by 0.05%: significant, but a tie for anyone choosing a controller
     line = verdict(_fake_scenario([100.0, 200.0, 300.0], [100.1, 200.1, 300.12]), ["alg1", "mpc"])
     assert line.startswith("**S**: mpc and alg1 tie on goodput (significant but under 1%)")
+    # one run: ahead by 0.001% was headlined "mpc leads on goodput, +0.00%"
+    line = verdict(_fake_scenario([100.0], [100.001]), ["alg1", "mpc"])
+    assert line.startswith("**S**: mpc and alg1 tie on goodput (under 1%): +0.00% (one run")
+    line = verdict(_fake_scenario([100.0], [103.0]), ["alg1", "mpc"])
+    assert line.startswith("**S**: mpc leads on goodput, +3.0% vs alg1 (one run: no interval)")
+
+
+def test_a_tie_on_one_scenario_is_said_as_one() -> None:
+    from batchpilot.training.policy_report import _outcome
+
+    assert _outcome(0, 0, 1) == "**The learned policy tied** on the scenario"  # not "all 1"
+    assert _outcome(0, 0, 3) == "**The learned policy tied** on all 3 scenarios"
 
 
 def test_learned_verdict_counts_wins_and_gives_the_geometric_mean() -> None:

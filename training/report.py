@@ -118,6 +118,11 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
     p = paired_vs(sc, win, second, key)
     if p.diff == 0:
         line = f"{win} and {second} tie on {what}: equal ({p.n} paired seed{'s' * (p.n > 1)})"
+    elif p.n == 1 and p.rel is not None and abs(p.rel) < MIN_EFFECT:
+        line = (
+            f"{win} and {second} tie on {what} (under {MIN_EFFECT:.0%}): {describe(p)} (one "
+            "run: no interval)"
+        )
     elif p.n == 1:
         line = f"{win} leads on {what}, {describe(p)} vs {second} (one run: no interval)"
     elif p.decisive:
