@@ -127,9 +127,9 @@ def table(result: LoadResult) -> str:
     """A short plain-text table of `result`: client view first, then the server's."""
     s, m = result.summary(), result.metrics
 
-    def mean_ms(name: str) -> str:
+    def mean_ms(name: str, scale: float = 1e3) -> str:
         n = m.get(f"{name}_count", 0.0)
-        return f"{m[f'{name}_sum'] / n * 1e3:.1f}" if n else "-"
+        return f"{m[f'{name}_sum'] / n * scale:.1f}" if n else "-"
 
     rows = [
         ("requests ok / failed", f"{s['requests_ok']} / {s['requests_failed']}"),
@@ -156,10 +156,10 @@ def table(result: LoadResult) -> str:
             or "-",
         ),
         (
-            "batchpilot: decisions, mean (ms)",
+            "batchpilot: decisions, mean (us)",  # tens of us: 0.0 in ms
             (
                 f"{m.get('batchpilot:decision_time_seconds_count', 0):g}, "
-                f"{mean_ms('batchpilot:decision_time_seconds')}"
+                f"{mean_ms('batchpilot:decision_time_seconds', 1e6)}"
             ),
         ),
         (

@@ -6,6 +6,7 @@ import http.client
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -118,6 +119,8 @@ def test_load_without_failures_and_controller_in_effect(server) -> None:
     assert not [k for k in m if k.endswith("_bucket")]  # histograms as count and sum only
     assert m["vllm:e2e_request_latency_seconds_count"] >= result.requests_ok
     assert "requests ok / failed" in table(result) and "fallbacks" in table(result)
+    decided = re.search(r"decisions, mean \(us\) +[\d.]+, ([\d.]+)", table(result))
+    assert decided and float(decided[1]) > 0  # tens of us: "0.0" when it said ms
 
 
 def test_the_log_says_which_controller_took_charge_up_to_which_caps(served: Server) -> None:
