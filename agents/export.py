@@ -165,6 +165,8 @@ def _same_shape(members: list[OnnxablePolicy], runs: list[Path]) -> None:
 def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
     """The run's ``run.json`` and the checkpoint directory (``best`` or ``final``)."""
     meta_path = run_dir / "run.json"
+    if not run_dir.exists():
+        raise PolicyFileError(f"{run_dir} does not exist (a directory `batchpilot train` wrote)")
     if not meta_path.is_file():
         hint = ""
         if (run_dir.parent / "run.json").is_file() and run_dir.name in ("best", "final"):

@@ -425,6 +425,8 @@ def test_export_names_a_checkpoint_given_for_its_run_and_says_a_run_given_twice_
     assert main(["export", str(run_dir / "final"), "--out", out]) == 2
     err = capsys.readouterr().err
     assert f"it is a checkpoint of {run_dir}: export that run (--checkpoint final)" in err
+    assert main(["export", str(tmp_path / "nowhere"), "--out", out]) == 2
+    assert f"{tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err  # not "no run.json"
     twice = [str(run_dir), str(run_dir / ".." / run_dir.name)]
     assert main(["export", *twice, "--checkpoint", "final", "--out", out]) == 0
     assert f"note: {run_dir.resolve()} is 2 members: it counts that often in the vote" in (

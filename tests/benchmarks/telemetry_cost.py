@@ -65,9 +65,18 @@ def cpu_us(call: Callable[[], object], repeat: int, number: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--number", type=int, default=20)
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000],
+        help="requests waiting in the scheduler, one row each. Default: %(default)s",
+    )  # fmt: skip
+    parser.add_argument(
+        "--repeat", type=int, default=5,
+        help="timings per row; the median is printed. Default: %(default)s",
+    )  # fmt: skip
+    parser.add_argument(
+        "--number", type=int, default=20,
+        help="reports per timing, averaged. Default: %(default)s",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         engine = VLLMEngine(
