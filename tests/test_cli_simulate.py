@@ -25,6 +25,10 @@ def test_help_explains_every_subcommand(capsys: pytest.CaptureFixture[str]) -> N
     text = capsys.readouterr().out
     for flag in ("--workload", "--profile", "--controller", "--json", "examples:"):
         assert flag in text
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert "--controller CONTROLLER" in usage and "[--controller" not in usage  # required
 
 
 def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:

@@ -48,6 +48,11 @@ STOP_WAIT_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # argparse would show --controller as optional: REMAINDER takes it, split_arguments finds it
+    parser.usage = (
+        "%(prog)s [-h] --controller CONTROLLER [--slo SLO] [--decision-budget-ms MS]\n"
+        "       [--decision-deadline-ms MS] model [vLLM server args ...]"
+    )
     parser.add_argument("model", help="model directory or name, as vLLM takes it")
     own_arguments(parser, required=False)  # REMAINDER takes them; split_arguments finds them
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="passed to vLLM's server")
