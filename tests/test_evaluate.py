@@ -133,6 +133,21 @@ def test_capacity_is_bracketed_by_a_failing_rate() -> None:
     assert all(not p["met"] for p in probes if p["rate"] > above)
 
 
+def test_a_capacity_never_bracketed_is_said_to_need_longer_probes(tmp_path: Path) -> None:
+    """100-request probes on a 7B A100 met the SLO at every rate up to 32,768 req/s and the
+    report printed "32768.00 (≥)" with no word on why."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "--controllers", "static:256", "--workload", "embedded:gsm8k@poisson:30",
+            "--profile", "llama-2-7b-a100", "--num-requests", "50", "--seeds", "1",
+            "--capacity-requests", "20", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert re.search(
+        r"Capacity \(≥\) of static:256: the SLO held at every rate probed, up to [\d.e+,]+ req/s; "
+        r"20 requests a probe may be too few to load the engine \(--capacity-requests\)",
+        (out / "report.md").read_text(),
+    )
+
+
 def test_best_static_searches_both_knobs_on_tuning_seeds_only(monkeypatch) -> None:
     """Grid runs use the tuning seed alone; the evaluation seeds see only the chosen pair;
     the choice is the best candidate's score recomputed from scratch on the tuning seed."""

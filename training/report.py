@@ -429,6 +429,17 @@ def scenario_notes(sc: dict[str, Any]) -> list[str]:
             f"tuning seeds {', '.join(map(str, bs['tuning_seeds']))}"
         )
         out.append(text + (f"; {bs['note']}." if bs["note"] else "."))
+    open_ended = {
+        c: e["capacity"]["mean"]
+        for c, e in sc["results"].items()
+        if e["capacity"] and not e["capacity"]["bracketed"]
+    }
+    if open_ended:
+        out.append(
+            f"Capacity (≥) of {', '.join(open_ended)}: the SLO held at every rate probed, up to "
+            f"{max(open_ended.values()):,.3g} req/s; {sc['capacity_target']['num_requests']:,} "
+            "requests a probe may be too few to load the engine (--capacity-requests)."
+        )
     return out
 
 
