@@ -59,18 +59,21 @@ T = TypeVar("T")
 
 
 def log_through_vllm() -> None:
-    """Give batchpilot's loggers vLLM's handlers (its format, stream and level), once, where
-    vLLM configured its own: vLLM configures only the ``vllm`` loggers, so inside its engine
-    process batchpilot's INFO lines (the controller taking charge, with the caps) were
-    dropped. Where vLLM configures no logging (``VLLM_CONFIGURE_LOGGING=0``), neither does
-    this. The lines still propagate to the root logger, which has no handler in vLLM's
-    engine process."""
+    """Give batchpilot's loggers vLLM's handlers, once, where vLLM configured its own and
+    nothing else would print them: vLLM configures only the ``vllm`` loggers, so inside its
+    engine process (where the root logger has no handler) batchpilot's INFO lines, the
+    controller taking charge with the caps among them, were dropped. They now go where vLLM's
+    go (its format, its stream: ``VLLM_LOGGING_STREAM``, stdout by default), at its level
+    (``VLLM_LOGGING_LEVEL``). Where vLLM configures no logging (``VLLM_CONFIGURE_LOGGING=0``),
+    or the root logger prints (an application or a test holding the engine), nothing
+    changes."""
     ours, theirs = logging.getLogger("batchpilot"), logging.getLogger("vllm")
-    if ours.handlers or not theirs.handlers:
+    if ours.handlers or not theirs.handlers or logging.getLogger().handlers:
         return
     for handler in theirs.handlers:
         ours.addHandler(handler)
     ours.setLevel(theirs.level)
+
 
 SLOW_CALLS = 3
 """Consecutive over-budget decisions that count as a failure."""

@@ -96,7 +96,7 @@ def test_timeline_memory_is_bounded() -> None:
     for i in range(10_000):
         t = SimpleNamespace(time_s=float(i), num_requests_running=0, num_requests_waiting=0,
                             kv_cache_usage=0.0, recent_tbt_s=0.0, interval_preemptions=0)  # fmt: skip
-        tl.add(t, Limits(8, 256 if i % 3 else None), 2048)
+        tl.add(t, Limits(8, 256 if i % 3 else None), (1024, 2048))
     cols = tl.array()
     times = cols["time_s"]
     assert 50 <= len(times) <= 100

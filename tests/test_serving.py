@@ -116,6 +116,32 @@ def test_paper_algorithms_serve(llm, caplog: pytest.LogCaptureFixture) -> None:
     assert s.fallback_reason is None and s.metrics.decisions > 0
 
 
+def test_serving_lines_go_where_vllms_go_in_its_engine_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In vLLM's engine process only the ``vllm`` loggers have a handler, so batchpilot's INFO
+    lines (the controller taking charge, with the caps) were dropped; they now take vLLM's
+    handlers. Where the root logger prints (a test, an application), nothing changes."""
+    import io
+
+    from batchpilot.serving.scheduler import log_through_vllm
+
+    ours, theirs, root = (logging.getLogger(n) for n in ("batchpilot", "vllm", ""))
+    stream = io.StringIO()
+    monkeypatch.setattr(theirs, "handlers", [logging.StreamHandler(stream)])
+    monkeypatch.setattr(theirs, "level", logging.INFO)
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    monkeypatch.setattr(root, "handlers", [logging.NullHandler()])  # a root that prints
+    log_through_vllm()
+    assert ours.handlers == []
+    monkeypatch.setattr(root, "handlers", [])  # the engine process's root
+    log_through_vllm()
+    log_through_vllm()  # once: the handlers are not added twice
+    logging.getLogger("batchpilot.serving").info("controller x in charge")
+    assert stream.getvalue() == "controller x in charge\n"
+
+
 def test_oracle_is_refused(llm) -> None:
     with pytest.raises(ValueError, match="cannot serve"):
         scheduler(llm).set_controller("oracle")
