@@ -19,6 +19,7 @@ import io
 import itertools
 import json
 import math
+import multiprocessing
 import re
 import sys
 import zlib
@@ -170,7 +171,10 @@ MAX_GZIP_LINE = 2**24
 
 PROGRESS_BYTES = 32 * 2**20
 """Files this large on disk or larger show a progress bar (bytes read) on stderr while they
-are read, where stderr is a terminal: a week of a public trace is a minute's read or more."""
+are read, where stderr is a terminal, in the main process (not in a worker), unless
+`READ_PROGRESS` is off: a week of a public trace is a minute's read or more."""
+READ_PROGRESS = True
+"""Whether a large file's read may show its progress (the CLI's --no-progress turns it off)."""
 
 
 MAX_GZIP_RATIO = 32
@@ -185,7 +189,7 @@ class _BoundedGzipFile(gzip.GzipFile):
     decompress past `limit` bytes."""
 
     def __init__(self, path: Path, handle: BinaryIO, limit: int) -> None:
-        super().__init__(fileobj=handle, mode="rb")
+        super().__init__(fileobj=handle, mode="rb")  # reads nothing yet: it cannot raise
         self._handle = handle  # a file given, not named, is left open by `GzipFile.close`
         self._trace_path = path
         self._left = limit
@@ -213,8 +217,10 @@ class _BoundedGzipFile(gzip.GzipFile):
         return self._count(super().readline(self._bounded(size)))
 
     def close(self) -> None:
-        super().close()
-        self._handle.close()
+        try:
+            super().close()
+        finally:
+            self._handle.close()
 
 
 class _ShownRead(io.RawIOBase):
@@ -222,16 +228,20 @@ class _ShownRead(io.RawIOBase):
 
     def __init__(self, path: Path, what: str) -> None:
         self._file = path.open("rb", buffering=0)
-        self._bar = Progress(
-            TextColumn(f"{what} {path.name}"),
-            BarColumn(),
-            DownloadColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self._task = self._bar.add_task(what, total=path.stat().st_size)
-        self._bar.start()
+        try:
+            self._bar = Progress(
+                TextColumn("{task.description}", markup=False),  # a name's [ ] { } as written
+                BarColumn(),
+                DownloadColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self._task = self._bar.add_task(f"{what} {path.name}", total=path.stat().st_size)
+            self._bar.start()
+        except BaseException:
+            self._file.close()
+            raise
 
     def readable(self) -> bool:
         return True
@@ -251,8 +261,10 @@ class _ShownRead(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._file.close()
-            self._bar.stop()
+            try:
+                self._file.close()
+            finally:
+                self._bar.stop()
         super().close()
 
 
@@ -260,16 +272,22 @@ def _open(path: Path, shown: str = "") -> BinaryIO | gzip.GzipFile:
     """The file opened for reading bytes; a gzip file (by its first bytes, whatever its name)
     through `gzip`, which decompresses as it is read, to at most `MAX_GZIP_RATIO` times its
     size (or `GZIP_FLOOR_BYTES`). A whole read says what it is in `shown`: then a file of
-    `PROGRESS_BYTES` or more shows its progress where stderr is a terminal."""
+    `PROGRESS_BYTES` or more may show its progress (`PROGRESS_BYTES`)."""
     size = path.stat().st_size
-    if shown and size >= PROGRESS_BYTES and sys.stderr.isatty():
+    terminal = sys.stderr is not None and sys.stderr.isatty()
+    main_process = multiprocessing.parent_process() is None
+    if shown and READ_PROGRESS and size >= PROGRESS_BYTES and terminal and main_process:
         handle: BinaryIO = io.BufferedReader(_ShownRead(path, shown))  # type: ignore[assignment]
     else:
         handle = path.open("rb")
-    if handle.read(len(_GZIP)) != _GZIP:
+    try:
+        gzipped = handle.read(len(_GZIP)) == _GZIP
         handle.seek(0)
+    except BaseException:
+        handle.close()
+        raise
+    if not gzipped:
         return handle
-    handle.seek(0)
     return _BoundedGzipFile(path, handle, max(MAX_GZIP_RATIO * size, GZIP_FLOOR_BYTES))
 
 

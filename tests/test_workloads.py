@@ -10,8 +10,10 @@ import os
 import shutil
 import sys
 import tarfile
+import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -429,32 +431,76 @@ def test_a_large_trace_shows_its_read_on_a_terminal(
     """A week of a trace read for a minute or more (row by row, far more) with nothing on the
     screen: a file of `PROGRESS_BYTES` or more now shows a bar of its bytes on a terminal's
     stderr (lowered here to 1 byte), gone when read, and reads as it did (plain, gzip, JSONL,
-    an irregular CSV row by row)."""
+    an irregular CSV row by row, a name rich would read as markup or a format); a bad row's
+    error is the same and leaves no bar running; --no-progress and worker processes show none."""
     conv = traces / "azure2023/AzureLLMInferenceTrace_conv.csv"
-    quoted = tmp_path / "quoted.csv"  # a quoted field: the vectorised reader leaves it
+    quoted = tmp_path / "q{0}[b].csv"  # a quoted field: the vectorised reader leaves it
     quoted.write_text('num_prefill_tokens,num_decode_tokens\n"5",6\n7,8\n')
     packed = tmp_path / "conv.csv.gz"
     packed.write_bytes(gzip.compress(conv.read_bytes()))
     mooncake = tmp_path / "m.jsonl"
     mooncake.write_text(MOONCAKE_ROW + '{"timestamp": 1000, "input_length": 9, "output_length": 2}\n')
+    bad = tmp_path / "bad.csv"
+    bad.write_text("num_prefill_tokens,num_decode_tokens\n5,6\n7,0\n")
     files = {conv: "reading AzureLLMInferenceTrace_conv.csv", packed: "reading conv.csv.gz",
-             mooncake: "reading m.jsonl", quoted: "reading row by row quoted.csv"}  # fmt: skip
+             mooncake: "reading m.jsonl", quoted: "reading row by row q{0}[b].csv"}  # fmt: skip
     quiet = {path: load_trace(path) for path in files}
+    with pytest.raises(TraceError) as unshown:
+        load_trace(bad)
     monkeypatch.setattr(traces_module, "PROGRESS_BYTES", 1)
+    monkeypatch.setattr(traces_module, "READ_PROGRESS", True)
     monkeypatch.setenv("TERM", "xterm")
-    for path, shown in files.items():
+
+    def read_on_a_terminal(path: Path) -> tuple[Any, str]:
         traces_module._read.cache_clear()
         screen = Terminal()
         monkeypatch.setattr("sys.stderr", screen)
-        trace = load_trace(path)
-        assert shown in screen.getvalue()
+        try:
+            return load_trace(path), screen.getvalue()
+        except TraceError as exc:
+            return exc, screen.getvalue()
+
+    for path, shown in files.items():
+        trace, screen = read_on_a_terminal(path)
+        assert shown in screen
         assert np.array_equal(trace.prompt_tokens, quiet[path].prompt_tokens)
         assert np.array_equal(trace.output_tokens, quiet[path].output_tokens)
         assert trace.arrival_s is None or np.array_equal(trace.arrival_s, quiet[path].arrival_s)
+    error, screen = read_on_a_terminal(bad)
+    assert "reading bad.csv" in screen and str(error) == str(unshown.value)
+    bars = [t for t in threading.enumerate() if type(t).__name__ == "_RefreshThread"]
+    for bar in bars:  # stopped, not joined, by rich: each ends at its next wake
+        bar.join(timeout=5)
+    assert not [bar for bar in bars if bar.is_alive()]
+    monkeypatch.setattr(traces_module, "READ_PROGRESS", False)  # --no-progress
+    assert read_on_a_terminal(conv)[1] == ""
+    monkeypatch.setattr(traces_module, "READ_PROGRESS", True)
+    monkeypatch.setattr("multiprocessing.parent_process", lambda: object())  # a worker
+    assert read_on_a_terminal(conv)[1] == ""
     traces_module._read.cache_clear()
     monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal: nothing shown
     load_trace(conv)
     assert sys.stderr.getvalue() == ""
+
+
+def test_no_progress_turns_the_trace_readers_bar_off_for_the_command_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchpilot.training.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n5,6\n")
+    seen = []
+
+    def read(*_: object) -> None:
+        seen.append(traces_module.READ_PROGRESS)
+        raise TraceError("stop here")
+
+    monkeypatch.setattr(traces_module, "_read", read)
+    for flag in ("--no-progress", "--seed=1"):
+        assert main(["simulate", "--workload", f"{trace}@poisson:1", flag]) == 2
+    assert seen == [False, True]
+    assert traces_module.READ_PROGRESS is True  # as before the command
 
 
 def tar_of(data: bytes) -> bytes:

@@ -47,11 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from batchpilot.envs import traces
+
+    shown = traces.READ_PROGRESS
+    traces.READ_PROGRESS = shown and not getattr(args, "no_progress", False)  # its bar too
     try:
         return int(args._main(args) or 0)
     except (ValueError, OSError) as exc:  # bad input: say what is wrong, no traceback
         print(f"batchpilot {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        traces.READ_PROGRESS = shown
 
 
 if __name__ == "__main__":
