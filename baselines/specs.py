@@ -225,7 +225,7 @@ def make_controller(
         )
     if name not in factories:
         raise ControllerSpecError(
-            f"unknown controller {spec!r}; {did_you_mean(name, factories)}known: "
+            f"unknown controller {spec!r}; {did_you_mean(name, [*factories, BEST_STATIC])}known: "
             f"{', '.join(sorted(factories))}, and A+B "
             f"combinations (`batchpilot compare` also takes {BEST_STATIC} and default)"
         )

@@ -28,9 +28,9 @@ TIMELINE_FIELDS = (
 
 @dataclass
 class Timeline:
-    """The controller's limits and the engine's state at control decisions: every one up to
-    `max_rows`, then every `stride`-th (halved as needed), so memory stays bounded on runs
-    of any length."""
+    """The controller's limits (capped at the engine's) and the engine's state at control
+    decisions: every one up to `max_rows`, then every `stride`-th (halved as needed), so
+    memory stays bounded on runs of any length."""
 
     rows: list[tuple[float, ...]] = field(default_factory=list)
     max_rows: int = 50_000
@@ -38,8 +38,9 @@ class Timeline:
     decisions: int = 0
 
     def add(self, t: Telemetry, limits: Limits, caps: tuple[int, int]) -> None:
-        """Record a decision as the engine applies it: each limit at most the engine's cap
-        (`caps`: max_num_seqs, max_num_batched_tokens; a budget of None is that cap)."""
+        """Record a decision, each limit at most the engine's cap (`caps`: max_num_seqs,
+        max_num_batched_tokens; a budget of None is that cap), as the engine holds them (a
+        real engine may also raise a budget to its floor, which is not recorded)."""
         self.decisions += 1
         if (self.decisions - 1) % self.stride:
             return

@@ -127,9 +127,10 @@ def table(result: LoadResult) -> str:
     """A short plain-text table of `result`: client view first, then the server's."""
     s, m = result.summary(), result.metrics
 
-    def mean_ms(name: str, scale: float = 1e3) -> str:
+    def mean_ms(name: str, per_second: float = 1e3) -> str:
+        """The histogram's mean in ms (or another unit: `per_second` of it a second)."""
         n = m.get(f"{name}_count", 0.0)
-        return f"{m[f'{name}_sum'] / n * scale:.1f}" if n else "-"
+        return f"{m[f'{name}_sum'] / n * per_second:.1f}" if n else "-"
 
     rows = [
         ("requests ok / failed", f"{s['requests_ok']} / {s['requests_failed']}"),

@@ -159,6 +159,7 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
         (["--controller", "static:256,alg1"], "simulate runs one (to run several side by side: "
          "batchpilot compare --controllers static:256,alg1)"),
         (["--controller", "statc:256"], "unknown controller 'statc:256'; did you mean 'static'?"),
+        (["--controller", "best-statc"], "did you mean 'best-static'?"),
         (["--profile", "llama2-7b-h100"], "did you mean 'llama-2-7b-h100'?"),
         (["--workload", "embedded:gsm8k@poisson"], "poisson takes 1 argument"),
         (["--workload", "embedded:gsm8k"], "use SOURCE@ARRIVAL, e.g. embedded:gsm8k@poisson:4"),

@@ -289,6 +289,9 @@ def test_counts_written_as_rl_zoo3_floats_are_read_as_ints(tmp_path: Path) -> No
     path.write_text(body.format(batch="64.5"))
     with pytest.raises(ValueError, match=r"batch_size: 64\.5 is not of type int"):
         load_config(path)
+    path.write_text(body.format(batch="1e300"))  # past 2^53: not turned into 301 digits
+    with pytest.raises(ValueError, match=r"batch_size: 1e\+300 is not of type int"):
+        load_config(path)
 
 
 def test_yaml_reads_exponents_as_floats_as_yaml_1_2_does(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def _outcome(wins: int, losses: int, n: int) -> str:
         return f"**The learned policy lost** on {losses} of {n} scenarios"
     if wins or losses:
         return f"**The learned policy won on {wins} and lost on {losses} of {n} scenarios**"
-    return f"**The learned policy tied** on {f'all {n} scenarios' if n > 1 else 'the scenario'}"
+    return f"**The learned policy tied** on {'the scenario' if n == 1 else f'all {n} scenarios'}"
 
 
 def learned_verdict(results: dict[str, Any], label: str) -> str:

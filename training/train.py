@@ -275,15 +275,17 @@ def config_problems(body: dict[str, Any]) -> list[str]:
 
 
 def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` with each whole-number float given for a count (a setting or PPO argument of
-    type int) read as that int: rl-zoo3 writes ``n_timesteps: !!float 1e6``, and YAML reads
-    ``1e6`` as a float. A fraction stays a float, which the count's check refuses."""
+    """`body` with each whole-number float given for a top-level count (a setting or PPO
+    argument of type int) read as that int: rl-zoo3 writes ``n_timesteps: !!float 1e6``, and
+    YAML reads ``1e6`` as a float. A fraction, or a float past 2^53 (no longer exact), stays
+    a float, which the count's check refuses."""
     from stable_baselines3 import PPO
 
     hints = dataclass_hints(TrainConfig) | signature_hints(PPO.__init__)
     counts = {k for k, hint in hints.items() if int in (hint, *typing.get_args(hint))}
     return {
-        k: int(v) if k in counts and isinstance(v, float) and v.is_integer() else v
+        k: int(v) if k in counts and isinstance(v, float) and v.is_integer() and abs(v) <= 2**53
+        else v
         for k, v in body.items()
     }
 

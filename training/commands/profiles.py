@@ -226,9 +226,9 @@ def _build(args: argparse.Namespace) -> int:
     if not any((args.vidur / "compute" / k / "mlp.csv").is_file() for k in keys):
         have = sorted("/".join(p.parts[-4:-1]) for p in args.vidur.glob("compute/*/*/*/mlp.csv"))
         hint = ""
-        if args.vidur_model is None and have:
-            names = sorted({h.split("/", 1)[1] for h in have})
-            near = difflib.get_close_matches(model.vidur_name, names, n=1, cutoff=0) or names
+        names = sorted({h.split("/", 1)[1] for h in have} - {model.vidur_name})
+        if args.vidur_model is None and names:
+            near = difflib.get_close_matches(model.vidur_name, names, n=1, cutoff=0)
             hint = (
                 f"; a model Vidur timed under another name: --vidur-model NAME, the name after "
                 f"the GPU (e.g. --vidur-model {near[0]})"

