@@ -272,7 +272,7 @@ def _open(path: Path, shown: str = "") -> BinaryIO | gzip.GzipFile:
     """The file opened for reading bytes; a gzip file (by its first bytes, whatever its name)
     through `gzip`, which decompresses as it is read, to at most `MAX_GZIP_RATIO` times its
     size (or `GZIP_FLOOR_BYTES`). A whole read says what it is in `shown`: then a file of
-    `PROGRESS_BYTES` or more may show its progress (`PROGRESS_BYTES`)."""
+    `PROGRESS_BYTES` or more may show its progress (`PROGRESS_BYTES` says where)."""
     size = path.stat().st_size
     terminal = sys.stderr is not None and sys.stderr.isatty()
     main_process = multiprocessing.parent_process() is None
