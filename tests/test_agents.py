@@ -630,7 +630,9 @@ def test_a_bad_evaluation_record_is_named(tmp_path: Path, text: str, message: st
         BaselineEvalCallback(None, "grid", SLO(), 1, tmp_path)  # type: ignore[arg-type]
 
 
-def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path, monkeypatch) -> None:
+def test_resume_continues_the_step_count(
+    trained_run: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
     import shutil
 
     import batchpilot.training.train as train_module
@@ -654,6 +656,13 @@ def test_resume_continues_the_step_count(trained_run: Path, tmp_path: Path, monk
     assert seeds == [TINY["batchpilot/Batching-v0"]["seed"] + steps]  # new episodes
     with pytest.raises(ValueError, match="already holds a run"):
         train(load_config(config), config, run_dir, resume=False, progress=False)
+    # resumed again at the same n_timesteps: said, and no env started ("trained in 6 s" before)
+    final = read_state(run_dir / "final")["num_timesteps"]
+    train(load_config(config), config, run_dir, resume=True, progress=False)
+    assert f"already at {final:,} steps, n_timesteps is 384: nothing to train" in (
+        capsys.readouterr().out
+    )
+    assert len(seeds) == 1 and read_state(run_dir / "final")["num_timesteps"] == final
 
 
 @pytest.fixture(scope="module")

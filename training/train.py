@@ -623,6 +623,12 @@ def _learn(run: _Run, progress: bool) -> Path:
     from batchpilot.agents.checkpoint import VECNORMALIZE, load_vecnormalize, save_checkpoint
 
     cfg, model, previous = run.cfg, run.model, run.previous
+    if previous is not None and model.num_timesteps >= cfg.n_timesteps:
+        print(
+            f"{run.out}: already at {model.num_timesteps:,} steps, n_timesteps is "
+            f"{cfg.n_timesteps:,}: nothing to train (a config with more goes on)"
+        )
+        return kept_checkpoint(run.out)
     # a resumed run goes on to new episodes: seeded as the config's seed would not repeat
     seed = cfg.seed if previous is None else (cfg.seed + model.num_timesteps) % 2**32
     venv = make_vec_env(cfg, seed)
