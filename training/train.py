@@ -169,6 +169,17 @@ def _env_hints() -> dict[str, Any]:
     return signature_hints(_env_class().__init__)
 
 
+def setting_hints() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The annotations of a config's top-level keys: batchpilot's own (`TrainConfig`) and
+    PPO's arguments a config may set."""
+    from stable_baselines3 import PPO
+
+    ppo_hints = {
+        k: v for k, v in signature_hints(PPO.__init__).items() if k not in SET_BY_BATCHPILOT
+    }
+    return dataclass_hints(TrainConfig), ppo_hints
+
+
 def config_problems(body: dict[str, Any]) -> list[str]:
     """Every unknown key, wrong type and out-of-range value of a config's settings."""
     from stable_baselines3 import PPO
@@ -176,10 +187,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     from batchpilot.agents.callbacks import EvalScenario
     from batchpilot.agents.checkpoint import MAX_LAYER, ints
 
-    run_hints = dataclass_hints(TrainConfig)
-    ppo_hints = {
-        k: v for k, v in signature_hints(PPO.__init__).items() if k not in SET_BY_BATCHPILOT
-    }
+    run_hints, ppo_hints = setting_hints()
     problems = []
     for key, value in body.items():
         if key in RUN_KEYS:
@@ -279,9 +287,8 @@ def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
     argument of type int) read as that int: rl-zoo3 writes ``n_timesteps: !!float 1e6``, and
     YAML reads ``1e6`` as a float. A fraction, or a float past 2^53 (no longer exact), stays
     a float, which the count's check refuses."""
-    from stable_baselines3 import PPO
-
-    hints = dataclass_hints(TrainConfig) | signature_hints(PPO.__init__)
+    run_hints, ppo_hints = setting_hints()
+    hints = run_hints | ppo_hints
     counts = {k for k, hint in hints.items() if int in (hint, *typing.get_args(hint))}
     return {
         k: int(v) if k in counts and isinstance(v, float) and v.is_integer() and abs(v) <= 2**53
