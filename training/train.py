@@ -180,11 +180,18 @@ def setting_hints() -> tuple[dict[str, Any], dict[str, Any]]:
     return dataclass_hints(TrainConfig), ppo_hints
 
 
+def _eval_hints() -> dict[str, Any]:
+    """The annotations of a config's `eval` keys."""
+    from batchpilot.agents.callbacks import EvalScenario
+
+    hints = dataclass_hints(EvalScenario) | {"freq": int}
+    return {k: v for k, v in hints.items() if k not in ("slo", "interval")}
+
+
 def config_problems(body: dict[str, Any]) -> list[str]:
     """Every unknown key, wrong type and out-of-range value of a config's settings."""
     from stable_baselines3 import PPO
 
-    from batchpilot.agents.callbacks import EvalScenario
     from batchpilot.agents.checkpoint import MAX_LAYER, ints
 
     run_hints, ppo_hints = setting_hints()
@@ -222,10 +229,8 @@ def config_problems(body: dict[str, Any]) -> list[str]:
             where = "env_kwargs.workload" if len(specs) == 1 else f"env_kwargs.workload[{i}]"
             if problem := WORKLOAD_RANGES["num_requests"](spec["num_requests"]):
                 problems.append(f"{where}.num_requests: {problem}")
-    eval_hints = dataclass_hints(EvalScenario) | {"freq": int}
-    eval_hints = {k: v for k, v in eval_hints.items() if k not in ("slo", "interval")}
     problems += mapping_problems(
-        body.get("eval") or {}, eval_hints, EVAL_RANGES, prefix="eval.", what="eval"
+        body.get("eval") or {}, _eval_hints(), EVAL_RANGES, prefix="eval.", what="eval"
     )
     workloads = (body.get("eval") or {}).get("workload")
     workloads = [workloads] if isinstance(workloads, dict) else workloads
@@ -282,19 +287,33 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     return problems
 
 
-def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` with each whole-number float given for a top-level count (a setting or PPO
-    argument of type int) read as that int: rl-zoo3 writes ``n_timesteps: !!float 1e6``, and
-    YAML reads ``1e6`` as a float. A fraction, or a float past 2^53 (no longer exact), stays
-    a float, which the count's check refuses."""
-    run_hints, ppo_hints = setting_hints()
-    hints = run_hints | ppo_hints
+def _whole(values: dict[str, Any], hints: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each whole-number float given for a key annotated int read as that int;
+    a fraction, or a float past 2^53 (no longer exact), stays a float."""
     counts = {k for k, hint in hints.items() if int in (hint, *typing.get_args(hint))}
     return {
         k: int(v) if k in counts and isinstance(v, float) and v.is_integer() and abs(v) <= 2**53
         else v
-        for k, v in body.items()
+        for k, v in values.items()
     }
+
+
+def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with each whole-number float given for a count (a setting, a PPO argument, or
+    an `imitation`, `eval` or `env_kwargs` key of type int) read as that int: rl-zoo3 writes
+    ``n_timesteps: !!float 1e6``, and YAML reads ``1e6`` as a float. A fraction, or a float
+    past 2^53, stays a float, which the count's check refuses."""
+    run_hints, ppo_hints = setting_hints()
+    body = _whole(body, run_hints | ppo_hints)
+    nested = {
+        "imitation": dataclass_hints(ImitationSpec),
+        "eval": _eval_hints(),
+        "env_kwargs": _env_hints(),
+    }
+    for key, hints in nested.items():
+        if isinstance(body.get(key), dict):
+            body[key] = _whole(body[key], hints)
+    return body
 
 
 def load_config(path: Path) -> TrainConfig:
