@@ -29,6 +29,9 @@ def test_help_explains_every_subcommand(capsys: pytest.CaptureFixture[str]) -> N
         main(["serve", "--help"])
     usage = capsys.readouterr().out.split("\n\n")[0]
     assert "--controller CONTROLLER" in usage and "[--controller" not in usage  # required
+    with pytest.raises(SystemExit):  # it said "required: model, vllm_args"
+        main(["serve"])
+    assert capsys.readouterr().err.endswith("the following arguments are required: model\n")
 
 
 def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:

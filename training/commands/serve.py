@@ -55,7 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("model", help="model directory or name, as vLLM takes it")
     own_arguments(parser, required=False)  # REMAINDER takes them; split_arguments finds them
-    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="passed to vLLM's server")
+    rest = parser.add_argument(
+        "vllm_args", nargs=argparse.REMAINDER, help="passed to vLLM's server"
+    )
+    rest.required = False  # argparse counts a REMAINDER as required: "required: model, vllm_args"
 
 
 def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
