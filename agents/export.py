@@ -28,6 +28,7 @@ from batchpilot.agents.policy import (
     FORMAT_VERSION,
     PolicyFileError,
     action_layout,
+    check_not_sidecar,
     ensemble_fields,
     load_policy,
     observation_layout,
@@ -255,6 +256,7 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     `policy:PATH` will load it (`load_policy`: sidecar values, graph ops)."""
     if not run_dirs:
         raise PolicyFileError("no run to export")
+    check_not_sidecar(out)  # before anything is written: X.onnx.json is X.onnx's sidecar
     members = [_member(run, checkpoint) for run in run_dirs]
     meta = members[0].meta
     for other, run in zip(members[1:], run_dirs[1:], strict=True):

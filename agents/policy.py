@@ -198,16 +198,21 @@ def fmt_ranges(scale: dict[str, tuple[float, float]]) -> str:
     return ", ".join(f"{k} {lo:g}-{hi:g}x" for k, (lo, hi) in scale.items())
 
 
-def read_sidecar(onnx_path: Path) -> dict[str, Any]:
-    """The sidecar of `onnx_path` (``~`` expanded, as no shell does in ``policy:~/...``),
-    checked against the file and this version's layout."""
-    onnx_path = onnx_path.expanduser()
-    side = sidecar_path(onnx_path)
+def check_not_sidecar(onnx_path: Path) -> None:
+    """Refuse a policy path that names a sidecar (``X.onnx.json``) instead of its file."""
     if onnx_path.name.endswith(".onnx.json"):
         raise PolicyFileError(
             f"{onnx_path} is a policy's JSON sidecar; name its .onnx file "
             f"(policy:{onnx_path.with_suffix('')})"
         )
+
+
+def read_sidecar(onnx_path: Path) -> dict[str, Any]:
+    """The sidecar of `onnx_path` (``~`` expanded, as no shell does in ``policy:~/...``),
+    checked against the file and this version's layout."""
+    onnx_path = onnx_path.expanduser()
+    side = sidecar_path(onnx_path)
+    check_not_sidecar(onnx_path)
     for p in (onnx_path, side):
         what = "policy file" if p == onnx_path else f"{onnx_path}'s JSON sidecar"
         a_file = (

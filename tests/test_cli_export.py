@@ -314,6 +314,20 @@ def test_an_export_that_would_not_load_replaces_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.onnx", "p.onnx.json", "run"]
 
 
+def test_export_onto_a_sidecar_name_replaces_nothing(
+    run_dir: Path, policy: Path, tmp_path: Path, capsys
+) -> None:
+    """`--out p.onnx.json` beside a policy p.onnx wrote ONNX bytes over p.onnx.json and a stray
+    p.onnx.json.json, then refused the name: p.onnx no longer loaded. Now the name is refused
+    before anything is written."""
+    out = copy(policy, tmp_path)
+    before = sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir())
+    assert main(["export", str(run_dir), "--checkpoint", "final", "--out", f"{out}.json"]) == 2
+    assert f"{out}.json is a policy's JSON sidecar; name its .onnx file" in capsys.readouterr().err
+    assert sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir()) == before
+    load_policy(out)
+
+
 def test_export_writes_a_policy_that_loads(policy: Path) -> None:
     meta = json.loads(sidecar_path(policy).read_text())
     assert meta["sidecar_sha256"] == seal(meta)["sidecar_sha256"]
