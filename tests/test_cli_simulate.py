@@ -34,6 +34,29 @@ def test_help_explains_every_subcommand(capsys: pytest.CaptureFixture[str]) -> N
     assert capsys.readouterr().err.endswith("the following arguments are required: model\n")
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--config", "c.yml", "--out", ""],
+        ["compare", "--workload", "embedded:gsm8k@poisson:1", "--controllers", "alg1", "--out", " "],
+        ["evaluate", "--policy", "p.onnx", "--suite", "s.yml", "--out", ""],
+        ["export", "run", "--out", ""],
+        ["simulate", "--workload", "embedded:gsm8k@poisson:1", "--json", ""],
+    ],
+)
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(
+    args: list[str], tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """`--out ''` (an unset shell variable) wrote a whole run or report into the current
+    directory, and `--json ''` said ".: is a directory"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 2
+    assert "is an empty or blank path; name a file or directory" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:
     out = tmp_path / "m.json"
     code = main(

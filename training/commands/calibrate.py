@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from batchpilot.envs.calibration import FORMS
 from batchpilot.envs.profiles import INT_LIMITS, check_profile_name
 from batchpilot.envs.vllm_tracker import CLOCKS
-from batchpilot.training.commands.common import COUNT, check_output, whole
+from batchpilot.training.commands.common import COUNT, check_output, path_arg, whole
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model directory vLLM can load")
-    parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    parser.add_argument("--out", type=path_arg, required=True, help="profile JSON to write")
     parser.add_argument("--name", help="profile name (default: the output file's stem)")
     parser.add_argument(
         "--form",
@@ -72,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--samples",
-        type=Path,
+        type=path_arg,
         help="also write the median step samples (JSON: the 6 step counts and seconds per "
         "step) to refit later with batchpilot.envs.calibration.fit_step_model",
     )

@@ -40,6 +40,17 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def path_arg(text: str) -> Path:
+    """An argparse ``type=`` for a file or directory: an empty or blank one is refused, where
+    ``Path("")`` would be the current directory (an unset shell variable wrote a whole run
+    into the working tree)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is an empty or blank path; name a file or directory (an unset variable?)"
+        )
+    return Path(text)
+
+
 def positive(text: str) -> float:
     """An argparse ``type=``: a finite number > 0, written plainly (`plain_float`)."""
     try:

@@ -48,6 +48,7 @@ from batchpilot.training.commands.common import (
     check_output,
     command_line,
     parse_workload,
+    path_arg,
     slo_spec,
 )
 from batchpilot.training.evaluate import (
@@ -177,7 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=WORKERS, help="worker processes (default: CPU count; 1 for vllm)"
     )
-    parser.add_argument("--out", type=Path, help="report directory (required to run)")
+    parser.add_argument("--out", type=path_arg, help="report directory (required to run)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

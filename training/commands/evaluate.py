@@ -23,7 +23,13 @@ from typing import Any
 
 from batchpilot.agents.specs import policy_spec
 from batchpilot.baselines.specs import split_specs
-from batchpilot.training.commands.common import FIRST_SEED, SEEDS, check_output, command_line
+from batchpilot.training.commands.common import (
+    FIRST_SEED,
+    SEEDS,
+    check_output,
+    command_line,
+    path_arg,
+)
 from batchpilot.training.evaluate import DEFAULT_SEEDS
 
 REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
@@ -35,7 +41,7 @@ TITLE = "The learned controller against the references"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy",
-        type=Path,
+        type=path_arg,
         action="append",
         required=True,
         help="exported policy (.onnx), repeatable: candidates compared on the same runs",
@@ -67,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "on the report's seeds on seeds its choice never saw. Default: %(default)s",
     )
     parser.add_argument("--title", default=TITLE, help="the report's title")
-    parser.add_argument("--out", type=Path, required=True, help="report directory")
+    parser.add_argument("--out", type=path_arg, required=True, help="report directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -17,18 +17,19 @@ examples:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from batchpilot.training.commands.common import path_arg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run_dirs",
-        type=Path,
+        type=path_arg,
         nargs="+",
         metavar="RUN_DIR",
         help="a `batchpilot train` run directory; several make one ensemble policy",
     )
-    parser.add_argument("--out", type=Path, required=True, help="ONNX file to write")
+    parser.add_argument("--out", type=path_arg, required=True, help="ONNX file to write")
     parser.add_argument(
         "--checkpoint",
         choices=["best", "final"],

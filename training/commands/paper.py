@@ -18,7 +18,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.specs import split_specs
@@ -28,6 +27,7 @@ from batchpilot.training.commands.common import (
     REQUESTS,
     WORKERS,
     command_line,
+    path_arg,
     whole,
 )
 from batchpilot.training.evaluate import CapacityTarget
@@ -102,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests per capacity probe. Default: %(default)s",
     )
     parser.add_argument("--workers", type=WORKERS, help="worker processes (default: CPU count)")
-    parser.add_argument("--out", type=Path, required=True, help="report directory")
+    parser.add_argument("--out", type=path_arg, required=True, help="report directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -45,6 +45,7 @@ from batchpilot.training.commands.common import (
     check_output,
     fraction,
     non_negative,
+    path_arg,
     positive,
     whole,
 )
@@ -130,14 +131,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     build.add_argument(
         "--vidur",
-        type=Path,
+        type=path_arg,
         default=DEFAULT_VIDUR,
         help="Vidur profiling directory (compute/, network/: data/profiling of a "
         "github.com/microsoft/vidur checkout). Default: %(default)s, relative to the working "
         "directory (the project root's sibling shared/)",
     )
     build.add_argument("--name", help="profile name (default: the output file's stem)")
-    build.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    build.add_argument("--out", type=path_arg, required=True, help="profile JSON to write")
 
 
 def _table(rows: list[dict]) -> str:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.training.commands.common import DEFAULT_WORKLOAD, SEEDS, parse_workload
+from batchpilot.training.commands.common import DEFAULT_WORKLOAD, SEEDS, parse_workload, path_arg
 
 if TYPE_CHECKING:
     from batchpilot.training.train import TrainConfig
@@ -40,7 +40,7 @@ CONTROLLERS = "default,best-static,alg1+alg2,alg2:chunk=1,oracle"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
-        type=Path,
+        type=path_arg,
         help=f"training config (default: the shipped training/configs/{QUICK_CONFIG})",
     )
     parser.add_argument(
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "varies by about 20%% seed to seed; a 95%% interval over 5 seeds is 1.7x as wide as "
         "over 10). Default: %(default)s",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--out", type=path_arg, required=True, help="output directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

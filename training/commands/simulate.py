@@ -12,7 +12,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
@@ -21,6 +20,7 @@ from batchpilot.training.commands.common import (
     add_workload_arguments,
     check_output,
     parse_workload,
+    path_arg,
     slo_spec,
     write_json,
 )
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="goodput SLOs in ms, as for `vllm bench serve --goodput`, at least one objective "
         "(ttft, tpot, e2el). Default: %(default)s",
     )
-    parser.add_argument("--json", type=Path, help="write the aggregate metrics to this file")
+    parser.add_argument("--json", type=path_arg, help="write the aggregate metrics to this file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

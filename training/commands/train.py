@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from batchpilot.training.commands.common import whole
+from batchpilot.training.commands.common import path_arg, whole
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, required=True, help="YAML config (rl-zoo3 style)")
-    parser.add_argument("--out", type=Path, required=True, help="run directory")
+    parser.add_argument(
+        "--config", type=path_arg, required=True, help="YAML config (rl-zoo3 style)"
+    )
+    parser.add_argument("--out", type=path_arg, required=True, help="run directory")
     parser.add_argument(
         "--resume", action="store_true", help="continue from the latest checkpoint in --out"
     )
