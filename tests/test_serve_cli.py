@@ -223,6 +223,30 @@ def test_bad_controller_spec_fails_before_vllm_is_imported(tmp_path) -> None:
     assert "unknown controller 'nonsense:1'" in out.stderr
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{tmp}/missing", "--controller", "alg1"], "{tmp}/missing: no such model directory"),
+        (["{tmp}", "--controller", "alg1", "--controller", "static:7"], "given more than once"),
+        (["--controller=alg1", "{tmp}", "--controller", "alg2"], "given more than once"),
+        (["{tmp}", "--controller", "alg1,alg2"], "names several controllers; serve runs one"),
+    ],
+)
+def test_serve_refuses_a_missing_model_path_or_two_controllers_before_vllm(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """A model path that does not exist started vLLM, which printed two tracebacks; a second
+    --controller silently replaced the first; 'alg1,alg2' was "unknown controller"."""
+    args = [a.format(tmp=tmp_path) for a in args]
+    code = (
+        "import sys; from batchpilot.training.cli import main; "
+        f"rc = main(['serve', *{args!r}]); print(rc, 'vllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False"], out.stderr
+    assert message.format(tmp=tmp_path) in out.stderr
+
+
 @pytest.mark.parametrize("users", [False, True], ids=["own", "users"])
 def test_serve_that_fails_removes_only_its_own_metrics_directory(
     tmp_path: Path, users: bool

@@ -51,6 +51,21 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+def one_controller(command: str) -> Callable[[str], str]:
+    """An argparse ``type=`` for `command`, which runs one controller (a comma separates
+    specs)."""
+
+    def parse(spec: str) -> str:
+        if "," in spec:
+            raise argparse.ArgumentTypeError(
+                f"{spec!r} names several controllers; {command} runs one (to run several side "
+                f"by side: batchpilot compare --controllers {spec})"
+            )
+        return spec
+
+    return parse
+
+
 def positive(text: str) -> float:
     """An argparse ``type=``: a finite number > 0, written plainly (`plain_float`)."""
     try:

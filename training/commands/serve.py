@@ -37,7 +37,7 @@ from types import FrameType
 
 from batchpilot.serving.api_server import SCHEDULER
 from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO
-from batchpilot.training.commands.common import positive, slo_spec
+from batchpilot.training.commands.common import one_controller, positive, slo_spec
 
 PROMETHEUS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 PROMETHEUS_PREFIX = "batchpilot-prom-"
@@ -65,6 +65,7 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
     """batchpilot's options; they may come anywhere among vLLM's."""
     parser.add_argument(
         "--controller",
+        type=one_controller("serve"),
         required=required,
         help="controller spec (required): static:N, alg1[:k=v...], alg2[:...], A+B, policy:PATH",
     )
@@ -92,9 +93,15 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
 
 def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
     """Pick batchpilot's options out of the arguments after MODEL; the rest are vLLM's."""
-    own = argparse.ArgumentParser(prog="batchpilot serve", add_help=False)
+    own = argparse.ArgumentParser(prog="batchpilot serve", add_help=False, exit_on_error=False)
     own_arguments(own, required=False)
-    parsed, rest = own.parse_known_args(args.vllm_args)
+    given = [a for a in args.vllm_args if a.split("=", 1)[0] == "--controller"]
+    if len(given) + bool(args.controller) > 1:
+        raise ValueError("--controller is given more than once; serve runs one controller")
+    try:
+        parsed, rest = own.parse_known_args(args.vllm_args)
+    except argparse.ArgumentError as exc:  # not the own parser's usage, which is not serve's
+        raise ValueError(str(exc)) from None
     merged = vars(args) | {"vllm_args": rest, "controller": parsed.controller or args.controller}
     for name in ("slo", "decision_budget_ms", "decision_deadline_ms"):
         if getattr(parsed, name) != own.get_default(name):
@@ -116,6 +123,11 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         serving_controller,
     )
 
+    looks_like_path = args.model.startswith(("/", ".", "~")) or args.model.count("/") > 1
+    if looks_like_path and not Path(args.model).expanduser().exists():
+        raise ValueError(
+            f"{args.model}: no such model directory (a Hugging Face model id is ORG/NAME)"
+        )
     serving_controller(args.controller)  # a bad spec or policy file fails here, in seconds
     settings = {SLO_ENV: args.slo, BUDGET_ENV: repr(args.decision_budget_ms).removesuffix(".0")}
     if args.decision_deadline_ms:  # else the engine's default (`engine_settings`)

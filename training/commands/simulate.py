@@ -19,6 +19,7 @@ from batchpilot.training.commands.common import (
     add_engine_arguments,
     add_workload_arguments,
     check_output,
+    one_controller,
     parse_workload,
     path_arg,
     slo_spec,
@@ -29,22 +30,12 @@ if TYPE_CHECKING:
     from batchpilot.envs.run import Timeline
 
 
-def one_controller(spec: str) -> str:
-    """`spec`, if it names one controller (a comma separates specs)."""
-    if "," in spec:
-        raise argparse.ArgumentTypeError(
-            f"{spec!r} names several controllers; simulate runs one (to run several side by "
-            f"side: batchpilot compare --controllers {spec})"
-        )
-    return spec
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     add_engine_arguments(parser)
     parser.add_argument(
         "--controller",
-        type=one_controller,
+        type=one_controller("simulate"),
         default="static:256",
         help="controller spec, e.g. static:256. Default: %(default)s",
     )
