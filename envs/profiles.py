@@ -67,6 +67,17 @@ INT_LIMITS: dict[str, int] = {
 them overflows."""
 
 
+def limits_problem(max_num_seqs: int, max_num_batched_tokens: int) -> str:
+    """Why vLLM would refuse to start with these caps; empty if it would not."""
+    if max_num_batched_tokens >= max_num_seqs:
+        return ""
+    return (
+        f"max_num_batched_tokens {max_num_batched_tokens:,} is less than max_num_seqs "
+        f"{max_num_seqs:,}; vLLM refuses to start so (a step must hold one token of every "
+        "running request)"
+    )
+
+
 @dataclass(frozen=True)
 class EngineProfile:
     """Everything the simulator needs to stand in for one engine deployment."""
@@ -148,6 +159,8 @@ class EngineProfile:
                 if value > high:
                     raise ValueError(f"{origin}: {key} is {brief(value)}, over {high:,}")
                 values[key] = value
+        if problem := limits_problem(values["max_num_seqs"], values["max_num_batched_tokens"]):
+            raise ValueError(f"{origin}: {problem}")
         profile = cls(**values)
         seqs, context = profile.max_num_seqs, profile.max_model_len
         if context < MIN_MODEL_LEN:
@@ -598,6 +611,8 @@ def measured_profile(
         raise ValueError(f"tensor parallel size must be 1, 2, 4 or 8, got {tp}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if problem := limits_problem(max_num_seqs, max_num_batched_tokens):
+        raise ValueError(problem)
     memory = {"gpu_memory_gib": gpu_memory_gib, "runtime_reserve_gib": runtime_reserve_gib}
     for key, gib in memory.items():
         if gib is not None and not 0 <= gib <= MAX_GPU_MEMORY_GIB:

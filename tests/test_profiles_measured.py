@@ -452,6 +452,8 @@ def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: i
         (None, 14, ["--step-overhead-ms", "1e9"], r"out.json: the step model times a one-request decode step at 1e\+06 s.*; nothing written"),
         (None, 14, ["--gpu-memory-gib", "1e300"], r"gpu_memory_gib must be in \[0, 65536\] GiB, got 1e\+300"),
         (None, 14, ["--runtime-reserve-gib", "1e300"], r"runtime_reserve_gib must be in \[0, 65536\] GiB"),
+        # vLLM refuses to start so; the simulator took it
+        (None, 14, ["--max-num-seqs", "1024", "--max-num-batched-tokens", "16"], r"max_num_batched_tokens 16 is less than max_num_seqs 1,024; vLLM refuses to start so"),
         (("mlp.csv", "n_embd", "5120"), 14, [], r"mlp.csv: rows of two model shapes \(line 2: \(5120, 11008, 32, 32\), line 3: \(4096,"),
     ],
 )
@@ -831,8 +833,8 @@ def test_a_model_config_at_every_bound_is_read(tmp_path: Path) -> None:
         ("llama-2-70b", "l40s", 2, {}, "no all-reduce table for 2 x L40S.*TP 1 only"),
         ("llama-2-70b", "a100", 1, {}, "less than one 4096-token context"),
         (  # the activations it names, not only the weights: here they fill the GPU
-            "llama-2-7b", "a100", 1, {"max_num_seqs": 262144},
-            r"activations at 262,144 requests and 8,192 tokens a step 63\.2 GiB",
+            "llama-2-7b", "a100", 1, {"max_num_seqs": 262144, "max_num_batched_tokens": 262144},
+            r"activations at 262,144 requests and 262,144 tokens a step 84\.6 GiB",
         ),
         ("llama-2-7b", "a100", 3, {}, "tensor parallel size must be 1, 2, 4 or 8"),
         ("llama-2-7b", "a100", 1, {"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
@@ -929,6 +931,7 @@ def test_carried_timings_are_a_field_of_the_profile(tmp_path: Path, capsys) -> N
         path.write_text(profile.to_json())
         assert get_profile(str(path)).carried_from == profile.carried_from
     assert_profile_file_refused(tmp_path, "llama-3-8b-a100", lambda d: d.update(carried_from=1), "carried_from must be a string")
+    assert_profile_file_refused(tmp_path, "llama-3-8b-a100", lambda d: d.update(max_num_batched_tokens=512), "max_num_batched_tokens 512 is less than max_num_seqs 1,024; vLLM refuses to start so")
     assert_profile_file_refused(tmp_path, "llama-7b-a100", lambda d: d.update(carried_from="A100-SXM-80GB"), "carried_from names a GPU, but a linear step model has no measured tables")
 
 
