@@ -14,6 +14,7 @@ from batchpilot.training.commands.paper import (
     TABLE1_CONTROLLERS,
     TABLE2,
     classify,
+    gsm8k_source,
     scenarios,
     summary,
     table1_row,
@@ -178,3 +179,24 @@ def test_a_bad_out_or_capacity_slo_is_named_before_table_one_runs(
     argv += [a.format(file=taken) for a in extra]
     assert main(argv) == 2
     assert message.format(file=taken) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("embedded:sharegpt", "embedded:sharegpt: Table I is GSM8K's; use embedded:gsm8k"),
+        ("azure2023/AzureLLMInferenceTrace_conv.csv", "is not a GSM8K length table (its format: azure)"),
+    ],
+)
+def test_table_one_takes_gsm8k_lengths_only(
+    traces, tmp_path, capsys: pytest.CaptureFixture[str], source: str, message: str
+) -> None:
+    """Any workload ran, and its tables were set beside the paper's GSM8K figures."""
+    from batchpilot.training.cli import main
+
+    source = source if source.startswith("embedded:") else str(traces / source)
+    with pytest.raises(SystemExit):
+        main(["paper", "--gsm8k", source, "--out", str(tmp_path / "p"), "--no-progress"])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+    assert gsm8k_source(str(traces / "gsm8k/gsm8k_test_token_lengths.csv")).endswith(".csv")

@@ -22,6 +22,7 @@ from typing import Any
 
 from batchpilot.baselines.specs import split_specs
 from batchpilot.envs.sim_engine import SCHEDULERS
+from batchpilot.envs.traces import load_trace
 from batchpilot.training.commands.common import (
     MAX_SEEDS,
     REQUESTS,
@@ -67,9 +68,29 @@ TABLE2 = {
 TABLE2_PROFILE = "llama-3-70b-a100x8"
 
 
+def gsm8k_source(text: str) -> str:
+    """An argparse ``type=``: embedded:gsm8k or a GSM8K length CSV (Table I compares GSM8K
+    runs with the paper's)."""
+    if text == "embedded:gsm8k":
+        return text
+    if text.startswith("embedded:"):
+        raise argparse.ArgumentTypeError(f"{text}: Table I is GSM8K's; use embedded:gsm8k")
+    try:
+        trace = load_trace(text)
+    except (ValueError, OSError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if trace.format != "gsm8k":
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a GSM8K length table (its format: {trace.format}); Table I is "
+            "GSM8K's (a CSV with prompt_tokens_llama2 and output_tokens_llama2 columns)"
+        )
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gsm8k",
+        type=gsm8k_source,
         default="embedded:gsm8k",
         help="GSM8K lengths: the trace CSV or embedded:gsm8k. Default: %(default)s",
     )
