@@ -29,6 +29,9 @@ from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
 
+EPS_MS = 10.0
+"""eps_D's default, the tolerance band around the target (ms)."""
+
 
 class RecentMeans:
     """Means of per-interval values over the last `window_s` of engine time, each interval
@@ -112,7 +115,7 @@ class SLAController:
         self,
         sla_ms: float | None = None,
         *,
-        eps_ms: float = 10.0,
+        eps_ms: float = EPS_MS,
         window_ms: float = 200.0,
         alpha: int = 20,
         delta: int = 5,
@@ -133,8 +136,12 @@ class SLAController:
         require(window_ms >= 0, "window_ms", window_ms, ">= 0")
         require(sla_ms is None or 0 < sla_ms < float("inf"), "sla_ms", sla_ms, "> 0")
         require(eps_ms >= 0, "eps_ms", eps_ms, ">= 0")
-        if sla_ms is not None:
-            require(eps_ms < sla_ms, "eps_ms", eps_ms, f"below sla_ms ({sla_ms:g})")
+        if sla_ms is not None and eps_ms >= sla_ms:
+            default = ", its default" if eps_ms == EPS_MS else ""
+            raise ValueError(
+                f"eps_ms ({eps_ms:g}{default}) must be below sla_ms ({sla_ms:g}); give a smaller "
+                "one (alg2:eps_ms=N)"
+            )
         self.sla_ms = sla_ms
         self.window_s = window_ms / 1e3
         sla = DEFAULT_SLO.tpot_ms if sla_ms is None else sla_ms

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -113,11 +114,11 @@ RECENT_ARRIVALS = 64
 def parse_grid(text: str) -> tuple[int, ...]:
     """``8/32/128`` -> (8, 32, 128): a grid written without commas (commas separate specs)."""
     try:
-        values = tuple(sorted({plain_int(v) for v in text.split("/") if v}))
+        values = tuple(sorted({plain_int(v) for v in text.split("/")}))
     except ValueError:
-        raise ValueError(f"grid {text!r}: whole numbers separated by '/', e.g. 8/32/128") from None
-    if not values or values[0] < 1:
-        raise ValueError(f"grid {text!r}: give at least one value, each >= 1")
+        raise ValueError("whole numbers >= 1 separated by '/', e.g. 8/32/128") from None
+    if values[0] < 1:
+        raise ValueError("each value must be >= 1")
     return values
 
 
@@ -125,16 +126,24 @@ parse_grid.__name__ = "grid"  # how spec errors name the type
 
 
 def _one_of(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
-    """The parser of a keyword taking one of `choices` (see the module doc); errors name the
-    keyword."""
+    """The parser of a keyword taking one of `choices` (see the module doc); errors say what
+    it takes (`keyword_args` and `_keyword` name the keyword and the text)."""
 
     def parse(text: str) -> str:
         if text not in choices:
-            raise ValueError(f"{name} {text!r}: one of {', '.join(choices)}")
+            raise ValueError(f"one of {', '.join(choices)}")
         return text
 
     parse.__name__ = name  # how spec errors name the type
     return parse
+
+
+def _keyword(key: str, parse: Callable[[str], Any], text: str) -> Any:
+    """`parse(text)`; an error names the keyword and the text."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{key}={text!r}: {exc}") from None
 
 
 parse_future = _one_of("future", FUTURES)
@@ -197,14 +206,17 @@ class MPCController:
         require(0 <= ttft_ties < 1, "ttft_ties", ttft_ties, "in [0, 1)")
         self.horizon_s = horizon_s
         self.replan_s = replan_s
-        self.seqs = parse_grid(seqs) if isinstance(seqs, str) else tuple(sorted(set(seqs)))
-        self.tokens = parse_grid(tokens) if isinstance(tokens, str) else tuple(sorted(set(tokens)))
+        grid = {"seqs": seqs, "tokens": tokens}
+        self.seqs, self.tokens = (
+            _keyword(k, parse_grid, v) if isinstance(v, str) else tuple(sorted(set(v)))
+            for k, v in grid.items()
+        )
         self.rounds = rounds
         self.margin = margin
-        self.future = parse_future(future)
+        self.future = _keyword("future", parse_future, future)
         self.recompute = recompute
-        self.lengths = parse_lengths(lengths)
-        self.pace = parse_pace(pace)
+        self.lengths = _keyword("lengths", parse_lengths, lengths)
+        self.pace = _keyword("pace", parse_pace, pace)
         self.ttft_ties = ttft_ties
         self.name = "mpc"
         self._engine: Engine | None = None

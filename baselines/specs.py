@@ -80,7 +80,9 @@ def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str
                 out[key] = text in ("1", "true")
             else:
                 out[key] = PLAIN.get(kind, kind)(text)
-        except ValueError:
+        except ValueError as exc:
+            if kind not in KINDS and str(exc):  # a keyword's own parser says what it takes
+                raise ControllerSpecError(f"{name}: {key}={text!r}: {exc}") from None
             raise ControllerSpecError(
                 f"{name}: {key}={text!r} is not a valid {KINDS.get(kind, kind.__name__)}"
             ) from None

@@ -90,7 +90,7 @@ def test_chunk_search_sets_a_token_budget_at_least_the_limit() -> None:
 
 
 def test_bad_parameters_are_named() -> None:
-    with pytest.raises(ValueError, match=r"eps_ms must be below sla_ms \(10\), got 20"):
+    with pytest.raises(ValueError, match=r"eps_ms \(20\) must be below sla_ms \(10\)"):
         SLAController(sla_ms=10, eps_ms=20)
     with pytest.raises(ValueError, match="alpha"):
         SLAController(alpha=-1)

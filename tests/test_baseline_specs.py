@@ -59,8 +59,14 @@ def test_specs_build_their_controllers() -> None:
         ("alg1:blocks=yes", "blocks='yes' is not a valid switch"),
         ("alg2:alpha=1.5", "alpha='1.5' is not a valid whole number"),
         ("alg2:alpha= 5", "alpha=' 5' is not a valid whole number"),  # int() reads 5
-        ("mpc:seqs=8/1_6", "seqs='8/1_6' is not a valid grid"),
-        ("alg2:sla_ms=5", "eps_ms must be below sla_ms"),  # was said in s, as eps_D
+        ("mpc:seqs=8/1_6", "mpc: seqs='8/1_6': whole numbers >= 1 separated by '/'"),
+        # the parser's reason was replaced by "is not a valid grid"; empty parts were skipped
+        ("mpc:seqs=0", "mpc: seqs='0': each value must be >= 1"),
+        ("mpc:tokens=8//32", "mpc: tokens='8//32': whole numbers >= 1 separated by '/'"),
+        ("mpc:seqs=8/", "mpc: seqs='8/': whole numbers >= 1 separated by '/'"),
+        ("mpc:future=x", "mpc: future='x': one of true, sampled, renewal"),
+        ("alg2:sla_ms=5", r"eps_ms .10, its default\) must be below sla_ms .5\); give a smaller"),
+        ("alg2:sla_ms=5:eps_ms=7", r"eps_ms .7\) must be below sla_ms .5\)"),
         ("alg1+nope", "unknown controller 'nope'"),
         ("best-static", "grid search"),
         ("static:x", "N must be a whole number"),
