@@ -49,6 +49,8 @@ class SLO:
         most once.
         """
         values: dict[str, float] = {}
+        if "," in spec and any(not item.strip() for item in spec.split(",")):
+            raise ValueError(f"SLO {spec!r}: an empty item between commas")
         for part in spec.replace(",", " ").split():
             key, _, value = part.partition(":")
             if key not in ("ttft", "tpot", "e2el"):

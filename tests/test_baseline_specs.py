@@ -192,6 +192,8 @@ def test_non_finite_negative_and_empty_spec_values_are_refused(spec: str, messag
         ("tpot:", "tpot value '' is not a number"),
         ("ttft: 100", r"SLO 'ttft: 100': ttft value '' is not a number \(write ttft:MS, no space around ':'\)"),
         ("ttft:100,ttft:200", "ttft given twice"),
+        ("ttft:100,,tpot:50", "an empty item between commas"),  # was dropped, as no other list does
+        ("ttft:100,", "an empty item between commas"),
     ],
 )
 def test_bad_slo_values_are_refused(text: str, message: str) -> None:
