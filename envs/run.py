@@ -99,8 +99,8 @@ def check_interval(controller: Controller, interval: ControlInterval) -> None:
     trained = getattr(controller, "control_interval", None)
     if trained is not None and trained != interval:
         raise ValueError(
-            f"{controller.name} was trained to decide every {trained}; run it with that "
-            f"control interval (--interval {trained}), not {interval}"
+            f"{controller.name} was trained to decide every {trained}; run it at that control "
+            f"interval (--interval {trained}, or a suite's interval: {trained}), not {interval}"
         )
 
 

@@ -863,6 +863,7 @@ def test_compare_runs_a_policy_at_its_interval_or_refuses_before_any_run(
     assert code == 2
     err = capsys.readouterr().err
     assert "error: scenario 'mine/slow" in err and "trained to decide every 500ms" in err
+    assert "or a suite's interval: 500ms), not 1it" in err  # evaluate has no --interval
     assert not (tmp_path / "s2" / "results.json").exists()
 
 
