@@ -370,6 +370,9 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
         ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1}\n"
          "  - {name: a, source: embedded:gsm8k, arrival: poisson:2}\n",
          "scenario names must be unique; given twice: ['bad9/a on llama-7b-a100']"),
+        # was "scenario names must be unique", naming a scenario, not the profile given twice
+        ("profiles: [llama-2-7b-a100, llama-2-7b-a100]\nscenarios:\n  - {name: a, source: embedded:gsm8k,"
+         " arrival: poisson:1}\n", "'profiles' names llama-2-7b-a100 twice; give each profile once"),
         ("defaults: &d [a, a, a, a, a, a]\n"
          + "".join(f"d{i}: &d{i} [{', '.join(['*d' if i == 1 else f'*d{i - 1}'] * 6)}]\n" for i in range(1, 9)),
          "holds more than 100,000 values"),

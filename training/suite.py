@@ -218,6 +218,9 @@ def _as_list(value: Any, where: str) -> list[str]:
         return [value]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         raise SuiteError(f"{where} must be a profile name or a list of them")
+    twice = sorted({v for v in value if value.count(v) > 1})
+    if twice:
+        raise SuiteError(f"{where} names {', '.join(twice)} twice; give each profile once")
     return value
 
 
