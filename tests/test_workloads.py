@@ -658,8 +658,12 @@ def test_make_workload_is_deterministic_per_seed() -> None:
     assert list(a.requests) == list(b.requests) and list(a.requests) != list(c.requests)
     with pytest.raises(ArrivalSpecError, match="no timestamps"):
         make_workload("embedded:gsm8k", "replay")
-    with pytest.raises(ValueError, match="unknown embedded workload"):
+    with pytest.raises(ValueError, match="unknown embedded workload") as caught:
         make_workload("embedded:nope")
+    assert "two keys" not in str(caught.value)
+    # the command line's SOURCE@ARRIVAL in a config or suite's source
+    with pytest.raises(ValueError, match="give source: embedded:gsm8k and arrival: poisson:4 as"):
+        make_workload("embedded:gsm8k@poisson:4")
 
 
 def test_overlong_policy_is_explicit() -> None:
