@@ -330,6 +330,29 @@ def test_yaml_reads_exponents_as_floats_as_yaml_1_2_does(tmp_path: Path) -> None
     assert yaml.safe_load("a: 1e-4") == {"a": "1e-4"}  # PyYAML's own loader is left as it was
 
 
+def test_yaml_reads_booleans_as_yaml_1_2_does(tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML) read ``yes``, ``no``, ``on`` and ``off`` as booleans: ``normalize:
+    yes`` was true and ``source: no`` False. Now they are text, which a switch refuses by
+    name; true and false are booleans in any case YAML 1.2 allows."""
+    from batchpilot.training.yaml_files import load_yaml
+
+    path = tmp_path / "b.yml"
+    path.write_text("a: yes\nb: no\nc: true\nd: False\ne: on\nf: TRUE\ng: !!bool yes\n")
+    assert load_yaml(path) == {"a": "yes", "b": "no", "c": True, "d": False, "e": "on", "f": True, "g": True}
+    path.write_text("batchpilot/Batching-v0:\n  n_envs: 1\n  normalize: yes\n")
+    with pytest.raises(ValueError, match=r"normalize: 'yes' is not true or false"):
+        load_config(path)
+
+
+def test_a_yaml_file_that_cannot_be_read_is_named() -> None:
+    """A read that fails past the file checks (here EIO) said only "[Errno 5] Input/output
+    error"."""
+    from batchpilot.training.yaml_files import load_yaml
+
+    with pytest.raises(ValueError, match=r"^/proc/self/mem: cannot be read \(Input/output error\)"):
+        load_yaml(Path("/proc/self/mem"))
+
+
 def test_yaml_reads_whole_numbers_as_yaml_1_2_does(tmp_path: Path) -> None:
     """YAML 1.1 (PyYAML) read ``num_requests: 017`` as 15 (octal) and ``1:20`` as 80
     (base 60), and took ``1_000`` and ``0x10``: now 17, and text that a number field refuses

@@ -30,6 +30,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+BOOL_TAG = "tag:yaml.org,2002:bool"
+CORE_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+"""A boolean as YAML 1.2's core schema reads it; YAML 1.1's ``yes``, ``no``, ``on`` and
+``off`` stay text (``source: no`` was False), which a switch refuses by name."""
 CORE_INT = re.compile(r"^[-+]?[0-9]+$")
 """A whole number as YAML 1.2's core schema reads it: decimal digits (``017`` is 17)."""
 CORE_FLOAT = re.compile(
@@ -40,11 +44,12 @@ CORE_FLOAT = re.compile(
 follows YAML 1.1, which reads ``1e-4`` as text, ``017`` as octal 15, ``1:20`` as 80 and
 ``1_000`` as 1000: on this loader those are text, which a number field refuses by name."""
 _UniqueKeyLoader.yaml_implicit_resolvers = {  # this loader's own table: PyYAML's stays
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT_TAG, FLOAT_TAG, BOOL_TAG)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 for _tag, _regexp in ((INT_TAG, CORE_INT), (FLOAT_TAG, CORE_FLOAT)):  # int first: "17"
     _UniqueKeyLoader.add_implicit_resolver(_tag, _regexp, list("-+.0123456789"))
+_UniqueKeyLoader.add_implicit_resolver(BOOL_TAG, CORE_BOOL, list("tTfF"))
 
 
 def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
@@ -161,6 +166,8 @@ def load_yaml(path: Path) -> Any:
         raise ValueError(_syntax_error(path, text, exc)) from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+    except OSError as exc:  # after the caller's checks: a read that fails (EIO, a vanished file)
+        raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except RecursionError:  # PyYAML composes and constructs nested nodes recursively
         raise ValueError(f"{path}: not a config: its lists or mappings nest too deeply") from None
     except ValueError as exc:  # a scalar PyYAML's int() or date() refuses
