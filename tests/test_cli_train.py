@@ -585,3 +585,17 @@ def test_bad_observation_fields_are_named_briefly(
     with pytest.raises(ValueError, match=f"{re.escape(str(path))}: env_kwargs: {message}") as err:
         load_config(path)
     assert len(str(err.value)) - len(str(path)) < 600
+
+
+def test_train_refuses_an_out_that_is_a_file_or_a_seed_given_twice(tmp_path: Path, capsys) -> None:
+    """`--out FILE` said "[Errno 17] File exists" after the config was read; `--seed 1 1`
+    trained one run, straight into OUT, and said nothing."""
+    config = str(Path(__file__).parents[1] / "training/configs/quick.yml")
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    assert main(["train", "--config", config, "--out", str(taken)]) == 2
+    assert f"--out {taken}: is a file, not a directory" in capsys.readouterr().err
+    out = tmp_path / "run"
+    assert main(["train", "--config", config, "--out", str(out), "--seed", "1", "2", "1"]) == 2
+    assert "--seed: 1 given twice; give each seed once" in capsys.readouterr().err
+    assert not out.exists()

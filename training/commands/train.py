@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from batchpilot.training.commands.common import path_arg, whole
+from batchpilot.training.commands.common import check_output, path_arg, whole
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,8 +62,12 @@ def main(args: argparse.Namespace) -> int:
 
     from batchpilot.training.train import load_config, train_runs, write_report
 
+    check_output(args.out, "--out", directory=True)
     cfg = load_config(args.config)
-    seeds = list(dict.fromkeys(args.seed or [cfg.seed]))
+    twice = sorted({s for s in args.seed or [] if args.seed.count(s) > 1})
+    if twice:
+        raise ValueError(f"--seed: {', '.join(map(str, twice))} given twice; give each seed once")
+    seeds = args.seed or [cfg.seed]
     outs = [args.out] if len(seeds) == 1 else [args.out / f"seed{s}" for s in seeds]
     start = time.perf_counter()
     runs = list(zip(seeds, outs, strict=True))
