@@ -235,7 +235,12 @@ def mix_components(source: str) -> tuple[list[str], np.ndarray]:
 
 def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
     """Table names, phase starts (s) and repeat period (None: no repeat) of a ``shift:``."""
-    body, _, period_text = source.removeprefix(SHIFT_PREFIX).partition("/")
+    body, slash, period_text = source.removeprefix(SHIFT_PREFIX).partition("/")
+    if not body:
+        raise WorkloadError(
+            f"workload {source!r}: shift: takes embedded table names, not files (e.g. "
+            f"shift:sharegpt@0,azure-code@60/120; known: {', '.join(embedded_names())})"
+        )
     names, starts = [], []
     for part in body.split(","):
         name, sep, start = part.partition("@")
@@ -251,7 +256,7 @@ def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
     if starts[0] != 0.0:
         raise WorkloadError(f"workload {source!r}: the first phase must start at 0")
     period = None
-    if period_text:
+    if slash:
         period = _number(period_text)
         if not np.isfinite(period) or period <= starts[-1]:
             raise WorkloadError(

@@ -830,6 +830,8 @@ def test_shift_source_without_period_stays_in_its_last_phase() -> None:
         ("shift:gsm8k@0,nosuch@10", "nosuch"),
         ("shift:gsm8k@0,sharegpt@20/10", "period"),
         ("shift:gsm8k@0,sharegpt@20/abc", "period"),
+        ("shift:gsm8k@0,sharegpt@20/", "the period '' must be a number"),  # was: no repeat
+        ("shift:/data/trace.csv@0", "shift: takes embedded table names, not files"),
     ],
 )
 def test_bad_shift_sources_are_named(source: str, problem: str) -> None:
