@@ -382,3 +382,10 @@ def test_a_policy_whose_network_overflows_is_a_clear_error(
     err = capsys.readouterr().err
     assert f"policy:{policy}: the policy's network output NaN or infinite logits" in err
     assert "weights overflow float32" in err and "Traceback" not in err
+
+
+def test_an_empty_interval_is_refused_not_read_as_the_default(capsys) -> None:
+    """`simulate --interval ''` ran at the default interval (compare refused it)."""
+    args = ["simulate", "--workload", "embedded:gsm8k@poisson:1", "--num-requests", "3"]
+    assert main([*args, "--interval", ""]) == 2
+    assert "control interval '': use e.g. 1it" in capsys.readouterr().err

@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
     )
     controller = make_controller(args.controller)
     trained = getattr(controller, "control_interval", None)
-    interval = ControlInterval.parse(args.interval) if args.interval else trained
+    interval = ControlInterval.parse(args.interval) if args.interval is not None else trained
     engine = SimEngine(profile, slo=SLO.parse(args.slo), scheduler=args.scheduler)
     out = run(workload, engine, controller, interval, progress=not args.no_progress)
     metrics = out.metrics()
