@@ -370,6 +370,11 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
         ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1}\n"
          "  - {name: a, source: embedded:gsm8k, arrival: poisson:2}\n",
          "scenario names must be unique; given twice: ['bad9/a on llama-7b-a100']"),
+        # a newline split the report's heading; an empty name titled nothing
+        ('scenarios:\n  - {name: "a\\nb", source: embedded:gsm8k, arrival: poisson:1}\n',
+         "scenario name 'a\\nb': need one printable line, no edge spaces"),
+        ("scenarios:\n  - {name: '', source: embedded:gsm8k, arrival: poisson:1}\n",
+         "scenario name '': need one printable line"),
         # was "scenario names must be unique", naming a scenario, not the profile given twice
         ("profiles: [llama-2-7b-a100, llama-2-7b-a100]\nscenarios:\n  - {name: a, source: embedded:gsm8k,"
          " arrival: poisson:1}\n", "'profiles' names llama-2-7b-a100 twice; give each profile once"),

@@ -35,7 +35,7 @@ from typing import Any
 from batchpilot.agents.specs import spec_key
 from batchpilot.baselines.specs import given_twice, split_specs
 from batchpilot.envs.input_files import regular_file
-from batchpilot.envs.profiles import DEFAULT_PROFILE
+from batchpilot.envs.profiles import DEFAULT_PROFILE, check_profile_name
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS
 from batchpilot.envs.workload import OverlongPolicy
@@ -141,6 +141,11 @@ def parse_suite(data: Any, path: Path) -> Suite:
         for key in ("name", "source"):
             if key not in merged:
                 raise SuiteError(f"{where}: missing key {key!r}")
+        if isinstance(merged["name"], str):  # titles a report's heading and its plots' files
+            try:
+                check_profile_name(merged["name"], "scenario name")
+            except ValueError as exc:
+                raise SuiteError(f"{where}: {exc}") from None
         on = _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'")
         for key, value in entry.items():  # (defaults may serve other scenarios' profiles too)
             strays = [k for k in value if k not in on] if isinstance(value, dict) else []
