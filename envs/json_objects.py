@@ -32,7 +32,9 @@ def read_json(file: Path, what: str, error: type[ValueError] = ValueError) -> ob
     given twice in an object (json keeps the last silently), is an `error` naming the file
     and the problem."""
     try:
-        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=unique_object)
+        # a byte order mark (Windows editors write one) is skipped, as traces and YAML do
+        text = file.read_text(encoding="utf-8-sig")
+        return json.loads(text, object_pairs_hook=unique_object)
     except DuplicateKeys as exc:
         raise error(f"{file}: {what} gives a key twice in one object ({exc})") from None
     except OSError as exc:
