@@ -245,11 +245,15 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
     problems = sidecar_problems(meta)
     if problems:
         raise PolicyFileError(f"{side}: {'; '.join(problems)}")
-    if meta.get("sha256") != sha256(onnx_path):
+    if not isinstance(meta.get("sha256"), str):
+        raise PolicyFileError(f"{side}: no sha256 of the policy file (re-export the policy)")
+    if meta["sha256"] != sha256(onnx_path):
         raise PolicyFileError(
             f"{onnx_path}: sha256 does not match its sidecar: the file was modified or "
             "belongs to another export"
         )
+    if not isinstance(meta.get("action"), dict):
+        raise PolicyFileError(f"{side}: action is missing or not a mapping (re-export)")
     try:
         slo_ranges(meta.get("slo_scale", {}), goodput_slo(SLO.parse(meta["slo"]), "slo"))
         ControlInterval.parse(meta["control_interval"])

@@ -383,6 +383,7 @@ def test_an_edited_sidecar_is_refused(policy: Path, tmp_path: Path, change: dict
         ({"timesteps": True}, "timesteps: True is not a whole number"),
         ({"sha256": "zz"}, "sha256: 'zz' is not a sha256 hex digest"),
         ({"slo": 5}, "slo: 5 is not a string"),
+        ({"action": "grid"}, "action is missing or not a mapping"),  # "string indices must be"
     ],
 )
 def test_out_of_range_sidecar_values_are_refused(
@@ -392,6 +393,16 @@ def test_out_of_range_sidecar_values_are_refused(
     p = copy(policy, tmp_path)
     edit(p, reseal=True, **change)
     with pytest.raises(PolicyFileError, match=message):
+        load_policy(p)
+
+
+def test_a_resealed_sidecar_without_the_files_sha256_says_so(policy: Path, tmp_path: Path) -> None:
+    """It said "sha256 does not match its sidecar: the file was modified"."""
+    p = copy(policy, tmp_path)
+    meta = json.loads(sidecar_path(p).read_text())
+    del meta["sha256"]
+    sidecar_path(p).write_text(json.dumps(seal(meta)))
+    with pytest.raises(PolicyFileError, match="no sha256 of the policy file"):
         load_policy(p)
 
 
