@@ -370,6 +370,8 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
         ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1}\n"
          "  - {name: a, source: embedded:gsm8k, arrival: poisson:2}\n",
          "scenario names must be unique; given twice: ['bad9/a on llama-7b-a100']"),
+        ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: all-at-once, rate_scale: [0.5, 2]}\n",
+         "rate_scale has no rate to scale in all-at-once arrivals"),  # was drawn, to no effect
         # a newline split the report's heading; an empty name titled nothing
         ('scenarios:\n  - {name: "a\\nb", source: embedded:gsm8k, arrival: poisson:1}\n',
          "scenario name 'a\\nb': need one printable line, no edge spaces"),

@@ -152,6 +152,10 @@ class Scenario:
             scale_range(value, f"scenario {self.name!r}: {key}", bounds)
         if self.cv is not None and arrival.kind != "gamma":
             raise ValueError(f"scenario {self.name!r}: cv is drawn for gamma arrivals only")
+        if self.rate_scale is not None and arrival.kind == "all-at-once":
+            raise ValueError(
+                f"scenario {self.name!r}: rate_scale has no rate to scale in all-at-once arrivals"
+            )
 
     def draw(self, seed: int) -> dict[str, float]:
         """The randomised values of this seed (one stream per seed, shared by all runs)."""
