@@ -83,6 +83,16 @@ def test_compare_refuses_a_nan_capacity_slo(
     assert "batchpilot compare: error: capacity SLO 'p90_itl_ms:nan'" in capsys.readouterr().err
 
 
+def test_capacity_options_without_a_capacity_search_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--no-capacity --capacity-requests 5` was accepted: the option did nothing."""
+    args = ["compare", "--no-capacity", "--capacity-requests", "5", "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    assert "--capacity-requests: no capacity is searched under --no-capacity" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_blank_suite_is_named_and_a_suite_file_needs_no_extension(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

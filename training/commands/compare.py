@@ -159,15 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--capacity-slo",
-        default=CapacityTarget().slo,
         help="capacity = highest Poisson rate with every METRIC:MAX met (latencies in ms, "
-        "num_preemptions, recomputed_tokens). Default: %(default)s",
+        f"num_preemptions, recomputed_tokens). Default: {CapacityTarget().slo}",
     )
     parser.add_argument(
         "--capacity-requests",
         type=REQUESTS,
-        default=CapacityTarget.num_requests,
-        help="requests per capacity probe. Default: %(default)s",
+        help=f"requests per capacity probe. Default: {CapacityTarget.num_requests}",
     )
     parser.add_argument(
         "--capacity",
@@ -298,9 +296,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.first_seed + seeds - 1}; evaluation seeds stay below {TUNING_SEED_BASE}, "
             "where the tuning seeds start"
         )
-    capacity = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
+    default = CapacityTarget()
+    slo = default.slo if args.capacity_slo is None else args.capacity_slo
+    probe = default.num_requests if args.capacity_requests is None else args.capacity_requests
+    capacity = CapacityTarget.parse(slo, num_requests=probe)
     if not (args.capacity or (args.capacity is None and engine == "sim")):
-        capacity = None  # --capacity-slo checked all the same
+        options = {
+            "--capacity-slo": args.capacity_slo,
+            "--capacity-requests": args.capacity_requests,
+        }
+        given = [option for option, value in options.items() if value is not None]
+        if given:
+            off = "--no-capacity" if args.capacity is False else "--engine vllm (add --capacity)"
+            raise ValueError(f"{' and '.join(given)}: no capacity is searched under {off}")
+        capacity = None
     results = evaluate(
         scenarios,
         controllers,
