@@ -383,6 +383,13 @@ def _csv_header(
     twice = sorted({h for h in header if header.count(h) > 1})
     if twice:
         raise TraceError(f"{path}:1: the header names column(s) {twice} more than once")
+    present = [f for f in _CSV_FORMATS if f.prompt in header and f.output in header]
+    pairs = sorted({f"{f.prompt}/{f.output}" for f in present})
+    if len(pairs) > 1:
+        raise TraceError(
+            f"{path}:1: the header has the token columns of several formats ({', '.join(pairs)}); "
+            "keep one pair, or rename the others"
+        )
     fmt = _detect(header)
     if fmt is None:
         raise TraceError(

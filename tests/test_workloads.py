@@ -69,6 +69,9 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ('{"timestamp": 0, "input_length": 5, "output_length": 1e19}\n', ":1: output_length is 1e+19, over 2,147,483,647"),
         ("a,b\n1,2\n", "unknown trace format"),
         ("num_prefill_tokens,num_decode_tokens,num_prefill_tokens\n5,6,7\n", ":1: the header names column(s) ['num_prefill_tokens'] more than once"),
+        # read as Azure, the other pair ignored without a word
+        ("TIMESTAMP,ContextTokens,GeneratedTokens,num_prefill_tokens,num_decode_tokens\n2023-11-16 18:15:46,10,5,7,3\n",
+         ":1: the header has the token columns of several formats (ContextTokens/GeneratedTokens, num_prefill_tokens/num_decode_tokens)"),
         ("num_prefill_tokens,num_decode_tokens\n", "no requests in the file"),
         ('{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"timestamp": 1,\n', ":2: not valid JSON"),
         ('{"timestamp": 0, "input_length": 5}\n', ":1: missing field(s) ['output_length']"),
@@ -304,7 +307,7 @@ def test_a_length_csv_without_arrived_at_stays_untimed(tmp_path: Path, traces: P
     shared = load_trace(traces / "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
     assert (shared.format, shared.arrival_s) == ("sharegpt", None)
     # only a format sharing its token columns with an untimed one gives way when its time is missing
-    path = write(tmp_path, "both.csv", "ContextTokens,GeneratedTokens,num_prefill_tokens,num_decode_tokens\n1,2,3,4\n")
+    path = write(tmp_path, "azure.csv", "ContextTokens,GeneratedTokens\n1,2\n")
     with pytest.raises(TraceError, match=r"ContextTokens/GeneratedTokens \(azure format\) but no TIMESTAMP.*name those columns num_prefill_tokens,num_decode_tokens\)"):
         load_trace(path)
 
