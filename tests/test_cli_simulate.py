@@ -182,8 +182,8 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
     [
         (["--controller", "static:x"], "static:x: N must be a whole number"),
         (["--controller", "magic"], "unknown controller 'magic'"),
-        (["--controller", "static:256,alg1"], "simulate runs one (to run several side by side: "
-         "batchpilot compare --controllers static:256,alg1)"),
+        (["--controller", "static:256,alg1"], "simulate runs one (static:256+alg1 takes the "
+         "smallest of their limits; to compare them: batchpilot compare --controllers static:256,alg1)"),
         (["--controller", "statc:256"], "unknown controller 'statc:256'; did you mean 'static'?"),
         (["--controller", "best-statc"], "did you mean 'best-static'?"),
         (["--profile", "llama2-7b-h100"], "did you mean 'llama-2-7b-h100'?"),

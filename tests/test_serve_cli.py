@@ -228,8 +228,13 @@ def test_bad_controller_spec_fails_before_vllm_is_imported(tmp_path) -> None:
     [
         (["{tmp}/missing", "--controller", "alg1"], "{tmp}/missing: no such model directory"),
         (["{tmp}", "--controller", "alg1", "--controller", "static:7"], "given more than once"),
-        (["--controller=alg1", "{tmp}", "--controller", "alg2"], "given more than once"),
+        (["--controller", "alg1", "--controller", "static:7", "{tmp}"], "given more than once"),
+        (["--controller=alg1", "{tmp}", "--controller", "alg2"], "given before and after MODEL"),
+        (["--slo", "ttft:100", "{tmp}", "--controller", "alg1", "--slo", "tpot:5"],
+         "--slo: given before and after MODEL"),
         (["{tmp}", "--controller", "alg1,alg2"], "names several controllers; serve runs one"),
+        # an object-store URI is vLLM's to read, not a missing directory
+        (["s3://bucket/llama", "--controller", "nonsense"], "unknown controller 'nonsense'"),
     ],
 )
 def test_serve_refuses_a_missing_model_path_or_two_controllers_before_vllm(
@@ -239,8 +244,10 @@ def test_serve_refuses_a_missing_model_path_or_two_controllers_before_vllm(
     --controller silently replaced the first; 'alg1,alg2' was "unknown controller"."""
     args = [a.format(tmp=tmp_path) for a in args]
     code = (
-        "import sys; from batchpilot.training.cli import main; "
-        f"rc = main(['serve', *{args!r}]); print(rc, 'vllm' in sys.modules)"
+        "import sys\nfrom batchpilot.training.cli import main\n"
+        f"try: rc = main(['serve', *{args!r}])\n"
+        "except SystemExit as exc: rc = exc.code\n"
+        "print(rc, 'vllm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "False"], out.stderr

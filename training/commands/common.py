@@ -57,9 +57,11 @@ def one_controller(command: str) -> Callable[[str], str]:
 
     def parse(spec: str) -> str:
         if "," in spec:
+            plus = spec.replace(",", "+")
             raise argparse.ArgumentTypeError(
-                f"{spec!r} names several controllers; {command} runs one (to run several side "
-                f"by side: batchpilot compare --controllers {spec})"
+                f"{spec!r} names several controllers; {command} runs one ({plus} takes the "
+                f"smallest of their limits; to compare them: batchpilot compare --controllers "
+                f"{spec})"
             )
         return spec
 

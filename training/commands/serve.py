@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -61,22 +62,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rest.required = False  # argparse counts a REMAINDER as required: "required: model, vllm_args"
 
 
+GIVEN = "given_options"
+"""The namespace attribute where `_Once` records the options given (not a serve setting)."""
+
+
+class _Once(argparse.Action):
+    """Store an option's value, refusing the option a second time (the last would win)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        given = vars(namespace).setdefault(GIVEN, set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given more than once; give it once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
 def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    """batchpilot's options; they may come anywhere among vLLM's."""
+    """batchpilot's options; they may come anywhere among vLLM's, each once."""
     parser.add_argument(
         "--controller",
+        action=_Once,
         type=one_controller("serve"),
         required=required,
         help="controller spec (required): static:N, alg1[:k=v...], alg2[:...], A+B, policy:PATH",
     )
     parser.add_argument(
         "--slo",
+        action=_Once,
         type=slo_spec,
         default=DEFAULT_SLO,
         help="goodput SLOs (ms) the controller's telemetry counts against. Default: %(default)s",
     )
     parser.add_argument(
         "--decision-budget-ms",
+        action=_Once,
         type=positive,
         metavar="MS",
         default=DEFAULT_BUDGET_MS,
@@ -84,6 +103,7 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
     )
     parser.add_argument(
         "--decision-deadline-ms",
+        action=_Once,
         type=positive,
         metavar="MS",
         help="the engine waits no longer for a decision: static limits until it returns. "
@@ -92,20 +112,22 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
 
 
 def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
-    """Pick batchpilot's options out of the arguments after MODEL; the rest are vLLM's."""
-    own = argparse.ArgumentParser(prog="batchpilot serve", add_help=False, exit_on_error=False)
+    """Pick batchpilot's options out of the arguments after MODEL; the rest are vLLM's. An
+    option is given once, before or after MODEL (`_Once`); no abbreviation is taken after
+    MODEL, where an unknown option is vLLM's."""
+    own = argparse.ArgumentParser(
+        prog="batchpilot serve", add_help=False, exit_on_error=False, allow_abbrev=False
+    )
     own_arguments(own, required=False)
-    given = [a for a in args.vllm_args if a.split("=", 1)[0] == "--controller"]
-    if len(given) + bool(args.controller) > 1:
-        raise ValueError("--controller is given more than once; serve runs one controller")
     try:
         parsed, rest = own.parse_known_args(args.vllm_args)
     except argparse.ArgumentError as exc:  # not the own parser's usage, which is not serve's
         raise ValueError(str(exc)) from None
-    merged = vars(args) | {"vllm_args": rest, "controller": parsed.controller or args.controller}
-    for name in ("slo", "decision_budget_ms", "decision_deadline_ms"):
-        if getattr(parsed, name) != own.get_default(name):
-            merged[name] = getattr(parsed, name)
+    before, after = vars(args).pop(GIVEN, set()), vars(parsed).pop(GIVEN, set())
+    if twice := sorted(before & after):
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in twice)
+        raise ValueError(f"{flags}: given before and after MODEL; give each once")
+    merged = vars(args) | {"vllm_args": rest} | {name: getattr(parsed, name) for name in after}
     if not merged["controller"]:
         raise ValueError("--controller SPEC is required (e.g. alg1+alg2 or policy:PATH)")
     return argparse.Namespace(**merged)
@@ -123,8 +145,9 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         serving_controller,
     )
 
+    uri = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", args.model)  # s3://, gs://: vLLM reads them
     looks_like_path = args.model.startswith(("/", ".", "~")) or args.model.count("/") > 1
-    if looks_like_path and not Path(args.model).expanduser().exists():
+    if looks_like_path and not uri and not Path(args.model).expanduser().exists():
         raise ValueError(
             f"{args.model}: no such model directory (a Hugging Face model id is ORG/NAME)"
         )
