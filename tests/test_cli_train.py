@@ -295,23 +295,27 @@ def test_counts_written_as_rl_zoo3_floats_are_read_as_ints(tmp_path: Path) -> No
 
 
 def test_nested_counts_written_as_floats_are_read_as_ints(tmp_path: Path) -> None:
-    """Only top-level counts were read as ints: ``imitation.rounds: 2.0`` or ``eval.freq:
-    1e4`` was refused as "not of type int". Whole floats under `imitation`, `eval` and
-    `env_kwargs` are now ints too; a fraction there is still refused by name."""
+    """Only top-level counts were read as ints: ``imitation.rounds: 2.0``, ``eval.freq: 1e4``
+    or a workload's ``num_requests: 2e1`` was refused. Whole floats under `imitation`, `eval`
+    and `env_kwargs` (lists of ints and workloads' request counts too) are now ints; a
+    fraction there is still refused by name."""
     path = tmp_path / "zoo.yml"
     body = (
         "batchpilot/Batching-v0:\n  n_envs: 1\n"
         "  imitation: {{teacher: alg1, rounds: {rounds}, episodes: 1.0, epochs: 3e0}}\n"
-        "  eval: {{freq: 1e4, profile: llama-2-7b-a100, seeds: [1],\n"
-        "         workload: {{source: embedded:gsm8k, num_requests: 20, arrival: 'poisson:1'}}}}\n"
+        "  eval: {{freq: 1e4, profile: llama-2-7b-a100, seeds: [1.0, 2],\n"
+        "         workload: [{{source: embedded:gsm8k, num_requests: 2e1, arrival: 'poisson:1'}}]}}\n"
         "  env_kwargs: {{control_interval_iters: 4.0, workload: {{source: embedded:gsm8k, "
-        "num_requests: 20, arrival: 'poisson:1'}}}}\n"
+        "num_requests: 2.0e1, arrival: 'poisson:1'}}}}\n"
     )
     path.write_text(body.format(rounds="2.0"))
     cfg = load_config(path)
     assert (cfg.imitation.rounds, cfg.imitation.episodes, cfg.imitation.epochs) == (2, 1, 3)
     assert type(cfg.imitation.rounds) is int and type(cfg.eval["freq"]) is int
     assert cfg.eval["freq"] == 10_000 and cfg.env_kwargs["control_interval_iters"] == 4
+    assert cfg.eval["seeds"] == [1, 2] and type(cfg.eval["seeds"][0]) is int
+    assert cfg.eval["workload"][0]["num_requests"] == 20 == cfg.env_kwargs["workload"]["num_requests"]
+    assert type(cfg.env_kwargs["workload"]["num_requests"]) is int
     path.write_text(body.format(rounds="2.5"))
     with pytest.raises(ValueError, match=r"imitation\.rounds: 2\.5 is not of type int"):
         load_config(path)

@@ -287,22 +287,32 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _whole_number(value: Any) -> Any:
+    """`value` as an int if it is a whole-number float up to 2^53 (still exact), else as is."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
 def _whole(values: dict[str, Any], hints: dict[str, Any]) -> dict[str, Any]:
-    """`values` with each whole-number float given for a key annotated int read as that int;
-    a fraction, or a float past 2^53 (no longer exact), stays a float."""
-    counts = {k for k, hint in hints.items() if int in (hint, *typing.get_args(hint))}
-    return {
-        k: int(v) if k in counts and isinstance(v, float) and v.is_integer() and abs(v) <= 2**53
-        else v
-        for k, v in values.items()
-    }
+    """`values` with each whole-number float given for a key annotated int (or a list of
+    ints) read as that int; a fraction, or a float past 2^53, stays a float."""
+    out = dict(values)
+    for key, hint in hints.items():
+        if key not in out or int not in (hint, *typing.get_args(hint)):
+            continue
+        value = out[key]
+        whole = [_whole_number(v) for v in value] if isinstance(value, list) else None
+        out[key] = _whole_number(value) if whole is None else whole
+    return out
 
 
 def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` with each whole-number float given for a count (a setting, a PPO argument, or
-    an `imitation`, `eval` or `env_kwargs` key of type int) read as that int: rl-zoo3 writes
-    ``n_timesteps: !!float 1e6``, and YAML reads ``1e6`` as a float. A fraction, or a float
-    past 2^53, stays a float, which the count's check refuses."""
+    """`body` with each whole-number float given for a count read as that int: a setting, a
+    PPO argument, a key of `imitation`, `eval` or `env_kwargs` of type int (or list of int:
+    `eval.seeds`), and a workload's `num_requests` there. rl-zoo3 writes ``n_timesteps:
+    !!float 1e6``, and YAML reads ``1e6`` as a float. A fraction, or a float past 2^53, stays
+    a float, which the count's check refuses."""
     run_hints, ppo_hints = setting_hints()
     body = _whole(body, run_hints | ppo_hints)
     nested = {
@@ -311,8 +321,16 @@ def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
         "env_kwargs": _env_hints(),
     }
     for key, hints in nested.items():
-        if isinstance(body.get(key), dict):
-            body[key] = _whole(body[key], hints)
+        if not isinstance(body.get(key), dict):
+            continue
+        body[key] = _whole(body[key], hints)
+        workloads = body[key].get("workload")
+        if isinstance(workloads, dict):
+            body[key]["workload"] = _whole(workloads, {"num_requests": int})
+        elif isinstance(workloads, list):
+            body[key]["workload"] = [
+                _whole(w, {"num_requests": int}) if isinstance(w, dict) else w for w in workloads
+            ]
     return body
 
 
