@@ -97,7 +97,7 @@ class SLAController:
     Parameters (paper symbols; third-party defaults, not the paper's values):
         sla_ms: D_SLA, the target time between tokens. Default: the run's TPOT target
             (the engine's ``slo.tpot_ms`` at `reset`), else `DEFAULT_SLO`'s (50 ms).
-        eps_ms: eps_D, the tolerance band. Default 10 ms.
+        eps_ms: eps_D, the tolerance band. Default `EPS_MS` (10 ms).
         window_ms: tau and b_bar are averaged over this much recent engine time (each
             control interval weighted by its iterations). Default 200 ms; 0: the last
             control interval only.
@@ -115,7 +115,7 @@ class SLAController:
         self,
         sla_ms: float | None = None,
         *,
-        eps_ms: float = EPS_MS,
+        eps_ms: float | None = None,
         window_ms: float = 200.0,
         alpha: int = 20,
         delta: int = 5,
@@ -135,9 +135,10 @@ class SLAController:
             require(value >= 0, name, value, ">= 0")
         require(window_ms >= 0, "window_ms", window_ms, ">= 0")
         require(sla_ms is None or 0 < sla_ms < float("inf"), "sla_ms", sla_ms, "> 0")
+        default = ", its default" if eps_ms is None else ""
+        eps_ms = EPS_MS if eps_ms is None else eps_ms
         require(eps_ms >= 0, "eps_ms", eps_ms, ">= 0")
         if sla_ms is not None and eps_ms >= sla_ms:
-            default = ", its default" if eps_ms == EPS_MS else ""
             raise ValueError(
                 f"eps_ms ({eps_ms:g}{default}) must be below sla_ms ({sla_ms:g}); give a smaller "
                 "one (alg2:eps_ms=N)"

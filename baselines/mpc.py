@@ -122,10 +122,8 @@ def parse_grid(text: str) -> tuple[int, ...]:
     return values
 
 
-parse_grid.__name__ = "grid"  # how spec errors name the type
 
-
-def _one_of(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     """The parser of a keyword taking one of `choices` (see the module doc); errors say what
     it takes (`keyword_args` and `_keyword` name the keyword and the text)."""
 
@@ -134,7 +132,6 @@ def _one_of(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
             raise ValueError(f"one of {', '.join(choices)}")
         return text
 
-    parse.__name__ = name  # how spec errors name the type
     return parse
 
 
@@ -146,9 +143,9 @@ def _keyword(key: str, parse: Callable[[str], Any], text: str) -> Any:
         raise ValueError(f"{key}={text!r}: {exc}") from None
 
 
-parse_future = _one_of("future", FUTURES)
-parse_lengths = _one_of("lengths", LENGTHS)
-parse_pace = _one_of("pace", PACES)
+parse_future = _one_of(FUTURES)
+parse_lengths = _one_of(LENGTHS)
+parse_pace = _one_of(PACES)
 
 MPC_ARGS = {
     "horizon_s": float,

@@ -81,10 +81,10 @@ def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str
             else:
                 out[key] = PLAIN.get(kind, kind)(text)
         except ValueError as exc:
-            if kind not in KINDS and str(exc):  # a keyword's own parser says what it takes
+            if kind not in KINDS:  # a keyword's own parser (a grid, a choice) says what it takes
                 raise ControllerSpecError(f"{name}: {key}={text!r}: {exc}") from None
             raise ControllerSpecError(
-                f"{name}: {key}={text!r} is not a valid {KINDS.get(kind, kind.__name__)}"
+                f"{name}: {key}={text!r} is not a valid {KINDS[kind]}"
             ) from None
         if kind is float and not math.isfinite(out[key]):
             raise ControllerSpecError(f"{name}: {key}={text!r} is not a finite number")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from batchpilot.envs.arrivals import Arrival
@@ -235,8 +237,10 @@ def mix_components(source: str) -> tuple[list[str], np.ndarray]:
 
 def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
     """Table names, phase starts (s) and repeat period (None: no repeat) of a ``shift:``."""
-    body, slash, period_text = source.removeprefix(SHIFT_PREFIX).partition("/")
-    if not body:
+    spec = source.removeprefix(SHIFT_PREFIX)
+    body, slash, period_text = spec.partition("/")
+    # a path (not "/PERIOD" alone), or a trace file's name before an @
+    if re.match(r"~|\.|/(?![0-9.]*$)", spec) or re.search(r"\.(csv|jsonl?)(\.gz)?@", spec):
         raise WorkloadError(
             f"workload {source!r}: shift: takes embedded table names, not files (e.g. "
             f"shift:sharegpt@0,azure-code@60/120; known: {', '.join(embedded_names())})"

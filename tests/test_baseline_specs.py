@@ -67,6 +67,7 @@ def test_specs_build_their_controllers() -> None:
         ("mpc:future=x", "mpc: future='x': one of true, sampled, renewal"),
         ("alg2:sla_ms=5", r"eps_ms .10, its default\) must be below sla_ms .5\); give a smaller"),
         ("alg2:sla_ms=5:eps_ms=7", r"eps_ms .7\) must be below sla_ms .5\)"),
+        ("alg2:sla_ms=5:eps_ms=10", r"eps_ms .10\) must be below"),  # given: not "its default"
         ("alg1+nope", "unknown controller 'nope'"),
         ("best-static", "grid search"),
         ("static:x", "N must be a whole number"),

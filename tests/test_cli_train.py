@@ -348,13 +348,21 @@ def test_yaml_reads_booleans_as_yaml_1_2_does(tmp_path: Path) -> None:
         load_config(path)
 
 
-def test_a_yaml_file_that_cannot_be_read_is_named() -> None:
-    """A read that fails past the file checks (here EIO) said only "[Errno 5] Input/output
-    error"."""
+def test_a_yaml_file_that_cannot_be_read_is_named(tmp_path: Path, monkeypatch) -> None:
+    """A read that fails past the file checks (a disk error, EIO) said only "[Errno 5]
+    Input/output error"."""
+    import errno
+
     from batchpilot.training.yaml_files import load_yaml
 
-    with pytest.raises(ValueError, match=r"^/proc/self/mem: cannot be read \(Input/output error\)"):
-        load_yaml(Path("/proc/self/mem"))
+    def fail(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    path = tmp_path / "c.yml"
+    path.write_text("a: 1\n")
+    monkeypatch.setattr(Path, "read_text", fail)
+    with pytest.raises(ValueError, match=r"c\.yml: cannot be read \(Input/output error\)$"):
+        load_yaml(path)
 
 
 def test_yaml_reads_whole_numbers_as_yaml_1_2_does(tmp_path: Path) -> None:

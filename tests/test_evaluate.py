@@ -384,7 +384,7 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
          "rate_scale has no rate to scale in all-at-once arrivals"),  # was drawn, to no effect
         # a newline split the report's heading; an empty name titled nothing
         ('scenarios:\n  - {name: "a\\nb", source: embedded:gsm8k, arrival: poisson:1}\n',
-         "scenario name 'a\\nb': need one printable line, no edge spaces"),
+         "('a\\nb'): scenario name 'a\\nb': need one printable line, no edge spaces"),
         ("scenarios:\n  - {name: '', source: embedded:gsm8k, arrival: poisson:1}\n",
          "scenario name '': need one printable line"),
         # was "scenario names must be unique", naming a scenario, not the profile given twice

@@ -835,6 +835,8 @@ def test_shift_source_without_period_stays_in_its_last_phase() -> None:
         ("shift:gsm8k@0,sharegpt@20/abc", "period"),
         ("shift:gsm8k@0,sharegpt@20/", "the period '' must be a number"),  # was: no repeat
         ("shift:/data/trace.csv@0", "shift: takes embedded table names, not files"),
+        ("shift:traces/x.csv@0", "shift: takes embedded table names, not files"),
+        ("shift:/120", "'' is not NAME@START_S"),
     ],
 )
 def test_bad_shift_sources_are_named(source: str, problem: str) -> None:

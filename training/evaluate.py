@@ -151,10 +151,14 @@ class Scenario:
             bounds = CV_RANGE if key == "cv" else SCALE_BOUNDS  # gamma arrivals' own
             scale_range(value, f"scenario {self.name!r}: {key}", bounds)
         if self.cv is not None and arrival.kind != "gamma":
-            raise ValueError(f"scenario {self.name!r}: cv is drawn for gamma arrivals only")
+            raise ValueError(
+                f"scenario {self.name!r}: cv is drawn for gamma arrivals only; drop it from "
+                "this scenario (or from the suite's defaults)"
+            )
         if self.rate_scale is not None and arrival.kind == "all-at-once":
             raise ValueError(
-                f"scenario {self.name!r}: rate_scale has no rate to scale in all-at-once arrivals"
+                f"scenario {self.name!r}: rate_scale has no rate to scale in all-at-once "
+                "arrivals; drop it from this scenario (or from the suite's defaults)"
             )
 
     def draw(self, seed: int) -> dict[str, float]:

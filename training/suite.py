@@ -125,13 +125,14 @@ def parse_suite(data: Any, path: Path) -> Suite:
     description = data.get("description", "")
     if not isinstance(description, str):
         raise SuiteError(f"{path}: 'description' must be a string, got {description!r}")
-    profiles = _as_list(data.get("profiles", [DEFAULT_PROFILE]), f"{path}: 'profiles'")
+    profiles = _as_profiles(data.get("profiles", [DEFAULT_PROFILE]), f"{path}: 'profiles'")
     scenarios, timed = [], set()
     for i, entry in enumerate(entries):
         where = f"{path}: scenarios[{i}]"
         if not isinstance(entry, dict):
             raise SuiteError(f"{where}: each scenario is a mapping of fields")
-        where += f" ({entry.get('name', 'unnamed')})"
+        name = str(entry.get("name", "unnamed"))
+        where += f" ({name if name.isprintable() and len(name) <= 40 else repr(name[:40])})"
         merged = {**defaults, **entry}
         for key in merged:
             if key not in SCENARIO_KEYS:
@@ -146,7 +147,7 @@ def parse_suite(data: Any, path: Path) -> Suite:
                 check_profile_name(merged["name"], "scenario name")
             except ValueError as exc:
                 raise SuiteError(f"{where}: {exc}") from None
-        on = _as_list(merged.pop("profiles", profiles), f"{where}: 'profiles'")
+        on = _as_profiles(merged.pop("profiles", profiles), f"{where}: 'profiles'")
         for key, value in entry.items():  # (defaults may serve other scenarios' profiles too)
             strays = [k for k in value if k not in on] if isinstance(value, dict) else []
             if strays:
@@ -218,7 +219,8 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _as_list(value: Any, where: str) -> list[str]:
+def _as_profiles(value: Any, where: str) -> list[str]:
+    """A suite's `profiles` value as a list of profile names, each given once."""
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):

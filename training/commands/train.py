@@ -63,10 +63,10 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.training.train import load_config, train_runs, write_report
 
     check_output(args.out, "--out", directory=True)
-    cfg = load_config(args.config)
     twice = sorted({s for s in args.seed or [] if args.seed.count(s) > 1})
     if twice:
         raise ValueError(f"--seed: {', '.join(map(str, twice))} given twice; give each seed once")
+    cfg = load_config(args.config)
     seeds = args.seed or [cfg.seed]
     outs = [args.out] if len(seeds) == 1 else [args.out / f"seed{s}" for s in seeds]
     start = time.perf_counter()
