@@ -75,7 +75,9 @@ resampled from the gaps between the last `RECENT_ARRIVALS` arrivals, scaled to t
 rate; its first gap is one longer than the wait since the last arrival), the lengths as with
 ``sampled``. Unscaled, a few arrivals at one instant make a stream of millions; levelled by
 the arrivals since the oldest of them, the draw lags a rate that steps (on the training
-suite's math/chat shift it scored 406 tok/s against 479). The gap between the true and
+suite's math/chat shift it scored 406 tok/s against 479). With ``rate=lower`` a drawn future
+runs at the lower of the short-window (5 s) and long-window (30 s) arrival rates: right after
+a burst the short window counts the burst as the rate to come. The gap between the true and
 the sampled futures is what knowing the future is worth, a gain no deployable controller can
 reach.
 """
@@ -107,6 +109,9 @@ LENGTHS = ("true", "sampled")
 PACES = ("recent", "recoverable")
 """Values of ``pace``: the step time at which a running request counts as already off pace
 at a re-plan (module doc, `recoverable_step_s`)."""
+RATES = ("recent", "lower")
+"""Values of ``rate``: the arrival rate a drawn future runs at, the recent (short-window) one
+or the lower of the short- and long-window rates (module doc)."""
 RECENT_ARRIVALS = 64
 """Arrivals whose lengths a sampled future resamples."""
 
@@ -146,6 +151,7 @@ def _keyword(key: str, parse: Callable[[str], Any], text: str) -> Any:
 parse_future = _one_of(FUTURES)
 parse_lengths = _one_of(LENGTHS)
 parse_pace = _one_of(PACES)
+parse_rate = _one_of(RATES)
 
 MPC_ARGS = {
     "horizon_s": float,
@@ -159,10 +165,11 @@ MPC_ARGS = {
     "lengths": parse_lengths,
     "pace": parse_pace,
     "ttft_ties": float,
+    "rate": parse_rate,
 }
 """Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``
 (and ``future=renewal``, ``recompute=0.5``, ``lengths=sampled``, ``pace=recoverable``,
-``ttft_ties=0.01``)."""
+``ttft_ties=0.01``, ``rate=lower``)."""
 
 
 class MPCController:
@@ -174,7 +181,8 @@ class MPCController:
     sees; `recompute` the output tokens a dropped KV token costs; `lengths` the output
     lengths of the admitted requests it plans with; `pace` the step time at which a running
     request counts as already off pace (module doc); `ttft_ties` the relative score gap
-    within which candidates count as tied and go to the least first-token wait. Simulator
+    within which candidates count as tied and go to the least first-token wait; `rate` the
+    arrival rate a drawn future runs at (module doc). Simulator
     only. After each re-plan, `sweeps` holds its last round's horizon scores: (max_num_seqs
     -> score at the budget then in hand, budget -> score at the chosen max_num_seqs).
     """
@@ -194,6 +202,7 @@ class MPCController:
         lengths: str = "true",
         pace: str = "recent",
         ttft_ties: float = 0.0,
+        rate: str = "recent",
     ) -> None:
         require(horizon_s > 0, "horizon_s", horizon_s, "> 0")
         require(replan_s > 0, "replan_s", replan_s, "> 0")
@@ -215,6 +224,7 @@ class MPCController:
         self.lengths = _keyword("lengths", parse_lengths, lengths)
         self.pace = _keyword("pace", parse_pace, pace)
         self.ttft_ties = ttft_ties
+        self.rate = _keyword("rate", parse_rate, rate)
         self.name = "mpc"
         self._engine: Engine | None = None
         self._packing = OracleController()
@@ -396,7 +406,7 @@ class MPCController:
     def _sampled_future(self, telemetry: Telemetry) -> list[Request]:
         """One draw of the arrivals over the horizon (module doc)."""
         recent = self._engine.arrived_requests(RECENT_ARRIVALS)  # type: ignore[union-attr]
-        n = int(self._rng.poisson(telemetry.arrival_rate_short * self.horizon_s))
+        n = int(self._rng.poisson(self._future_rate(telemetry) * self.horizon_s))
         if not recent or n == 0:
             return []
         times = np.sort(telemetry.time_s + self._rng.uniform(0.0, self.horizon_s, n))
@@ -407,7 +417,7 @@ class MPCController:
         recent = self._engine.arrived_requests(RECENT_ARRIVALS)  # type: ignore[union-attr]
         now, end = telemetry.time_s, telemetry.time_s + self.horizon_s
         gaps = np.diff([r.arrival_s for r in recent])
-        rate = telemetry.arrival_rate_short
+        rate = self._future_rate(telemetry)
         if rate <= 0 or not (gaps > 0).any():  # no gaps to renew from: a Poisson draw
             return self._sampled_future(telemetry)
         gaps *= 1.0 / (rate * gaps.mean())  # the recent gaps' shape at the recent rate
@@ -422,6 +432,12 @@ class MPCController:
             times.append(t)
             t += gaps[self._rng.integers(len(gaps))]
         return self._with_recent_lengths(times, recent)
+
+    def _future_rate(self, telemetry: Telemetry) -> float:
+        """The arrivals per second a drawn future runs at (`rate`)."""
+        if self.rate == "lower":
+            return min(telemetry.arrival_rate_short, telemetry.arrival_rate)
+        return telemetry.arrival_rate_short
 
     def _with_recent_lengths(self, times: Sequence[float], recent: list[Request]) -> list[Request]:
         """Requests arriving at `times`, each with the lengths of one of `recent`, drawn."""

@@ -333,6 +333,7 @@ def test_mpc_refuses_to_serve() -> None:
         "mpc:pace=hopeful",
         "mpc:ttft_ties=1",
         "mpc:ttft_ties=-0.1",
+        "mpc:rate=long",
     ],
 )
 def test_mpc_spec_errors_name_the_problem(spec: str) -> None:
@@ -413,6 +414,35 @@ def test_a_renewal_future_keeps_the_arrivals_bursts() -> None:
     mpc = make_controller("mpc:horizon_s=60:future=renewal")
     mpc.reset(engine)
     assert len(mpc._renewal_future(telemetry)) < 8 * 60 * 3
+
+
+def test_a_drawn_future_at_the_lower_rate_does_not_run_a_burst_on() -> None:
+    """Calm arrivals (1/s), then a burst of 40 in one second: just after it the short window
+    (5 s) counts 8/s, the long one (30 s) about 2.3/s. ``rate=recent`` draws the burst's
+    rate for the whole horizon, ``rate=lower`` the long window's; where the load has fallen
+    (20 s after the burst, still in the long window), both draw the short window's."""
+    calm = [Request(f"c{i}", float(i), 64, 32) for i in range(60)]
+    burst = [Request(f"b{i}", 60.0 + i / 40, 64, 32) for i in range(40)]
+    later = [Request(f"l{i}", 61.0 + 5.0 * i, 64, 32) for i in range(10)]
+    engine = tight_engine()
+    engine.reset(Workload.from_requests("burst", calm + burst + later), Limits(64))
+    telemetry = engine.advance(until_s=61.0)
+    assert telemetry.arrival_rate_short > 2 * telemetry.arrival_rate
+    counts = {}
+    for rate in ("recent", "lower"):
+        mpc = make_controller(f"mpc:horizon_s=60:future=sampled:rate={rate}")
+        mpc.reset(engine)
+        counts[rate] = sum(len(mpc._sampled_future(telemetry)) for _ in range(20)) / 20
+    assert counts["recent"] == pytest.approx(telemetry.arrival_rate_short * 60, rel=0.1)
+    assert counts["lower"] == pytest.approx(telemetry.arrival_rate * 60, rel=0.1)
+    quiet = engine.advance(until_s=80.0)
+    assert quiet.arrival_rate_short < quiet.arrival_rate
+    rates = []
+    for rate in ("recent", "lower"):
+        mpc = make_controller(f"mpc:horizon_s=60:future=sampled:rate={rate}")
+        mpc.reset(engine)
+        rates.append(mpc._future_rate(quiet))
+    assert rates[0] == rates[1] == quiet.arrival_rate_short
 
 
 def test_mpc_reuses_only_horizons_it_would_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
