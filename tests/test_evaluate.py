@@ -93,6 +93,13 @@ def test_capacity_options_without_a_capacity_search_are_refused(
     assert not (tmp_path / "o").exists()
 
 
+def test_compare_refuses_a_second_suite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`compare --suite A --suite B` ran B alone, silently."""
+    with pytest.raises(SystemExit):
+        main(["compare", "--suite", "steady", "--suite", "bursty", "--out", str(tmp_path / "o")])
+    assert "--suite: given more than once; compare runs one suite" in capsys.readouterr().err
+
+
 def test_a_blank_suite_is_named_and_a_suite_file_needs_no_extension(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

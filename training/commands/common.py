@@ -51,6 +51,26 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+GIVEN = "given_options"
+"""The namespace attribute where a `once` action records the options given."""
+
+
+def once(hint: str = "give it once") -> type[argparse.Action]:
+    """An argparse action that stores an option's value and refuses the option a second time
+    (argparse keeps the last one silently), saying `hint`; it records the options given in
+    the namespace's `GIVEN` set."""
+
+    class Once(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None) -> None:
+            given = vars(namespace).setdefault(GIVEN, set())
+            if self.dest in given:
+                raise argparse.ArgumentError(self, f"given more than once; {hint}")
+            given.add(self.dest)
+            setattr(namespace, self.dest, values)
+
+    return Once
+
+
 def one_controller(command: str) -> Callable[[str], str]:
     """An argparse ``type=`` for `command`, which runs one controller (a comma separates
     specs)."""

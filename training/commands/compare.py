@@ -47,6 +47,7 @@ from batchpilot.training.commands.common import (
     add_engine_arguments,
     check_output,
     command_line,
+    once,
     parse_workload,
     path_arg,
     slo_spec,
@@ -81,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--suite",
+        action=once("compare runs one suite (--suite all: every shipped one; batchpilot "
+                    "evaluate takes several)"),
         help="run a scenario family from training/scenarios (NAME, 'all', or a YAML file) "
         "instead of --workload; '--suite list' lists them. The suite file sets each "
         f"scenario's engine, so {', '.join(SUITE_SETS)} are refused with it",

@@ -38,7 +38,7 @@ from types import FrameType
 
 from batchpilot.serving.api_server import SCHEDULER
 from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO
-from batchpilot.training.commands.common import one_controller, positive, slo_spec
+from batchpilot.training.commands.common import GIVEN, once, one_controller, positive, slo_spec
 
 PROMETHEUS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 PROMETHEUS_PREFIX = "batchpilot-prom-"
@@ -62,40 +62,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rest.required = False  # argparse counts a REMAINDER as required: "required: model, vllm_args"
 
 
-GIVEN = "given_options"
-"""The namespace attribute where `_Once` records the options given (not a serve setting)."""
-
-
-class _Once(argparse.Action):
-    """Store an option's value, refusing the option a second time (the last would win)."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        given = vars(namespace).setdefault(GIVEN, set())
-        if self.dest in given:
-            raise argparse.ArgumentError(self, "given more than once; give it once")
-        given.add(self.dest)
-        setattr(namespace, self.dest, values)
-
-
 def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """batchpilot's options; they may come anywhere among vLLM's, each once."""
     parser.add_argument(
         "--controller",
-        action=_Once,
+        action=once(),
         type=one_controller("serve"),
         required=required,
         help="controller spec (required): static:N, alg1[:k=v...], alg2[:...], A+B, policy:PATH",
     )
     parser.add_argument(
         "--slo",
-        action=_Once,
+        action=once(),
         type=slo_spec,
         default=DEFAULT_SLO,
         help="goodput SLOs (ms) the controller's telemetry counts against. Default: %(default)s",
     )
     parser.add_argument(
         "--decision-budget-ms",
-        action=_Once,
+        action=once(),
         type=positive,
         metavar="MS",
         default=DEFAULT_BUDGET_MS,
@@ -103,7 +88,7 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
     )
     parser.add_argument(
         "--decision-deadline-ms",
-        action=_Once,
+        action=once(),
         type=positive,
         metavar="MS",
         help="the engine waits no longer for a decision: static limits until it returns. "
@@ -113,7 +98,7 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
 
 def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
     """Pick batchpilot's options out of the arguments after MODEL; the rest are vLLM's. An
-    option is given once, before or after MODEL (`_Once`); no abbreviation is taken after
+    option is given once, before or after MODEL (`once`); no abbreviation is taken after
     MODEL, where an unknown option is vLLM's."""
     own = argparse.ArgumentParser(
         prog="batchpilot serve", add_help=False, exit_on_error=False, allow_abbrev=False
