@@ -11,6 +11,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.plain_numbers import plain_float, plain_int
@@ -61,7 +62,13 @@ def once(hint: str = "give it once") -> type[argparse.Action]:
     the namespace's `GIVEN` set."""
 
     class Once(argparse.Action):
-        def __call__(self, parser, namespace, values, option_string=None) -> None:
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: Any,
+            option_string: str | None = None,
+        ) -> None:
             given = vars(namespace).setdefault(GIVEN, set())
             if self.dest in given:
                 raise argparse.ArgumentError(self, f"given more than once; {hint}")
