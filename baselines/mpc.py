@@ -77,7 +77,9 @@ rate; its first gap is one longer than the wait since the last arrival), the len
 the arrivals since the oldest of them, the draw lags a rate that steps (on the training
 suite's math/chat shift it scored 406 tok/s against 479). With ``rate=lower`` a drawn future
 runs at the lower of the short-window (5 s) and long-window (30 s) arrival rates: right after
-a burst the short window counts the burst as the rate to come. The gap between the true and
+a burst the short window counts the burst as the rate to come; ``rate=bursty`` does so only
+where the recent gaps' coefficient of variation passes `BURSTY_CV`, so a rate that steps
+(Poisson within each step) keeps the short window. The gap between the true and
 the sampled futures is what knowing the future is worth, a gain no deployable controller can
 reach.
 """
@@ -109,9 +111,13 @@ LENGTHS = ("true", "sampled")
 PACES = ("recent", "recoverable")
 """Values of ``pace``: the step time at which a running request counts as already off pace
 at a re-plan (module doc, `recoverable_step_s`)."""
-RATES = ("recent", "lower")
-"""Values of ``rate``: the arrival rate a drawn future runs at, the recent (short-window) one
-or the lower of the short- and long-window rates (module doc)."""
+RATES = ("recent", "lower", "bursty")
+"""Values of ``rate``: the arrival rate a drawn future runs at, the recent (short-window) one,
+the lower of the short- and long-window rates, or that lower one only where the recent gaps
+between arrivals vary more than `BURSTY_CV` (module doc)."""
+BURSTY_CV = 1.5
+"""The coefficient of variation of the recent gaps above which ``rate=bursty`` takes the lower
+rate (Poisson arrivals: 1)."""
 RECENT_ARRIVALS = 64
 """Arrivals whose lengths a sampled future resamples."""
 
@@ -169,7 +175,7 @@ MPC_ARGS = {
 }
 """Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``
 (and ``future=renewal``, ``recompute=0.5``, ``lengths=sampled``, ``pace=recoverable``,
-``ttft_ties=0.01``, ``rate=lower``)."""
+``ttft_ties=0.01``, ``rate=lower``, ``rate=bursty``)."""
 
 
 class MPCController:
@@ -435,8 +441,14 @@ class MPCController:
 
     def _future_rate(self, telemetry: Telemetry) -> float:
         """The arrivals per second a drawn future runs at (`rate`)."""
+        lower = min(telemetry.arrival_rate_short, telemetry.arrival_rate)
         if self.rate == "lower":
-            return min(telemetry.arrival_rate_short, telemetry.arrival_rate)
+            return lower
+        if self.rate == "bursty":
+            recent = self._engine.arrived_requests(RECENT_ARRIVALS)  # type: ignore[union-attr]
+            gaps = np.diff([r.arrival_s for r in recent])
+            if len(gaps) > 2 and gaps.mean() > 0 and gaps.std() > BURSTY_CV * gaps.mean():
+                return lower
         return telemetry.arrival_rate_short
 
     def _with_recent_lengths(self, times: Sequence[float], recent: list[Request]) -> list[Request]:

@@ -445,6 +445,33 @@ def test_a_drawn_future_at_the_lower_rate_does_not_run_a_burst_on() -> None:
     assert rates[0] == rates[1] == quiet.arrival_rate_short
 
 
+def test_a_bursty_rate_takes_the_lower_rate_only_where_the_gaps_are_bursty() -> None:
+    """``rate=bursty``: on arrivals evenly spaced at a rate that steps up (gaps' CV near 0) it
+    keeps the short window, where ``rate=lower`` lags at the long one; on bursts of 20 at one
+    instant every 20 s (CV far above `BURSTY_CV`) it takes the lower rate."""
+    import numpy as np
+
+    from batchpilot.baselines.mpc import BURSTY_CV
+
+    steps = [Request(f"s{i}", 0.5 * i, 64, 32) for i in range(60)]  # 2/s for 30 s
+    steps += [Request(f"f{i}", 30.0 + 0.1 * i, 64, 32) for i in range(80)]  # then 10/s
+    bursts = [Request(f"b{i}", 20.0 * (i // 20) + 1e-3 * (i % 20), 64, 32) for i in range(200)]
+    rates = {}
+    for name, requests, at in (("steps", steps, 38.0), ("bursts", bursts, 80.5)):
+        engine = tight_engine()
+        engine.reset(Workload.from_requests(name, requests), Limits(64))
+        telemetry = engine.advance(until_s=at)
+        gaps = np.diff([r.arrival_s for r in engine.arrived_requests(64)])
+        assert (gaps.std() > BURSTY_CV * gaps.mean()) == (name == "bursts")
+        for rate in ("recent", "lower", "bursty"):
+            mpc = make_controller(f"mpc:horizon_s=16:future=sampled:rate={rate}")
+            mpc.reset(engine)
+            rates[name, rate] = mpc._future_rate(telemetry)
+        assert telemetry.arrival_rate != telemetry.arrival_rate_short
+    assert rates["steps", "bursty"] == rates["steps", "recent"] > rates["steps", "lower"]
+    assert rates["bursts", "bursty"] == rates["bursts", "lower"] < rates["bursts", "recent"]
+
+
 def test_mpc_reuses_only_horizons_it_would_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
     """Scoring a candidate by a rolled-out twin whose limits never acted (`_same_horizon`)
     leaves every choice and every sweep score as rolling each candidate out gives them,
