@@ -100,6 +100,23 @@ def test_table_model_follows_the_measured_linear_layers() -> None:
     assert abs(line / t[256] - 1) > 0.1
 
 
+def assert_matches_measurement(
+    data: dict, step: object, low: float, median: tuple[float, float]
+) -> None:
+    """`step`'s GPU part against a `gpu_step_times.py measure` file: every case, each
+    model/measured ratio in [low, 1.3], their median in `median`, and the decode knee real on
+    the GPU (256 decodes cost at most a few single decodes)."""
+    from benchmarks.gpu_step_times import cases, compare
+
+    rows = compare(data, step)
+    ms = {(r["prefill_tokens"], r["decode_seqs"], r["decode_context"]): r["ms"] for r in rows}
+    assert set(ms) == set(cases())
+    ratios = [r["ratio"] for r in rows]
+    assert all(low <= x <= 1.3 for x in ratios), ratios
+    assert median[0] <= float(np.median(ratios)) <= median[1]
+    assert 1.2 < ms[0, 256, 512] / ms[0, 1, 512] < 10
+
+
 @pytest.mark.parametrize(
     "measured, model, tp",
     [("llama-2-7b-h100.json", "llama-2-7b", 1), ("codellama-34b-h100.json", "codellama-34b", 1)],
@@ -115,8 +132,6 @@ def test_h100_profiles_match_a_real_h100_forward_pass(measured: str, model: str,
     KV, not vLLM's paged kernels). The A100's tables carried to the H100 by the datasheets
     (`carry_times`) pass the same bounds: Llama-2-7B median 1.002 (0.893-1.200 against
     Vidur's own H100 tables' 0.895-1.208), CodeLlama-34B 1.050 (0.922-1.227; 0.962)."""
-    from benchmarks.gpu_step_times import cases, compare
-
     data = json.loads((Path(__file__).parent / "data/gpu" / measured).read_text())
     arch = ARCHITECTURES[model]
     assert data["model"] == arch.title and "H100" in data["device"]
@@ -125,14 +140,7 @@ def test_h100_profiles_match_a_real_h100_forward_pass(measured: str, model: str,
     for timings in (tables, without_h100):  # Vidur's H100 tables, or the A100's carried over
         step = measured_profile(timings, model, "h100", tp).step
         assert ("carried to H100" in step.source["linear_layers"]) == (timings is without_h100)
-        rows = compare(data, step)
-        ms = {(r["prefill_tokens"], r["decode_seqs"], r["decode_context"]): r["ms"] for r in rows}
-        assert set(ms) == set(cases())
-        ratios = [r["ratio"] for r in rows]
-        assert all(0.8 <= x <= 1.3 for x in ratios), ratios
-        assert 0.9 <= float(np.median(ratios)) <= 1.1
-        # the decode knee is real on the GPU: 256 decodes cost at most a few single decodes
-        assert 1.2 < ms[0, 256, 512] / ms[0, 1, 512] < 10
+        assert_matches_measurement(data, step, low=0.8, median=(0.9, 1.1))
 
 
 @pytest.mark.parametrize(
@@ -149,20 +157,12 @@ def test_profiles_carried_to_a_gpu_vidur_never_timed_match_a_real_one(model: str
     0.89-1.14). They lean fast on the H200: it decoded small batches 1.26-1.40x as fast as
     the H100, not the datasheets' 1.43x, and prefilled at the H100's speed (0.99-1.03x past
     512 tokens), as the FLOPs say."""
-    from benchmarks.gpu_step_times import cases, compare
-
     data = json.loads((Path(__file__).parent / "data/gpu" / f"{model}-{gpu}.json").read_text())
     assert data["model"] == ARCHITECTURES[model].title
     assert GPUS[gpu].title.split("-")[0] in data["device"]
     step = measured_profile(load_tables(), model, gpu, 1).step
     assert f"carried to {GPUS[gpu].title}" in step.source["linear_layers"]
-    rows = compare(data, step)
-    ms = {(r["prefill_tokens"], r["decode_seqs"], r["decode_context"]): r["ms"] for r in rows}
-    assert set(ms) == set(cases())
-    ratios = [r["ratio"] for r in rows]
-    assert all(0.75 <= x <= 1.3 for x in ratios), ratios
-    assert 0.85 <= float(np.median(ratios)) <= 1.05
-    assert 1.2 < ms[0, 256, 512] / ms[0, 1, 512] < 10
+    assert_matches_measurement(data, step, low=0.75, median=(0.85, 1.05))
 
 
 def test_interpolation_hits_knots_and_extends_linearly() -> None:
