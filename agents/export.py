@@ -257,6 +257,11 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     if not run_dirs:
         raise PolicyFileError("no run to export")
     check_not_sidecar(out)  # before anything is written: X.onnx.json is X.onnx's sidecar
+    if out.suffix.lower() != ".onnx":
+        raise PolicyFileError(
+            f"{out}: a policy file's name ends in .onnx (its sidecar is the .onnx.json beside "
+            f"it); write {out.with_suffix('.onnx')}"
+        )
     members = [_member(run, checkpoint) for run in run_dirs]
     meta = members[0].meta
     for other, run in zip(members[1:], run_dirs[1:], strict=True):

@@ -328,6 +328,20 @@ def test_export_onto_a_sidecar_name_replaces_nothing(
     load_policy(out)
 
 
+@pytest.mark.parametrize("name", ["policy.txt", "policy", "policy.pt"])
+def test_export_refuses_a_name_that_is_not_onnx(
+    run_dir: Path, tmp_path: Path, capsys, name: str
+) -> None:
+    """`--out policy.txt` wrote ONNX bytes to policy.txt and a sidecar policy.txt.json; a name
+    that does not end in .onnx is refused before anything is written."""
+    out = tmp_path / "out" / name
+    assert main(["export", str(run_dir), "--checkpoint", "final", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: a policy file's name ends in .onnx" in err
+    assert str(out.with_name("policy.onnx")) in err
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
 def test_export_writes_a_policy_that_loads(policy: Path) -> None:
     meta = json.loads(sidecar_path(policy).read_text())
     assert meta["sidecar_sha256"] == seal(meta)["sidecar_sha256"]

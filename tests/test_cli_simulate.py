@@ -269,6 +269,15 @@ def test_bad_numbers_are_refused_naming_the_option(argv, option, capsys) -> None
     assert f"argument {option}" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("title", ["", " ", "a\nb"])
+def test_a_blank_or_multiline_report_title_is_refused(title: str, capsys) -> None:
+    """`evaluate --title ''` headed the report "# ", and a newline split its heading."""
+    with pytest.raises(SystemExit) as done:
+        main(["evaluate", "--policy", "p.onnx", "--suite", "steady", "--out", "x", "--title", title])
+    assert done.value.code == 2
+    assert "a title is one printable line, not blank" in capsys.readouterr().err
+
+
 def test_a_decision_deadline_below_the_budget_is_named_by_its_flag(tmp_path, capsys) -> None:
     argv = ["serve", str(tmp_path), "--controller", "alg1", "--decision-budget-ms", "5",
             "--decision-deadline-ms", "2"]  # fmt: skip

@@ -52,6 +52,14 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+def title_arg(text: str) -> str:
+    """An argparse ``type=`` for a report's title: one printable line, not blank (it heads the
+    markdown and names the HTML page)."""
+    if not text.strip() or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"{text!r}: a title is one printable line, not blank")
+    return text.strip()
+
+
 GIVEN = "given_options"
 """The namespace attribute where a `once` action records the options given."""
 

@@ -29,6 +29,7 @@ from batchpilot.training.commands.common import (
     check_output,
     command_line,
     path_arg,
+    title_arg,
 )
 from batchpilot.training.evaluate import DEFAULT_SEEDS
 
@@ -72,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="evaluation seeds FIRST..FIRST+N-1 instead (below 1000): to score a policy chosen "
         "on the report's seeds on seeds its choice never saw. Default: %(default)s",
     )
-    parser.add_argument("--title", default=TITLE, help="the report's title")
+    parser.add_argument(
+        "--title", type=title_arg, default=TITLE, help="the report's title (one line)"
+    )
     parser.add_argument("--out", type=path_arg, required=True, help="report directory")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
