@@ -46,9 +46,10 @@ class Skipped:
     text: bytes = b""
 
 
-_Chunk = tuple[Columns, Skipped]
-"""A chunk's kept rows' columns, and its left-out rows (their `Skipped.line`: the lines in the
-chunk before the first)."""
+_Chunk = tuple[Columns, Skipped, bool | None]
+"""A chunk's kept rows' columns, its left-out rows (their `Skipped.line`: the lines in the
+chunk before the first), and whether its dates and times carry a zone (None: no such times,
+or no row)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ def read_columns(
     still be regular), else it gives None."""
     parts: list[Columns] = []
     skipped = Skipped()
+    zoned: set[bool] = set()  # the chunks' zone styles: a mix is left to the row reader
     line = 2  # the number of the next chunk's first line
     rest = b""
     while True:
@@ -95,6 +97,7 @@ def read_columns(
                 return None
             parts.append(chunk[0])
             skipped = _add(skipped, chunk[1], line)
+            zoned.update([] if chunk[2] is None else [chunk[2]])
             if skip:  # lines are counted for a left-out row's line number
                 line += int(np.count_nonzero(np.frombuffer(data, np.uint8, cut) == ord("\n")))
     if rest:  # a last line without a newline
@@ -103,8 +106,9 @@ def read_columns(
             return None
         parts.append(chunk[0])
         skipped = _add(skipped, chunk[1], line)
+        zoned.update([] if chunk[2] is None else [chunk[2]])
     columns = _concatenate(parts)
-    return None if columns is None else (columns, skipped)
+    return None if columns is None or len(zoned) > 1 else (columns, skipped)
 
 
 def _add(skipped: Skipped, chunk: Skipped, line: int) -> Skipped:
@@ -140,15 +144,19 @@ def _parse_chunk(data: bytes | memoryview, layout: Layout, skip: bool) -> _Chunk
     output = _tokens(buf, start[:, layout.output], end[:, layout.output], most)
     if prompt is None or output is None:
         return None
-    times = None
+    times, zoned = None, None
     if layout.time is not None:  # every row's, a left-out one's too: all must be regular
-        read_times = _datetimes if layout.time_kind == "datetime" else _decimals
-        times = read_times(buf, start[:, layout.time], end[:, layout.time])
+        at = start[:, layout.time], end[:, layout.time]
+        if layout.time_kind == "datetime":
+            read = _datetimes(buf, *at)
+            times, zoned = (None, None) if read is None else read
+        else:
+            times = _decimals(buf, *at)
         if times is None:
             return None
     in_range = [ok for _, ok in (prompt, output) if ok is not None]
     if not in_range:
-        return (prompt[0], output[0], times), Skipped()
+        return (prompt[0], output[0], times), Skipped(), zoned
     if not skip:
         return None
     good = np.logical_and.reduce(in_range)
@@ -160,7 +168,7 @@ def _parse_chunk(data: bytes | memoryview, layout: Layout, skip: bool) -> _Chunk
         text=bytes(buf[start[first, 0] : row_end]),
     )
     kept = (prompt[0][good], output[0][good], None if times is None else times[good])
-    return kept, skipped
+    return kept, skipped, zoned
 
 
 def _fields(buf: np.ndarray, layout: Layout) -> tuple[np.ndarray, np.ndarray] | None:
@@ -270,10 +278,13 @@ def _fixed(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray | None:
     return value
 
 
-def _datetimes(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray | None:
+def _datetimes(
+    buf: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, bool | None] | None:
     """'2023-11-16 18:17:03[.fraction][Z|+HH:MM|-HH:MM]' (or a 'T' between date and time)
-    as seconds since the epoch, as `traces._azure_time` computes them; None for any other
-    text, or a date or time out of range (numpy's check, left to the row reader)."""
+    as seconds since the epoch, as `traces._azure_time` computes them, and whether they carry
+    a zone (None: no time); None for any other text, a date or time out of range (numpy's
+    check, left to the row reader), or times with a zone beside times without."""
     if len(start) and (end - start).min() < 19:
         return None
     for at, (one, other) in ((4, b"--"), (7, b"--"), (10, b" T"), (13, b"::"), (16, b"::")):
@@ -287,10 +298,13 @@ def _datetimes(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     zone = _zones(buf, start, end)
     if seconds is None or zone is None:
         return None
+    styles = np.unique(zone[0] > 0)
+    if len(styles) > 1:  # the row reader names the line
+        return None
     fraction = _fractions(buf, start + 19, end - zone[0])
     if fraction is None:
         return None
-    return seconds.astype(np.float64) + fraction - zone[1]
+    return seconds.astype(np.float64) + fraction - zone[1], bool(styles[0]) if len(styles) else None
 
 
 _DATE_TIME_FIELDS = ((0, 4), (5, 2), (8, 2), (11, 2), (14, 2), (17, 2))

@@ -565,11 +565,36 @@ def _read_csv(path: Path, skip_bad_rows: bool) -> Trace:
 def _read_csv_rows(path: Path, skip_bad_rows: bool) -> Trace:
     """The CSV trace read row by row: any file, each bad row's error naming its line."""
     fmt, rows = _rows_csv(path)
+    parse: Callable[[dict[str, str], str], _Row] = functools.partial(_csv_row, fmt)
+    if fmt.parse_time is _azure_time:
+        parse = _one_zone_style(parse, fmt.time or "")
     with closing(rows):  # a bad row's error closes the file now, not at garbage collection
-        return _collect(
-            path, fmt.name, rows, functools.partial(_csv_row, fmt), fmt.time is not None,
-            skip_bad_rows,
-        )  # fmt: skip
+        return _collect(path, fmt.name, rows, parse, fmt.time is not None, skip_bad_rows)
+
+
+def _one_zone_style(
+    parse: Callable[[dict[str, str], str], _Row], column: str
+) -> Callable[[dict[str, str], str], _Row]:
+    """`parse` of Azure rows, refusing a time whose zone style differs from the first good
+    row's: times without a 'Z' or '+HH:MM' suffix are read as UTC, so beside times with one
+    they may be hours off, and which are right is not known."""
+    first: list[tuple[bool, str]] = []  # the first good row's: zoned, and where
+
+    def checked(row: dict[str, str], where: str) -> _Row:
+        read = parse(row, where)
+        zoned = bool(_DATE_TIME.fullmatch(row[column].strip())[3])  # type: ignore[index]
+        if not first:
+            first.append((zoned, where))
+        elif zoned != first[0][0]:
+            has, other = ("a", "none") if zoned else ("no", "one")
+            raise TraceError(
+                f"{where}: {column} {row[column]!r} has {has} UTC offset where "
+                f"{first[0][1]}'s has {other}: times without one are read as UTC, so mixed "
+                "they may be hours apart; give every time an offset ('Z' for UTC) or none"
+            )
+        return read
+
+    return checked
 
 
 def _read_csv_fast(path: Path, skip_bad_rows: bool = False) -> Trace | None:
