@@ -894,7 +894,9 @@ def get_profile(name_or_path: str) -> EngineProfile:
     if path.suffix.lower() == ".json" or "/" in name_or_path or path.exists():
         if not regular_file(path, "a profile JSON file"):
             raise ValueError(f"{path}: no such profile file")
-        return EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))
+        profile = EngineProfile.from_dict(read_json(path, "the profile"), origin=str(path))
+        check_own_name(profile, str(path))
+        return profile
     raise ValueError(
         f"unknown profile {name_or_path!r}; {did_you_mean(name_or_path, PROFILES)}known: "
         f"{', '.join(PROFILES)}"
@@ -928,12 +930,38 @@ def check_profile_name(name: str, what: str = "profile name") -> None:
         raise ValueError(f"{what} {name[:40]!r}...: {len(name):,} characters, over {MAX_NAME}")
 
 
+def check_own_name(profile: EngineProfile, origin: str) -> None:
+    """Raise ValueError if `profile` (from `origin`, a file) takes a shipped profile's name
+    but is another deployment: reports and results would label it as the shipped one."""
+    shipped = PROFILES.get(profile.name)
+    if shipped is None:
+        return
+    if not _same(json.loads(profile.to_json()), json.loads(shipped.to_json())):
+        raise ValueError(
+            f"{origin}: name {profile.name!r} is a shipped profile's, but this profile is "
+            "another deployment; give it a name of its own (reports and results would label "
+            "it as the shipped one)"
+        )
+
+
+def _same(a: object, b: object) -> bool:
+    """Two profiles' JSON values alike, numbers to 1e-9 relative (a profile rebuilt from the
+    same tables differs from the shipped one by rounding, 1e-13)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float | int) and isinstance(b, float | int):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
 def write_profile(profile: EngineProfile, path: Path) -> None:
     """Write `profile` to `path` as JSON once `get_profile` would load it back (the same
     checks); otherwise a ValueError naming what is wrong, and nothing written."""
     text = profile.to_json()
     try:
-        EngineProfile.from_dict(json.loads(text), origin=str(path))
+        check_own_name(EngineProfile.from_dict(json.loads(text), origin=str(path)), str(path))
     except ValueError as exc:
         raise ValueError(f"{exc}; nothing written") from None
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -275,16 +275,38 @@ def test_knee_scale_moves_the_decode_knee_only() -> None:
 
 
 def test_two_profiles_of_one_name_are_refused(tmp_path) -> None:
-    """A profile file named as a built-in one: the built-in's workloads and scales applied to
-    both, unsaid."""
+    """Two profile files of one name: the first's workloads and scales applied to both,
+    unsaid."""
     from dataclasses import replace
 
     from batchpilot.envs.profiles import get_profile, write_profile
 
-    path = tmp_path / "mine.json"
-    write_profile(replace(get_profile("cpu-tiny-llama"), name="llama-2-7b-a100"), path)
-    with pytest.raises(ValueError, match=r"profiles \['llama-2-7b-a100', '.*mine.json'\] are all named 'llama-2-7b-a100'"):
-        gym.make("batchpilot/Batching-v0", profile=["llama-2-7b-a100", str(path)], workload=SMALL)
+    tiny = get_profile("cpu-tiny-llama")
+    write_profile(replace(tiny, name="mine"), tmp_path / "a.json")
+    write_profile(replace(tiny, name="mine", num_gpu_blocks=tiny.num_gpu_blocks + 1), tmp_path / "b.json")
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    with pytest.raises(ValueError, match=r"profiles \['.*a.json', '.*b.json'\] are all named 'mine'"):
+        gym.make("batchpilot/Batching-v0", profile=paths, workload=SMALL)
+
+
+def test_a_profile_file_may_not_take_a_shipped_profiles_name(tmp_path) -> None:
+    """A file named as a shipped profile but describing another deployment ran, and its
+    results were labelled as the shipped one's; it is refused on writing and on reading. A
+    shipped profile written out as it is loads back."""
+    from dataclasses import replace
+
+    from batchpilot.envs.profiles import get_profile, write_profile
+
+    other = replace(get_profile("cpu-tiny-llama"), name="llama-2-7b-a100")
+    message = "name 'llama-2-7b-a100' is a shipped profile's, but this profile is another deployment"
+    with pytest.raises(ValueError, match=f"{message}.*; nothing written"):
+        write_profile(other, tmp_path / "mine.json")
+    assert not (tmp_path / "mine.json").exists()
+    (tmp_path / "mine.json").write_text(other.to_json())  # made by hand
+    with pytest.raises(ValueError, match=f"mine.json: {message}"):
+        get_profile(str(tmp_path / "mine.json"))
+    write_profile(get_profile("llama-2-7b-a100"), tmp_path / "same.json")
+    assert get_profile(str(tmp_path / "same.json")) == get_profile("llama-2-7b-a100")
 
 
 @pytest.mark.parametrize(

@@ -288,7 +288,7 @@ def test_profile_files_round_trip(tmp_path: Path) -> None:
         path.write_text(profile.to_json())
         assert get_profile(str(path)) == profile
     old = tmp_path / "old.json"  # files without step.kind (older calibrate output): linear
-    data = json.loads(PROFILES["cpu-tiny-llama"].to_json())
+    data = json.loads(PROFILES["cpu-tiny-llama"].to_json()) | {"name": "old"}
     del data["step"]["kind"], data["model"], data["gpu"], data["tensor_parallel_size"]
     old.write_text(json.dumps(data))
     assert get_profile(str(old)).step == PROFILES["cpu-tiny-llama"].step
