@@ -88,11 +88,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
-from batchpilot.baselines.checks import require
+from batchpilot.baselines.checks import keyword_value, require
 from batchpilot.baselines.oracle import OracleController, largest_fitting, peak_blocks
 from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.engine import Engine
@@ -144,14 +143,6 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
         return text
 
     return parse
-
-
-def _keyword(key: str, parse: Callable[[str], Any], text: str) -> Any:
-    """`parse(text)`; an error names the keyword and the text."""
-    try:
-        return parse(text)
-    except ValueError as exc:
-        raise ValueError(f"{key}={text!r}: {exc}") from None
 
 
 parse_future = _one_of(FUTURES)
@@ -220,17 +211,17 @@ class MPCController:
         self.replan_s = replan_s
         grid = {"seqs": seqs, "tokens": tokens}
         self.seqs, self.tokens = (
-            _keyword(k, parse_grid, v) if isinstance(v, str) else tuple(sorted(set(v)))
+            keyword_value(k, parse_grid, v) if isinstance(v, str) else tuple(sorted(set(v)))
             for k, v in grid.items()
         )
         self.rounds = rounds
         self.margin = margin
-        self.future = _keyword("future", parse_future, future)
+        self.future = keyword_value("future", parse_future, future)
         self.recompute = recompute
-        self.lengths = _keyword("lengths", parse_lengths, lengths)
-        self.pace = _keyword("pace", parse_pace, pace)
+        self.lengths = keyword_value("lengths", parse_lengths, lengths)
+        self.pace = keyword_value("pace", parse_pace, pace)
         self.ttft_ties = ttft_ties
-        self.rate = _keyword("rate", parse_rate, rate)
+        self.rate = keyword_value("rate", parse_rate, rate)
         self.name = "mpc"
         self._engine: Engine | None = None
         self._packing = OracleController()

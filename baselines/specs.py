@@ -14,6 +14,7 @@ from typing import Any
 
 from batchpilot.baselines.alg1 import MemoryAwareController
 from batchpilot.baselines.alg2 import SLAController
+from batchpilot.baselines.checks import keyword_value
 from batchpilot.baselines.combined import MinController
 from batchpilot.baselines.mpc import MPC_ARGS, MPCController
 from batchpilot.baselines.oracle import OracleController
@@ -73,6 +74,12 @@ def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str
         if key in out:
             raise ControllerSpecError(f"{name}: {key} given twice; give each argument once")
         kind = types[key]
+        if kind not in KINDS:  # a keyword's own parser (a grid, a choice) says what it takes
+            try:
+                out[key] = keyword_value(key, kind, text)
+            except ValueError as exc:
+                raise ControllerSpecError(f"{name}: {exc}") from None
+            continue
         try:
             if kind is bool:
                 if text not in ("0", "1", "true", "false"):
@@ -80,9 +87,7 @@ def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str
                 out[key] = text in ("1", "true")
             else:
                 out[key] = PLAIN.get(kind, kind)(text)
-        except ValueError as exc:
-            if kind not in KINDS:  # a keyword's own parser (a grid, a choice) says what it takes
-                raise ControllerSpecError(f"{name}: {key}={text!r}: {exc}") from None
+        except ValueError:
             raise ControllerSpecError(
                 f"{name}: {key}={text!r} is not a valid {KINDS[kind]}"
             ) from None
