@@ -79,7 +79,10 @@ suite's math/chat shift it scored 406 tok/s against 479). With ``rate=lower`` a 
 runs at the lower of the short-window (5 s) and long-window (30 s) arrival rates: right after
 a burst the short window counts the burst as the rate to come; ``rate=bursty`` does so only
 where the recent gaps' coefficient of variation passes `BURSTY_CV`, so a rate that steps
-(Poisson within each step) keeps the short window. The gap between the true and
+(Poisson within each step) keeps the short window. With ``draws=K`` (default 1) a re-plan
+draws K futures, every candidate is rolled out against each, and it scores their mean (its
+peak demand the largest of the K): one draw's noise no longer picks the limits, at K times
+the rollouts. The gap between the true and
 the sampled futures is what knowing the future is worth, a gain no deployable controller can
 reach.
 """
@@ -145,6 +148,9 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+MAX_DRAWS = 16
+"""The most futures a re-plan draws (``draws``): each multiplies its rollouts."""
+
 parse_future = _one_of(FUTURES)
 parse_lengths = _one_of(LENGTHS)
 parse_pace = _one_of(PACES)
@@ -163,6 +169,7 @@ MPC_ARGS = {
     "pace": parse_pace,
     "ttft_ties": float,
     "rate": parse_rate,
+    "draws": int,
 }
 """Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``
 (and ``future=renewal``, ``recompute=0.5``, ``lengths=sampled``, ``pace=recoverable``,
@@ -179,7 +186,8 @@ class MPCController:
     lengths of the admitted requests it plans with; `pace` the step time at which a running
     request counts as already off pace (module doc); `ttft_ties` the relative score gap
     within which candidates count as tied and go to the least first-token wait; `rate` the
-    arrival rate a drawn future runs at (module doc). Simulator
+    arrival rate a drawn future runs at (module doc); `draws` how many futures a re-plan
+    draws, a candidate scoring their mean. Simulator
     only. After each re-plan, `sweeps` holds its last round's horizon scores: (max_num_seqs
     -> score at the budget then in hand, budget -> score at the chosen max_num_seqs).
     """
@@ -200,6 +208,7 @@ class MPCController:
         pace: str = "recent",
         ttft_ties: float = 0.0,
         rate: str = "recent",
+        draws: int = 1,
     ) -> None:
         require(horizon_s > 0, "horizon_s", horizon_s, "> 0")
         require(replan_s > 0, "replan_s", replan_s, "> 0")
@@ -207,6 +216,7 @@ class MPCController:
         require(margin >= 0, "margin", margin, ">= 0")
         require(0 <= recompute < float("inf"), "recompute", recompute, "a finite number >= 0")
         require(0 <= ttft_ties < 1, "ttft_ties", ttft_ties, "in [0, 1)")
+        require(1 <= draws <= MAX_DRAWS, "draws", draws, f"1 to {MAX_DRAWS}")
         self.horizon_s = horizon_s
         self.replan_s = replan_s
         grid = {"seqs": seqs, "tokens": tokens}
@@ -222,6 +232,9 @@ class MPCController:
         self.pace = keyword_value("pace", parse_pace, pace)
         self.ttft_ties = ttft_ties
         self.rate = keyword_value("rate", parse_rate, rate)
+        if draws > 1 and self.future == "true":
+            raise ValueError("draws: the true future is one; draw several with future=sampled")
+        self.draws = draws
         self.name = "mpc"
         self._engine: Engine | None = None
         self._packing = OracleController()
@@ -250,7 +263,7 @@ class MPCController:
         self.plans = self.rollouts = self.reused = 0
         self.plan_wall_s = 0.0
         self._rng = np.random.default_rng(0)
-        self._future: list[Request] | None = None
+        self._futures: list[list[Request] | None] = [None]
         self._outputs: list[int] | None = None
         self.sweeps = ({}, {})
 
@@ -277,11 +290,10 @@ class MPCController:
         seq_grid = sorted(set(self._seq_grid) | state)
 
         lost = self._lost(telemetry)
-        self._future = None
-        if self.future == "sampled":
-            self._future = self._sampled_future(telemetry)
-        elif self.future == "renewal":
-            self._future = self._renewal_future(telemetry)
+        self._futures = [None]
+        if self.future != "true":
+            draw = self._sampled_future if self.future == "sampled" else self._renewal_future
+            self._futures = [draw(telemetry) for _ in range(self.draws)]
 
         peaks: dict[tuple[int, int], tuple[int, int]] = {}  # of each rollout's horizon
         waits: dict[tuple[int, int], float] = {}  # request-seconds before first tokens
@@ -290,7 +302,7 @@ class MPCController:
             if pair not in scores:
                 twin = _same_horizon(pair, peaks)
                 if twin is None:
-                    scores[pair], peaks[pair], waits[pair] = self._rollout(telemetry, pair, lost)
+                    scores[pair], peaks[pair], waits[pair] = self._scored(telemetry, pair, lost)
                 else:
                     scores[pair], waits[pair] = scores[twin], waits[twin]
                     self.reused += 1
@@ -341,17 +353,31 @@ class MPCController:
     def rollout(self, telemetry: Telemetry, pair: tuple[int, int], lost: set[str]) -> float:
         """The horizon score (output tokens) of holding `pair` for `horizon_s` from the
         engine's state at `telemetry`; `lost`: ids of requests already off pace then."""
-        return self._rollout(telemetry, pair, lost)[0]
+        return self._scored(telemetry, pair, lost)[0]
 
-    def _rollout(
+    def _scored(
         self, telemetry: Telemetry, pair: tuple[int, int], lost: set[str]
     ) -> tuple[float, tuple[int, int], float]:
-        """`rollout`'s score, the horizon's `SimEngine.peak_demand`, and the request-seconds
-        spent in it before first tokens."""
+        """`_rollout`'s score and wait, averaged over the re-plan's futures, and the largest
+        peak demand of their horizons."""
+        runs = [self._rollout(telemetry, pair, lost, future) for future in self._futures]
+        peak = (max(r[1][0] for r in runs), max(r[1][1] for r in runs))
+        return sum(r[0] for r in runs) / len(runs), peak, sum(r[2] for r in runs) / len(runs)
+
+    def _rollout(
+        self,
+        telemetry: Telemetry,
+        pair: tuple[int, int],
+        lost: set[str],
+        future: list[Request] | None,
+    ) -> tuple[float, tuple[int, int], float]:
+        """The horizon score of `pair` with the arrivals `future` (None: the workload's),
+        the horizon's `SimEngine.peak_demand`, and the request-seconds spent in it before
+        first tokens."""
         now = telemetry.time_s
         engine = self._engine.fork(history=False)  # type: ignore[union-attr]
-        if self._future is not None:
-            engine.replace_future(self._future)
+        if future is not None:
+            engine.replace_future(future)
         if self._outputs is not None:
             engine.replace_outputs(self._outputs)
         self.rollouts += 1

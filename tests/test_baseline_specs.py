@@ -166,6 +166,9 @@ def test_an_exponents_plus_is_no_combination() -> None:
         ("alg1:refresh=0", "alg1: refresh must be >= 1, got 0"),  # named three settings, no value
         ("mpc:recompute=-1", "mpc: recompute must be a finite number >= 0, got -1.0"),
         ("mpc:rounds=0", "mpc: rounds must be >= 1, got 0"),
+        ("mpc:future=sampled:draws=0", "mpc: draws must be 1 to 16, got 0"),
+        ("mpc:future=sampled:draws=17", "mpc: draws must be 1 to 16, got 17"),
+        ("mpc:draws=2", "mpc: draws: the true future is one; draw several with future=sampled"),
         ("oracle:slack_blocks=-1", "slack_blocks must be >= 0"),
         ("alg1:b_max=0", "b_max 0 is below b_min"),
         ("", "empty controller spec"),

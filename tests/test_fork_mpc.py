@@ -300,7 +300,7 @@ def test_mpc_ttft_ties_never_leave_a_pair_the_scores_keep(
     mpc._current = incumbent
     monkeypatch.setattr(mpc_module, "_same_horizon", lambda pair, peaks: None)
     monkeypatch.setattr(
-        mpc, "_rollout", lambda t, pair, lost: (scores.get(pair, 500.0), (0, 0), 0.0 if pair != incumbent else 9.0)
+        mpc, "_scored", lambda t, pair, lost: (scores.get(pair, 500.0), (0, 0), 0.0 if pair != incumbent else 9.0)
     )
     assert mpc.decide(telemetry) == Limits(*incumbent)
 
@@ -470,6 +470,25 @@ def test_a_bursty_rate_takes_the_lower_rate_only_where_the_gaps_are_bursty() -> 
         assert telemetry.arrival_rate != telemetry.arrival_rate_short
     assert rates["steps", "bursty"] == rates["steps", "recent"] > rates["steps", "lower"]
     assert rates["bursts", "bursty"] == rates["bursts", "lower"] < rates["bursts", "recent"]
+
+
+def test_several_drawn_futures_score_a_pair_by_their_mean() -> None:
+    """``draws=K`` scores each candidate over K futures drawn once a re-plan and shared by
+    every candidate: its score is the mean of the K single-future scores, and the futures
+    differ (each is a draw of its own)."""
+    requests = list(bursty(200).requests)
+    engine = tight_engine()
+    engine.reset(Workload.from_requests("bursty", requests), Limits(32, 512))
+    telemetry = engine.advance(until_s=requests[120].arrival_s)
+    mpc = make_controller("mpc:horizon_s=8:future=sampled:draws=3")
+    mpc.reset(engine)
+    mpc.decide(telemetry)
+    futures = mpc._futures
+    assert len(futures) == 3 and len({tuple(r.arrival_s for r in f) for f in futures}) == 3
+    singles = [mpc._rollout(telemetry, (32, 512), set(), f)[0] for f in futures]
+    assert len(set(singles)) > 1
+    assert mpc.rollout(telemetry, (32, 512), set()) == pytest.approx(sum(singles) / 3)
+    assert mpc.rollouts % 3 == 0  # every pair scored, here or by decide, rolled out 3 times
 
 
 def test_mpc_reuses_only_horizons_it_would_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
