@@ -20,6 +20,10 @@ from batchpilot.envs.traces import MAX_SPAN_S
 
 CV_RANGE = (0.01, 100.0)
 """Gamma arrivals' coefficients of variation that can be drawn (gap shape 1/CV^2)."""
+RATE_RANGE = (1e-6, 1e6)
+"""Arrival rates (req/s) and replay scales a process may have: past any deployment either
+way (a request in 12 days; a million a second), and no gap, span or ramp under- or
+overflows a float."""
 
 
 class ArrivalSpecError(ValueError):
@@ -46,6 +50,26 @@ class Arrival:
             raise ArrivalSpecError(
                 f"gamma arrivals: CV must be in [{CV_RANGE[0]:g}, {CV_RANGE[1]:g}] "
                 f"(1: Poisson; measured traces are bursty at 2-5), got {self.cv:g}"
+            )
+        rates = {
+            "poisson": (self.rate,),
+            "gamma": (self.rate,),
+            "ramp": (self.rate, self.rate_end),
+            "steps": tuple(r for _, r in self.steps),
+            "replay": (self.scale,),
+        }.get(self.kind, ())
+        lo, hi = RATE_RANGE
+        for rate in rates:
+            if not lo <= rate <= hi:
+                what = "scale" if self.kind == "replay" else "rate (req/s)"
+                raise ArrivalSpecError(
+                    f"{self.kind} arrivals: {what} must be in [{lo:g}, {hi:g}], got {rate:.6g}"
+                )
+        times = [t for t, _ in self.steps] + ([self.ramp_s] if self.ramp_s is not None else [])
+        if any(t > MAX_SPAN_S for t in times):
+            raise ArrivalSpecError(
+                f"{self.kind} arrivals: a time of {max(times):.3g} s is past {MAX_SPAN_S:.0e} s "
+                "(3 years)"
             )
 
     @classmethod
@@ -168,10 +192,18 @@ def _parse_steps(
         rate, sep, start = part.partition("@")
         if not sep:
             raise ArrivalSpecError(f"arrival {spec!r}: {part!r} is not RATE@START_S")
-        t = 0.0 if start.strip() in ("0", "0.0") else number(start, "start")
+        t = 0.0 if _is_zero(start) else number(start, "start")
         if out and t <= out[-1][0]:
             raise ArrivalSpecError(f"arrival {spec!r}: step starts must increase, got {part!r}")
         out.append((t, number(rate, "rate")))
     if out[0][0] != 0.0:
         raise ArrivalSpecError(f"arrival {spec!r}: the first step must start at 0")
     return tuple(out)
+
+
+def _is_zero(text: str) -> bool:
+    """Whether `text` is a plain number equal to 0 ('0', '0.00', '0e3')."""
+    try:
+        return plain_float(text) == 0
+    except ValueError:
+        return False

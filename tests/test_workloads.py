@@ -577,6 +577,15 @@ def test_missing_file() -> None:
         ("gamma:1:1e-200", r"CV must be in \[0.01, 100\]"),
         ("uniform:3", "unknown process 'uniform'"),
         ("replay:1:2", "at most one SCALE"),
+        # a rate that underflowed a gap's shape to 0 (ZeroDivisionError), a ramp whose span
+        # overflowed, or one whose ratio made NaN arrival times
+        ("gamma:1e-320:100", r"gamma arrivals: rate \(req/s\) must be in \[1e-06, 1e\+06\], got 9.99989e-321"),
+        ("ramp:1e308:1e308", r"rate \(req/s\) must be in \[1e-06, 1e\+06\], got 1e\+308"),
+        ("ramp:1:1e160", "got 1e\\+160"),
+        ("steps:1e308@0,1@100", "got 1e\\+308"),
+        ("replay:1e-320", r"replay arrivals: scale must be in \[1e-06, 1e\+06\]"),
+        ("ramp:1:2:1e20", r"ramp arrivals: a time of 1e\+20 s is past 1e\+08 s"),
+        ("steps:1@0,2@1e12", "a time of 1e\\+12 s is past"),
     ],
 )
 def test_bad_arrival_specs(spec: str, message: str) -> None:
@@ -584,13 +593,21 @@ def test_bad_arrival_specs(spec: str, message: str) -> None:
         Arrival.parse(spec)
 
 
-@pytest.mark.parametrize("arrival", ["poisson:1e-300", "gamma:1e-300:2", "steps:1@0,1e-300@1", "replay:1e-300"])
-def test_arrivals_spanning_centuries_are_refused(tmp_path: Path, arrival: str) -> None:
-    """A rate near 0 parses, but its run would span 1e300 s and score nothing."""
-    rows = "".join(f"2023-11-16 18:00:{s:02d},10,5\n" for s in range(20))
+@pytest.mark.parametrize("arrival", ["poisson:1e-6", "gamma:1e-6:2", "steps:1@0,1e-6@1", "replay:1e-6"])
+def test_arrivals_spanning_years_are_refused(tmp_path: Path, arrival: str) -> None:
+    """The lowest rate a spec may give, over 200 requests: a run of 6 years, which would
+    score nothing."""
+    rows = "".join(f"2023-11-16 18:{s // 60:02d}:{s % 60:02d},10,5\n" for s in range(200))
     path = write(tmp_path, "t.csv", AZURE + rows)
-    with pytest.raises(ArrivalSpecError, match=r"20 requests arrive over .* s, more than 1e\+08 s"):
-        make_workload(str(path), arrival, num_requests=20)
+    with pytest.raises(ArrivalSpecError, match=r"200 requests arrive over .* s, more than 1e\+08 s"):
+        make_workload(str(path), arrival, num_requests=200)
+
+
+@pytest.mark.parametrize("start", ["0", "0.00", "0e3"])
+def test_a_first_step_may_start_at_any_spelling_of_zero(start: str) -> None:
+    """``steps:5@0.00,...`` said "start must be > 0, got 0.00" beside "the first step must
+    start at 0"."""
+    assert Arrival.parse(f"steps:5@{start},1@10").steps == ((0.0, 5.0), (10.0, 1.0))
 
 
 def test_fixed_lengths_past_a_traces_ceiling_are_refused() -> None:
