@@ -7,7 +7,9 @@ the last value silently."""
 from __future__ import annotations
 
 import json
+import math
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +28,59 @@ def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return row
 
 
+class IntTooLarge(ValueError):
+    """An integer past a float's range (`whole_number`)."""
+
+
+def whole_number(text: str) -> int:
+    """A JSON or YAML integer's text as an int; one past a float's range (over 308 digits) is
+    an `IntTooLarge`, as every number a file holds is read as a float somewhere."""
+    value = int(text, 10)
+    problem = number_problem(value)
+    if problem:
+        raise IntTooLarge(problem)
+    return value
+
+
+def number_problem(value: object) -> str | None:
+    """Why `value` is no number a file may hold (NaN, an infinity, an integer past a float's
+    range), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        name = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return f"{name}, not a number JSON allows"
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            return f"a {len(str(abs(value))):,}-digit integer, past a float's range"
+    return None
+
+
+def _bad_number(value: object, where: str = "") -> str | None:
+    """The first number in `value` (a parsed JSON document) that `number_problem` refuses,
+    as ``"FIELD is PROBLEM"`` (``a.b[2]``), or None."""
+    if isinstance(value, dict):
+        items: Iterable[tuple[str, object]] = (
+            (f"{where}.{k}" if where else str(k), v) for k, v in value.items()
+        )
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        problem = number_problem(value)
+        return None if problem is None else f"{where or 'the value'} is {problem}"
+    return next((bad for k, v in items if (bad := _bad_number(v, k)) is not None), None)
+
+
 def read_json(file: Path, what: str, error: type[ValueError] = ValueError) -> object:
     """`file`'s JSON value, `what` saying what it should hold ("the profile"); an unreadable,
-    non-UTF-8, invalid or absurdly nested file, one with an absurdly long integer or a key
-    given twice in an object (json keeps the last silently), is an `error` naming the file
-    and the problem."""
+    non-UTF-8, invalid or absurdly nested file, one with NaN or Infinity or an integer past a
+    float's range (naming the field), or a key given twice in an object (json keeps the last
+    silently), is an `error` naming the file and the problem."""
     try:
         # a byte order mark (Windows editors write one) is skipped, as traces and YAML do
         text = file.read_text(encoding="utf-8-sig")
-        return json.loads(text, object_pairs_hook=unique_object)
+        data = json.loads(text, object_pairs_hook=unique_object)
+        bad = _bad_number(data)
     except DuplicateKeys as exc:
         raise error(f"{file}: {what} gives a key twice in one object ({exc})") from None
     except OSError as exc:
@@ -51,6 +97,9 @@ def read_json(file: Path, what: str, error: type[ValueError] = ValueError) -> ob
         ) from None
     except RecursionError:
         raise error(f"{file}: {what} nests too deeply to be read") from None
+    if bad is not None:
+        raise error(f"{file}: {what}: {bad}")
+    return data
 
 
 def read_json_object(file: Path, what: str, error: type[ValueError] = ValueError) -> dict[str, Any]:

@@ -605,7 +605,7 @@ def test_training_writes_checkpoints_and_domain_metrics(trained_run: Path) -> No
         ('{"output_goodput": 1, "output_goodput": 2}', "the evaluation record gives a key twice in one object (output_goodput)"),
         ("[1]", "the evaluation record must be a JSON object, not an array"),
         ('{"runs": []}', "output_goodput is None; need a number >= 0"),
-        ('{"output_goodput": NaN}', "output_goodput is nan; need a number >= 0"),
+        ('{"output_goodput": NaN}', "the evaluation record: output_goodput is NaN, not a number JSON allows"),
         ('{"output_goodput": 5, "baselines": []}', "baselines must be a JSON object"),
         ('{"output_goodput": 5, "baselines": {"alg1": {"output_goodput": "x"}}}', "baselines.alg1.output_goodput is 'x'; need a number >= 0"),
     ],

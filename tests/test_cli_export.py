@@ -212,8 +212,8 @@ def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> Non
         ),
         ({"action_nvec": [17.5, 8]}, "action_nvec: 17.5 is not a whole number"),
         ({"action_nvec": [0, 8]}, "action_nvec: 0 is outside [1, inf]"),
-        ({"action_nvec": [10**400, 8]}, "action_nvec is missing or not numbers"),  # past a float
-        ({"observation_low": [-(10**400)] * 23}, "observation_low is missing or not numbers"),
+        ({"action_nvec": [10**400, 8]}, "the checkpoint state: action_nvec[0] is a 401-digit integer, past a float's range"),
+        ({"observation_low": [-(10**400)] * 23}, "the checkpoint state: observation_low[0] is a 401-digit"),
     ],
 )
 def test_bad_checkpoint_state_is_named(
@@ -435,7 +435,7 @@ def test_non_finite_sidecar_values_are_refused(policy: Path, tmp_path: Path) -> 
     p = copy(policy, tmp_path)
     meta = json.loads(sidecar_path(p).read_text()) | {"extra": float("nan")}
     sidecar_path(p).write_text(json.dumps(meta))  # Python writes NaN; the seal cannot cover it
-    with pytest.raises(PolicyFileError, match="sidecar_sha256 does not match"):
+    with pytest.raises(PolicyFileError, match="the policy sidecar: extra is NaN, not a number JSON allows"):
         load_policy(p)
 
 

@@ -157,7 +157,13 @@ def test_an_interval_in_iterations_needs_no_null_seconds(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("9" * 5000, "a number has over 4,300 digits"), ("2001-13-45", "month must be in 1..12")],
+    [
+        ("9" * 5000, "a number has over 4,300 digits"),
+        ("2001-13-45", "month must be in 1..12"),
+        # a float() or math.isfinite() of it raised OverflowError: a traceback
+        ("9" * 400, "line 2: a 400-digit integer, past a float's range"),
+        (f"!!int 0x{'f' * 300}", "line 2: a 362-digit integer, past a float's range"),
+    ],
 )
 def test_a_value_yaml_cannot_convert_is_named_with_the_file(
     tmp_path: Path, value: str, message: str

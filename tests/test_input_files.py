@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from batchpilot.envs.input_files import regular_file
+from batchpilot.envs.json_objects import read_json
 
 
 class Refused(Exception):
@@ -35,3 +36,27 @@ def test_a_pipe_or_a_device_is_refused_before_anything_reads_it(tmp_path: Path, 
         path = Path(os.devnull)  # a character device: reads as empty
     with pytest.raises(ValueError, match=r": not a regular file \(a pipe, device or socket\?\)"):
         regular_file(path, "a trace file")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"a": {"b": [1, NaN]}}', "a.b[1] is NaN, not a number JSON allows"),
+        ('{"a": -Infinity}', "a is -Infinity, not a number JSON allows"),
+        ('[{"x": Infinity}]', "[0].x is Infinity, not a number JSON allows"),
+        ('{"t": 1' + "0" * 400 + "}", "t is a 401-digit integer, past a float's range"),
+        ("NaN", "the value is NaN, not a number JSON allows"),
+    ],
+)
+def test_a_json_file_with_a_number_json_does_not_allow_names_the_field(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """Python's json reads NaN, Infinity and integers past a float's range; the checks after
+    it raised OverflowError (a traceback) or a message naming no field."""
+    path = tmp_path / "f.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        read_json(path, "the file")
+    assert str(err.value) == f"{path}: the file: {message}"
+    path.write_text('{"a": [1.5, -2, 1e308, true, null]}')
+    assert read_json(path, "the file") == {"a": [1.5, -2, 1e308, True, None]}

@@ -313,8 +313,8 @@ def zero_times(step: dict) -> dict:
         (lambda d: d["step"].update(token_s=[0.1]), "step.token_knots and step.token_s"),
         (lambda d: d["step"].update(attn_pair_s=-1.0), "step.attn_pair_s must be >= 0"),
         (lambda d: d["step"].update(attn_pair_s="fast"), "step.attn_pair_s must be a number"),
-        (lambda d: d["step"]["token_s"].__setitem__(2, math.nan), r"step.token_s\[2\] is nan, not a finite"),
-        (lambda d: d["step"].update(attn_pair_s=math.inf), "step.attn_pair_s is inf, not a finite"),
+        (lambda d: d["step"]["token_s"].__setitem__(2, math.nan), r"the profile: step.token_s\[2\] is NaN, not a number JSON allows"),
+        (lambda d: d["step"].update(attn_pair_s=math.inf), "step.attn_pair_s is Infinity, not a number JSON allows"),
         (lambda d: d["step"].update(zero_times(d["step"])), "times a one-request decode step at 0 s"),
         (lambda d: d["step"].pop("seq_s"), "step.seq_s missing"),
         (lambda d: d["step"].update(warp=1), "step.warp is not a field"),
@@ -334,7 +334,7 @@ def zero_times(step: dict) -> dict:
         # a list where a number goes, a number where a list goes, integers past a float
         (lambda d: d["step"].update(token_knots=5), "step.token_knots must be a list of numbers, got 5"),
         (lambda d: d["step"].update(attn_base_s=[1e-3, 2e-3]), r"step.attn_base_s must be a number, got \[0.001"),
-        (lambda d: d["step"].update(attn_base_s=10**400), "step.attn_base_s is a 401-digit integer, not a finite"),
+        (lambda d: d["step"].update(attn_base_s=10**400), "step.attn_base_s is a 401-digit integer, past a float's range"),
         (lambda d: d["step"]["token_knots"].__setitem__(0, 10**400), r"step.token_knots\[0\] is a 401-digit integer"),
         (lambda d: d["step"]["token_knots"].__setitem__(0, True), r"step.token_knots\[0\] must be a number, got True"),
         (lambda d: d["step"]["token_knots"].__setitem__(0, 0), r"step.token_knots start at 0; counts are >= 1"),
@@ -350,7 +350,7 @@ def zero_times(step: dict) -> dict:
         # integers past any deployment
         (lambda d: d.update(block_size=10**30), "block_size is 1000000000000000000000000000000, over 65,536"),
         (lambda d: d.update(num_gpu_blocks=2**31 + 1), "num_gpu_blocks is 2147483649, over 2,147,483,648"),
-        (lambda d: d.update(max_model_len=10**400), "max_model_len is a 401-digit integer, over 16,777,216"),
+        (lambda d: d.update(max_model_len=10**400), "max_model_len is a 401-digit integer, past a float's range"),
         (lambda d: d.update(max_num_seqs=2**20 + 1), "max_num_seqs is 1048577, over 1,048,576"),
         (lambda d: d.update(max_num_batched_tokens=10**30), "max_num_batched_tokens is 1000000000000000000000000000000, over"),
         (lambda d: d.update(tensor_parallel_size=10**30), "tensor_parallel_size is 1000000000000000000000000000000, over 1,024"),

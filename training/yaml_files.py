@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from batchpilot.envs.json_objects import IntTooLarge, whole_number
+
 MAX_VALUES = 100_000
 """The most values (keys, entries and scalars, aliases counted each time they are used) a
 YAML file given to batchpilot may hold: far above any config or suite, far below a bomb."""
@@ -56,9 +58,10 @@ def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     """A decimal whole number in base 10 (PyYAML's reads a leading 0 as octal); an explicit
     ``!!int`` in another form as PyYAML reads it."""
     text = loader.construct_scalar(node)
-    if CORE_INT.match(text):
-        return int(text, 10)
-    return loader.construct_yaml_int(node)
+    try:  # an explicit !!int (0x..., 1_000) as PyYAML reads it, then range-checked alike
+        return whole_number(text if CORE_INT.match(text) else str(loader.construct_yaml_int(node)))
+    except IntTooLarge as exc:
+        raise IntTooLarge(f"line {node.start_mark.line + 1}: {exc}") from None
 
 
 _UniqueKeyLoader.add_constructor(INT_TAG, _core_int)
