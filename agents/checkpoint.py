@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from batchpilot.agents.schema import number
+from batchpilot.agents.schema import mapping_problems, number, signature_hints
 from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import read_json_object
 
@@ -146,6 +146,11 @@ def save_vecnormalize(vecnorm: Any, path: Path) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
+MIN_CLIP_OBS = 1e-3
+"""The least ``clip_obs`` (in standard deviations) a normalising checkpoint may have: below
+it every observation the policy sees is about 0."""
+
+
 def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
     """The checked contents of a ``vecnormalize.json`` for `n_obs` observation entries."""
     data = _read_json(path, "the VecNormalize statistics")
@@ -163,16 +168,26 @@ def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
     out["obs_var"] = _floats(data, "obs_var", path, n_obs)
     if (out["obs_var"] < 0).any():
         raise CheckpointError(f"{path}: obs_var has negative entries")
-    if out["norm_obs"] and (out["obs_var"] + out["epsilon"] == 0).any():
+    if out["norm_obs"] and out["epsilon"] == 0 and (out["obs_var"] == 0).any():
         raise CheckpointError(
             f"{path}: obs_var has zero entries and epsilon is 0: the observation would be "
             "divided by 0 (NaN actions)"
         )
     if out["gamma"] > 1.0:
         raise CheckpointError(f"{path}: gamma {out['gamma']} is over 1")
-    if out["norm_obs"] and out["clip_obs"] == 0:
+    if out["norm_obs"] and out["clip_obs"] < MIN_CLIP_OBS:
         raise CheckpointError(
-            f"{path}: clip_obs is 0 with norm_obs on: every normalised observation would be 0"
+            f"{path}: clip_obs is {out['clip_obs']:g} with norm_obs on: every normalised "
+            f"observation would be about 0 (need at least {MIN_CLIP_OBS:g} standard deviations)"
+        )
+    top = float(np.finfo(np.float32).max)  # the exported graph's weights are float32
+    eps, most = out["epsilon"], top * top  # var + eps > most, without overflowing the sum
+    if out["norm_obs"] and (
+        np.abs(out["obs_mean"]).max() > top or eps > most or (out["obs_var"] > most - eps).any()
+    ):
+        raise CheckpointError(
+            f"{path}: obs_mean or the square root of obs_var + epsilon is past float32's range "
+            f"({top:.3g}): the exported normalisation would be infinite"
         )
     return out
 
@@ -350,6 +365,17 @@ def load_checkpoint(model: Any, directory: Path) -> None:
     model._n_updates = state["n_updates"]
 
 
+def policy_kwargs_problems(kwargs: dict[str, Any]) -> list[str]:
+    """Unknown keys and wrong types in `kwargs` (``policy_kwargs``), against the signature of
+    SB3's MlpPolicy (the spaces and learning-rate schedule are PPO's to pass)."""
+    from stable_baselines3 import PPO
+
+    hints = signature_hints(PPO.policy_aliases["MlpPolicy"].__init__)
+    for k in ("observation_space", "action_space", "lr_schedule"):
+        hints.pop(k)
+    return mapping_problems(kwargs, hints, prefix="policy_kwargs.", what="a policy keyword")
+
+
 def load_policy_module(directory: Path) -> Any:
     """The SB3 policy network of a checkpoint, rebuilt from ``checkpoint.json`` (no env)."""
     from gymnasium import spaces
@@ -373,6 +399,8 @@ def load_policy_module(directory: Path) -> Any:
     for n in knobs if isinstance(knobs, list) else [knobs]:  # astype(int64) would truncate
         if problem := number(1, math.inf, integer=True)(n):
             raise CheckpointError(f"{path}: action_nvec: {problem} (a knob's number of choices)")
+    if problems := policy_kwargs_problems(state["policy_kwargs"]):
+        raise CheckpointError(f"{path}: {'; '.join(problems)}")
     net_arch = state["policy_kwargs"].get("net_arch")
     too_big = [v for v in ints(net_arch) if not 1 <= v <= MAX_LAYER]
     n_obs = bounds["observation_low"].size
@@ -394,7 +422,7 @@ def load_policy_module(directory: Path) -> Any:
         policy = PPO.policy_aliases[state["policy"]](
             obs, act, lambda _: 0.0, **state["policy_kwargs"]
         )
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, AssertionError) as exc:  # SB3 checks with assertions too
         raise CheckpointError(f"{path}: cannot build the policy ({exc})") from None
     _load_weights(policy, _read_tensors(directory), directory)
     return policy.eval()

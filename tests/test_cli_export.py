@@ -161,6 +161,12 @@ def test_a_checkpoint_file_that_is_a_directory_is_named_so(tmp_path: Path) -> No
         ({"clip_obs": -1}, "clip_obs"),
         ({"norm_obs": "yes"}, "norm_obs must be true or false"),
         ({"norm_obs": True, "clip_obs": 0}, "clip_obs is 0 with norm_obs on"),
+        # exported, a policy that saw one constant observation (one action for every state)
+        ({"norm_obs": True, "clip_obs": 1e-300}, "clip_obs is 1e-300 with norm_obs on"),
+        # exported, weights the loader then named in a temporary file ('std' is NaN or inf)
+        ({"norm_obs": True, "epsilon": 1e300}, "past float32's range"),
+        ({"norm_obs": True, "obs_mean": [1e308] * 23}, "past float32's range"),
+        ({"norm_obs": True, "obs_var": [1e308] * 23, "epsilon": 1e308}, "past float32's range"),
     ],
 )
 def test_bad_normalisation_file_is_named(run_dir: Path, tmp_path: Path, edit, message) -> None:
@@ -214,6 +220,10 @@ def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> Non
         ({"action_nvec": [0, 8]}, "action_nvec: 0 is outside [1, inf]"),
         ({"action_nvec": [10**400, 8]}, "the checkpoint state: action_nvec[0] is a 401-digit integer, past a float's range"),
         ({"observation_low": [-(10**400)] * 23}, "the checkpoint state: observation_low[0] is a 401-digit"),
+        # SB3's own assertion was a traceback; a string was read as true
+        ({"policy_kwargs": {"squash_output": True}}, "cannot build the policy (squash_output=True is only"),
+        ({"policy_kwargs": {"share_features_extractor": "no"}}, "policy_kwargs.share_features_extractor: 'no' is not true or false"),
+        ({"policy_kwargs": {"net_arch": "32"}}, "policy_kwargs.net_arch: '32' is not of type"),
     ],
 )
 def test_bad_checkpoint_state_is_named(

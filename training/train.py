@@ -192,7 +192,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     """Every unknown key, wrong type and out-of-range value of a config's settings."""
     from stable_baselines3 import PPO
 
-    from batchpilot.agents.checkpoint import MAX_LAYER, ints
+    from batchpilot.agents.checkpoint import MAX_LAYER, ints, policy_kwargs_problems
 
     run_hints, ppo_hints = setting_hints()
     problems = []
@@ -248,12 +248,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
         body.get("report") or {}, REPORT_KEYS, REPORT_RANGES, prefix="report.", what="report"
     )
     policy_kwargs = body.get("policy_kwargs") or {}
-    policy_hints = signature_hints(PPO.policy_aliases["MlpPolicy"].__init__)
-    for k in ("observation_space", "action_space", "lr_schedule"):
-        policy_hints.pop(k)
-    problems += mapping_problems(
-        policy_kwargs, policy_hints, prefix="policy_kwargs.", what="a policy keyword"
-    )
+    problems += policy_kwargs_problems(policy_kwargs)
     net_arch = policy_kwargs.get("net_arch")
     if isinstance(net_arch, dict) and set(net_arch) - {"pi", "vf"}:
         stray = sorted(map(str, set(net_arch) - {"pi", "vf"}))
