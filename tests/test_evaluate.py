@@ -535,6 +535,12 @@ def test_a_suites_trace_file_is_read_at_load(tmp_path: Path) -> None:
             load_suite(path)
     path = _suite_file(tmp_path, source=str(trace), arrival="replay", bad_rows="skip")
     assert load_suite(path).scenarios[0].bad_rows == "skip"
+    lengths = tmp_path / "lengths.csv"  # a replay of a table without times failed at its run
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n10,5\n12,6\n")
+    path = _suite_file(tmp_path, source=str(lengths), arrival="replay")
+    with pytest.raises(SuiteError, match="a sharegpt length table has no timestamps to replay"):
+        load_suite(path)
+    assert load_suite(_suite_file(tmp_path, source=str(lengths), arrival="'poisson:1'")).scenarios
 
 
 def test_suite_scenarios_may_merge_an_anchored_mapping(tmp_path: Path) -> None:

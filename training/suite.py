@@ -281,10 +281,10 @@ def _field(key: str, value: Any, where: str) -> Any:
 
 def _check(sc: Scenario) -> None:
     """Parse what a run would parse, so a bad value fails at load time: a trace file is read
-    whole (`load_trace` keeps it read, so the run reads it no more)."""
+    whole (`load_trace` keeps it read, so the run reads it no more), and its first requests
+    under the scenario's arrival process (a replay needs the trace's times)."""
     from batchpilot.envs.controller import ControlInterval
     from batchpilot.envs.metrics import SLO, goodput_slo
-    from batchpilot.envs.traces import load_trace
     from batchpilot.envs.workloads import make_workload
 
     goodput_slo(SLO.parse(sc.slo), "'slo'")
@@ -297,4 +297,4 @@ def _check(sc: Scenario) -> None:
             f"directory, {Path.cwd()})"
         )
     else:
-        load_trace(sc.source, bad_rows=sc.bad_rows)
+        make_workload(sc.source, sc.arrival, num_requests=1, seed=0, bad_rows=sc.bad_rows)
