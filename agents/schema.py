@@ -40,6 +40,17 @@ def _name(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
+def _of_kind(value: Any, annotation: Any) -> bool:
+    """Whether `value` is of `annotation`'s plain kind (an int of float's too), whatever its
+    problem: a NaN is a float, not a null."""
+    kind = typing.get_origin(annotation) or annotation
+    if kind is float:
+        kind = (int, float)
+    if isinstance(value, bool) or not isinstance(kind, type | tuple):
+        return False
+    return isinstance(value, kind)
+
+
 def type_problem(value: Any, annotation: Any) -> str | None:
     """None if `value` (as parsed from YAML or JSON) fits `annotation`, else the problem."""
     if annotation is Any or annotation is inspect.Parameter.empty or isinstance(annotation, str):
@@ -50,6 +61,9 @@ def type_problem(value: Any, annotation: Any) -> str | None:
         if None in problems:
             return None
         usable = [p for p in problems if "cannot be given" not in p]
+        if len(usable) > 1:  # the member of the value's own kind says why (nan: not finite)
+            kind = [p for a, p in zip(args, problems, strict=True) if _of_kind(value, a)]
+            usable = kind if len(kind) == 1 else usable
         return usable[0] if len(usable) == 1 else f"{value!r} is not of type {_name(annotation)}"
     if annotation is None or annotation is type(None):
         return None if value is None else f"{value!r} is not null"
