@@ -177,6 +177,20 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
     assert (metrics["skipped_rows"], metrics["completed"]) == (1, 4)
 
 
+@pytest.mark.parametrize("arrival", ["poisson:1", "steps:1@0,2@10", "replay"])
+def test_a_trace_whose_name_holds_an_at_sign_and_a_process_is_read(
+    tmp_path: Path, arrival: str
+) -> None:
+    """``x@poisson.csv@poisson:1`` was split at its first ``@``: "unknown process
+    'poisson.csv@poisson:1'"."""
+    from batchpilot.training.commands.common import parse_workload
+
+    trace = tmp_path / "x@poisson.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00,10,5\n")
+    assert parse_workload(f"{trace}@{arrival}") == (str(trace), arrival)
+    assert parse_workload("embedded:gsm8k@steps:1@0,2@10") == ("embedded:gsm8k", "steps:1@0,2@10")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

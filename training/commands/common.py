@@ -182,9 +182,12 @@ WORKLOAD_HELP = (
 
 def parse_workload(text: str) -> tuple[str, str]:
     """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
-    arrival process (``steps:`` has ``@`` of its own)."""
-    match = re.search(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text)
-    if match is not None and match.start() > 0:
+    arrival process (``steps:`` has ``@`` of its own), or at a later one where the text
+    before it is an existing file (a trace named ``x@poisson.csv``)."""
+    splits = [m for m in re.finditer(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text) if m.start()]
+    files = [m for m in splits if Path(text[: m.start()]).expanduser().is_file()]
+    match = (files or splits or [None])[0]
+    if match is not None:
         return text[: match.start()], text[match.end() :]
     source, at, arrival = text.partition("@")
     if source and at:
