@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-from batchpilot.baselines.checks import require
+from batchpilot.baselines.checks import MAX_LIMIT, require
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.telemetry import LENGTH_PRIOR, Limits, Telemetry
 from batchpilot.envs.traces import MAX_TOKENS
@@ -103,7 +103,8 @@ class MemoryAwareController:
             raise ValueError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
         require(refresh >= 1, "refresh", refresh, ">= 1")
         require(min_samples >= 0, "min_samples", min_samples, ">= 0")
-        require(b_min >= 1, "b_min", b_min, ">= 1")
+        require(1 <= b_min <= MAX_LIMIT, "b_min", b_min, f"in [1, {MAX_LIMIT:,}]")
+        require(b_max is None or b_max <= MAX_LIMIT, "b_max", b_max, f"at most {MAX_LIMIT:,}")
         # a request's length is at most MAX_TOKENS: a prior past it squared overflows
         require(
             0 < prior_output_mean <= MAX_TOKENS,

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from batchpilot.baselines.checks import require
+from batchpilot.baselines.checks import MAX_LIMIT, require
 from batchpilot.envs.engine import Engine
-from batchpilot.envs.metrics import DEFAULT_SLO
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO_BOUNDS_MS
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 EPS_MS = 10.0
@@ -128,13 +128,17 @@ class SLAController:
     ) -> None:
         if b_min < 1 or (b_max is not None and b_max < b_min):
             raise ValueError(f"need 1 <= B_min <= B_max, got b_min={b_min}, b_max={b_max}")
+        require(b_max is None or b_max <= MAX_LIMIT, "b_max", b_max, f"at most {MAX_LIMIT:,}")
         for name, value in (("alpha", alpha), ("delta", delta)):
-            require(value >= 0, name, value, ">= 0")
-        require(chunk_min >= 1, "chunk_min", chunk_min, ">= 1")
+            require(0 <= value <= MAX_LIMIT, name, value, f"in [0, {MAX_LIMIT:,}]")
+        require(1 <= chunk_min <= MAX_LIMIT, "chunk_min", chunk_min, f"in [1, {MAX_LIMIT:,}]")
         for name, value in (("chunk_alpha", chunk_alpha), ("chunk_delta", chunk_delta)):
-            require(value >= 0, name, value, ">= 0")
+            require(0 <= value <= MAX_LIMIT, name, value, f"in [0, {MAX_LIMIT:,}]")
         require(window_ms >= 0, "window_ms", window_ms, ">= 0")
-        require(sla_ms is None or 0 < sla_ms < float("inf"), "sla_ms", sla_ms, "> 0")
+        low, high = SLO_BOUNDS_MS
+        require(
+            sla_ms is None or low <= sla_ms <= high, "sla_ms", sla_ms, f"in [{low:g}, {high:g}] ms"
+        )
         default = ", its default" if eps_ms is None else ""
         eps_ms = EPS_MS if eps_ms is None else eps_ms
         require(eps_ms >= 0, "eps_ms", eps_ms, ">= 0")

@@ -7,6 +7,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+MAX_LIMIT = 2**31 - 1
+"""The largest limit (requests or tokens) a controller's setting may give: a 32-bit int, as
+vLLM's own limits."""
+
 
 def require(ok: bool, name: str, value: object, need: str) -> None:
     """Raise ``ValueError("{name} must be {need}, got {value}")`` unless `ok`; `name` as a

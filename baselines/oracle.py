@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from batchpilot.baselines.checks import require
+from batchpilot.baselines.checks import MAX_LIMIT, require
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.profiles import NULL_BLOCKS
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -52,7 +52,9 @@ class OracleController:
     """Reads the simulator's true request lengths: refused by `batchpilot serve`."""
 
     def __init__(self, slack_blocks: int = 0) -> None:
-        require(slack_blocks >= 0, "slack_blocks", slack_blocks, ">= 0")
+        require(
+            0 <= slack_blocks <= MAX_LIMIT, "slack_blocks", slack_blocks, f"in [0, {MAX_LIMIT:,}]"
+        )
         self.slack_blocks = slack_blocks
         self.name = "oracle"
         self._engine: Engine | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 from batchpilot.baselines.alg1 import MemoryAwareController
 from batchpilot.baselines.alg2 import SLAController
-from batchpilot.baselines.checks import keyword_value
+from batchpilot.baselines.checks import MAX_LIMIT, keyword_value
 from batchpilot.baselines.combined import MinController
 from batchpilot.baselines.mpc import MPC_ARGS, MPCController
 from batchpilot.baselines.oracle import OracleController
@@ -29,10 +29,6 @@ BEST_STATIC = "best-static"
 
 class ControllerSpecError(ValueError):
     """A controller spec that names no known controller or has bad arguments."""
-
-
-MAX_LIMIT = 2**31 - 1
-"""The largest limit a static spec takes."""
 
 
 def _static(args: list[str]) -> Controller:

@@ -96,7 +96,7 @@ def test_bad_parameters_are_named() -> None:
         SLAController(alpha=-1)
     with pytest.raises(ValueError, match="B_min"):
         SLAController(b_min=50, b_max=10)
-    with pytest.raises(ValueError, match="sla_ms must be > 0, got 0"):
+    with pytest.raises(ValueError, match=r"sla_ms must be in \[0.001, 1e\+09\] ms, got 0"):
         SLAController(sla_ms=0)  # not the default target in disguise
 
 

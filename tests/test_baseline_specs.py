@@ -156,20 +156,25 @@ def test_an_exponents_plus_is_no_combination() -> None:
         ("alg1:prior_output_mean=nan", "prior_output_mean='nan' is not a finite number"),
         ("alg1:eps=-inf", "eps='-inf' is not a finite number"),
         ("alg1:prior_output_std=1e400", "is not a finite number"),
-        ("alg2:sla_ms=-5", "sla_ms must be > 0, got -5"),
+        ("alg2:sla_ms=-5", r"sla_ms must be in \[0.001, 1e\+09\] ms, got -5"),
         ("alg2:eps_ms=-1", "eps_ms must be >= 0, got -1.0"),
         ("alg1:prior_output_mean=-3", "prior_output_mean must be in \\(0, 2147483647\\] tokens"),
         ("alg1:prior_output_std=1e200", "prior_output_std must be in"),  # squared: OverflowError
         ("alg2:window_ms=-1", "window_ms must be >= 0"),
-        ("alg2:chunk=1:chunk_min=-5", "alg2: chunk_min must be >= 1, got -5"),
-        ("alg2:chunk=1:chunk_alpha=-1", "alg2: chunk_alpha must be >= 0, got -1"),  # was 'alpha'
+        ("alg2:chunk=1:chunk_min=-5", r"alg2: chunk_min must be in \[1, 2,147,483,647\], got -5"),
+        ("alg2:chunk=1:chunk_alpha=-1", r"alg2: chunk_alpha must be in \[0, 2,147,483,647\], got -1"),  # was 'alpha'
         ("alg1:refresh=0", "alg1: refresh must be >= 1, got 0"),  # named three settings, no value
         ("mpc:recompute=-1", "mpc: recompute must be a finite number >= 0, got -1.0"),
         ("mpc:rounds=0", "mpc: rounds must be >= 1, got 0"),
+        # were accepted and clamped to the engine's cap, or pinned the limit at 1
+        ("alg1:b_min=100000000000000000000000", r"alg1: b_min must be in \[1, 2,147,483,647\]"),
+        ("alg2:b_max=100000000000000000000000", "alg2: b_max must be at most 2,147,483,647"),
+        ("oracle:slack_blocks=100000000000000000000000", r"oracle: slack_blocks must be in \[0, 2,147,483,647\]"),
+        ("alg2:sla_ms=1e-320:eps_ms=0", r"alg2: sla_ms must be in \[0.001, 1e\+09\] ms, got 1e-320"),
         ("mpc:future=sampled:draws=0", "mpc: draws must be 1 to 16, got 0"),
         ("mpc:future=sampled:draws=17", "mpc: draws must be 1 to 16, got 17"),
         ("mpc:draws=2", "mpc: draws: the true future is one; draw several with future=sampled"),
-        ("oracle:slack_blocks=-1", "slack_blocks must be >= 0"),
+        ("oracle:slack_blocks=-1", r"slack_blocks must be in \[0, 2,147,483,647\], got -1"),
         ("alg1:b_max=0", "b_max 0 is below b_min"),
         ("", "empty controller spec"),
         ("alg1+", "empty controller spec"),
