@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +27,6 @@ def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return row
 
 
-class IntTooLarge(ValueError):
-    """An integer past a float's range (`whole_number`)."""
-
-
-def whole_number(text: str) -> int:
-    """A JSON or YAML integer's text as an int; one past a float's range (over 308 digits) is
-    an `IntTooLarge`, as every number a file holds is read as a float somewhere."""
-    value = int(text, 10)
-    problem = number_problem(value)
-    if problem:
-        raise IntTooLarge(problem)
-    return value
 
 
 def number_problem(value: object) -> str | None:
@@ -56,31 +43,38 @@ def number_problem(value: object) -> str | None:
     return None
 
 
-def _bad_number(value: object, where: str = "") -> str | None:
-    """The first number in `value` (a parsed JSON document) that `number_problem` refuses,
-    as ``"FIELD is PROBLEM"`` (``a.b[2]``), or None."""
-    if isinstance(value, dict):
-        items: Iterable[tuple[str, object]] = (
-            (f"{where}.{k}" if where else str(k), v) for k, v in value.items()
-        )
-    elif isinstance(value, list):
-        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
-    else:
-        problem = number_problem(value)
-        return None if problem is None else f"{where or 'the value'} is {problem}"
-    return next((bad for k, v in items if (bad := _bad_number(v, k)) is not None), None)
+def _bad_number(document: object) -> str | None:
+    """The first number in `document` (parsed JSON) that `number_problem` refuses, as
+    ``"FIELD is PROBLEM"`` (``a.b[2]``), or None; walked with a stack, as deep as json reads."""
+    stack: list[tuple[str, object]] = [("", document)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            items = [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            items = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            problem = number_problem(value)
+            if problem is not None:
+                return f"{where or 'the value'} is {problem}"
+            continue
+        stack.extend(reversed(items))  # the first field is checked first
+    return None
 
 
-def read_json(file: Path, what: str, error: type[ValueError] = ValueError) -> object:
+def read_json(
+    file: Path, what: str, error: type[ValueError] = ValueError, *, finite: bool = True
+) -> object:
     """`file`'s JSON value, `what` saying what it should hold ("the profile"); an unreadable,
     non-UTF-8, invalid or absurdly nested file, one with NaN or Infinity or an integer past a
-    float's range (naming the field), or a key given twice in an object (json keeps the last
-    silently), is an `error` naming the file and the problem."""
+    float's range (naming the field; with `finite` False, a file others write, such as a
+    model config, whose readers check the fields they use), or a key given twice in an object
+    (json keeps the last silently), is an `error` naming the file and the problem."""
     try:
         # a byte order mark (Windows editors write one) is skipped, as traces and YAML do
         text = file.read_text(encoding="utf-8-sig")
         data = json.loads(text, object_pairs_hook=unique_object)
-        bad = _bad_number(data)
+        bad = _bad_number(data) if finite else None
     except DuplicateKeys as exc:
         raise error(f"{file}: {what} gives a key twice in one object ({exc})") from None
     except OSError as exc:
@@ -102,10 +96,12 @@ def read_json(file: Path, what: str, error: type[ValueError] = ValueError) -> ob
     return data
 
 
-def read_json_object(file: Path, what: str, error: type[ValueError] = ValueError) -> dict[str, Any]:
+def read_json_object(
+    file: Path, what: str, error: type[ValueError] = ValueError, *, finite: bool = True
+) -> dict[str, Any]:
     """`read_json` for a file that must hold a JSON object; any other value is an `error`
     naming the file and what it holds instead."""
-    data = read_json(file, what, error)
+    data = read_json(file, what, error, finite=finite)
     if not isinstance(data, dict):
         kinds = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
         held = kinds.get(type(data), "a number")

@@ -382,7 +382,7 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
     ``compute/<gpu>/`` (default: the config's ``_name_or_path``)."""
     file = path / "config.json" if path.is_dir() else path
     regular_file(file, "a model config file")  # a missing file: read_json cannot read it
-    data = read_json_object(file, "the model config")
+    data = read_json_object(file, "the model config", finite=False)  # count() checks its own
     model_type = data.get("model_type")
     if model_type is not None and model_type not in LLAMA_FAMILY:
         raise ValueError(

@@ -651,6 +651,11 @@ def test_profiles_build_from_a_hugging_face_config(tmp_path: Path, capsys) -> No
     assert gqa.kv_bytes_per_token_per_gpu(1) * 4 == llama.kv_bytes_per_token_per_gpu(1)
     unset = _write(tmp_path / "mha.json", dict(LLAMA_2_7B_CONFIG, num_key_value_heads=None))
     assert architecture_from_hf_config(unset).kv_heads == 32  # null: as many as the heads
+    # a field the reader does not use may hold Infinity, as real configs do (Mamba2's
+    # time_step_limit): refusing every file's non-finite numbers refused such configs
+    limit = tmp_path / "limit.json"
+    limit.write_text(json.dumps(dict(LLAMA_2_7B_CONFIG, time_step_limit=[0.0, math.inf])))
+    assert architecture_from_hf_config(limit).kv_heads == 32
 
 
 @pytest.mark.parametrize(

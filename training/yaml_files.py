@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from batchpilot.envs.json_objects import IntTooLarge, whole_number
+from batchpilot.envs.json_objects import number_problem
 
 MAX_VALUES = 100_000
 """The most values (keys, entries and scalars, aliases counted each time they are used) a
@@ -58,10 +58,11 @@ def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     """A decimal whole number in base 10 (PyYAML's reads a leading 0 as octal); an explicit
     ``!!int`` in another form as PyYAML reads it."""
     text = loader.construct_scalar(node)
-    try:  # an explicit !!int (0x..., 1_000) as PyYAML reads it, then range-checked alike
-        return whole_number(text if CORE_INT.match(text) else str(loader.construct_yaml_int(node)))
-    except IntTooLarge as exc:
-        raise IntTooLarge(f"line {node.start_mark.line + 1}: {exc}") from None
+    # an explicit !!int (0x..., 1_000) as PyYAML reads it, then range-checked alike
+    value = int(text, 10) if CORE_INT.match(text) else loader.construct_yaml_int(node)
+    if problem := number_problem(value):  # past a float's range: a float() of it overflows
+        raise ValueError(f"line {node.start_mark.line + 1}: {problem}")
+    return value
 
 
 _UniqueKeyLoader.add_constructor(INT_TAG, _core_int)
