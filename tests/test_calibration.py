@@ -117,6 +117,10 @@ def test_calibrate_refuses_a_bad_profile_name_before_measuring(tmp_path: Path, c
     argv = ["calibrate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "p.json")]
     assert cli([*argv, "--name", "two\nlines"]) == 2
     assert "--name 'two\\nlines': need one printable line" in capsys.readouterr().err
+    # a shipped profile's name, from --out's file name: refused once written, after minutes
+    shipped = ["calibrate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "llama-2-7b-a100.json")]
+    assert cli(shipped) == 2
+    assert "--name 'llama-2-7b-a100' is a shipped profile's" in capsys.readouterr().err
 
 
 def test_calibrate_refuses_samples_written_over_the_profile(tmp_path: Path, capsys) -> None:

@@ -89,12 +89,18 @@ def main(args: argparse.Namespace) -> int:
         fit_step_model,
         group_repeats,
     )
-    from batchpilot.envs.profiles import EngineProfile, write_profile
+    from batchpilot.envs.profiles import PROFILES, EngineProfile, write_profile
     from batchpilot.envs.telemetry import Limits
     from batchpilot.envs.vllm_engine import VLLMEngine
 
     check_output(args.out, "--out", directory=False)
-    check_profile_name(args.name or args.out.stem, "--name")  # before the measurement
+    name = args.name or args.out.stem
+    check_profile_name(name, "--name")  # before the measurement
+    if name in PROFILES:  # a measured profile is another deployment than a shipped one
+        raise ValueError(
+            f"--name {name!r} is a shipped profile's; give the measured one a name of its own "
+            "(--name, or --out's file name)"
+        )
     if args.samples:
         check_output(args.samples, "--samples", directory=False)
         if args.samples.resolve() == args.out.resolve():
