@@ -24,6 +24,8 @@ RATE_RANGE = (1e-6, 1e6)
 """Arrival rates (req/s) and replay scales a process may have: past any deployment either
 way (a request in 12 days; a million a second), and no gap, span or ramp under- or
 overflows a float."""
+MIN_RAMP_S = 1e-3
+"""The shortest ramp a spec may give (s): a shorter one is a step, and its slope overflows."""
 
 
 class ArrivalSpecError(ValueError):
@@ -65,6 +67,10 @@ class Arrival:
                 raise ArrivalSpecError(
                     f"{self.kind} arrivals: {what} must be in [{lo:g}, {hi:g}], got {rate:.6g}"
                 )
+        if self.ramp_s is not None and self.ramp_s < MIN_RAMP_S:
+            raise ArrivalSpecError(
+                f"ramp arrivals: a ramp over {self.ramp_s:.3g} s is shorter than {MIN_RAMP_S:g} s"
+            )
         times = [t for t, _ in self.steps] + ([self.ramp_s] if self.ramp_s is not None else [])
         if any(t > MAX_SPAN_S for t in times):
             raise ArrivalSpecError(
@@ -135,7 +141,7 @@ class Arrival:
         """`n` arrival times in seconds, starting at 0 and non-decreasing; an
         `ArrivalSpecError` if they span more than `MAX_SPAN_S` (a rate near 0)."""
         times = self._times(n, rng, trace_times)
-        if n and not times[-1] <= MAX_SPAN_S:
+        if n and not (np.isfinite(times).all() and times[-1] <= MAX_SPAN_S):
             raise ArrivalSpecError(
                 f"{self.kind} arrivals: {n} requests arrive over {times[-1]:.3g} s, more than "
                 f"{MAX_SPAN_S:.0e} s (3 years); is a rate (or a replay's scale) near 0?"
@@ -179,7 +185,8 @@ class Arrival:
         span = self.ramp_s if self.ramp_s is not None else 2.0 * n / (r0 + r1)
         a = (r1 - r0) / (2.0 * span)  # Lambda(t) = r0 t + a t^2 up to `span`
         total = (r0 + r1) / 2.0 * span
-        inside = 2.0 * work / (r0 + np.sqrt(r0 * r0 + 4.0 * a * np.minimum(work, total)))
+        root = np.sqrt(np.maximum(r0 * r0 + 4.0 * a * np.minimum(work, total), 0.0))  # r1^2 at most
+        inside = 2.0 * work / (r0 + root)
         return np.where(work <= total, inside, span + (work - total) / r1)
 
 
@@ -204,6 +211,6 @@ def _parse_steps(
 def _is_zero(text: str) -> bool:
     """Whether `text` is a plain number equal to 0 ('0', '0.00', '0e3')."""
     try:
-        return plain_float(text) == 0
+        return plain_float(text.strip()) == 0
     except ValueError:
         return False

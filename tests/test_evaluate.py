@@ -389,6 +389,8 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
          "scenario names must be unique; given twice: ['bad9/a on llama-7b-a100']"),
         ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: all-at-once, rate_scale: [0.5, 2]}\n",
          "rate_scale has no rate to scale in all-at-once arrivals"),  # was drawn, to no effect
+        ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: 'poisson:900000', rate_scale: [0.5, 2]}\n",
+         "at rate_scale 2, poisson arrivals: rate (req/s) must be in [1e-06, 1e+06], got 1.8e+06"),
         # a newline split the report's heading; an empty name titled nothing
         ('scenarios:\n  - {name: "a\\nb", source: embedded:gsm8k, arrival: poisson:1}\n',
          "('a\\nb'): scenario name 'a\\nb': need one printable line, no edge spaces"),

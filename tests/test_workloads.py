@@ -586,6 +586,7 @@ def test_missing_file() -> None:
         ("replay:1e-320", r"replay arrivals: scale must be in \[1e-06, 1e\+06\]"),
         ("ramp:1:2:1e20", r"ramp arrivals: a time of 1e\+20 s is past 1e\+08 s"),
         ("steps:1@0,2@1e12", "a time of 1e\\+12 s is past"),
+        ("ramp:1:2:1e-320", r"a ramp over 1e-320 s is shorter than 0.001 s"),  # NaN times
     ],
 )
 def test_bad_arrival_specs(spec: str, message: str) -> None:
@@ -603,10 +604,10 @@ def test_arrivals_spanning_years_are_refused(tmp_path: Path, arrival: str) -> No
         make_workload(str(path), arrival, num_requests=200)
 
 
-@pytest.mark.parametrize("start", ["0", "0.00", "0e3"])
+@pytest.mark.parametrize("start", ["0", "0.00", "0e3", " 0", "0 "])
 def test_a_first_step_may_start_at_any_spelling_of_zero(start: str) -> None:
     """``steps:5@0.00,...`` said "start must be > 0, got 0.00" beside "the first step must
-    start at 0"."""
+    start at 0"; spaces around it are a number's as elsewhere."""
     assert Arrival.parse(f"steps:5@{start},1@10").steps == ((0.0, 5.0), (10.0, 1.0))
 
 

@@ -160,6 +160,13 @@ class Scenario:
                 f"scenario {self.name!r}: rate_scale has no rate to scale in all-at-once "
                 "arrivals; drop it from this scenario (or from the suite's defaults)"
             )
+        for factor in self.rate_scale or ():  # each end's rates in range, as a draw's must be
+            try:
+                arrival.scaled(factor)
+            except ValueError as exc:
+                raise ValueError(
+                    f"scenario {self.name!r}: at rate_scale {factor:g}, {exc}"
+                ) from None
 
     def draw(self, seed: int) -> dict[str, float]:
         """The randomised values of this seed (one stream per seed, shared by all runs)."""
