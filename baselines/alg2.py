@@ -128,6 +128,7 @@ class SLAController:
     ) -> None:
         if b_min < 1 or (b_max is not None and b_max < b_min):
             raise ValueError(f"need 1 <= B_min <= B_max, got b_min={b_min}, b_max={b_max}")
+        require(b_min <= MAX_LIMIT, "b_min", b_min, f"at most {MAX_LIMIT:,}")
         require(b_max is None or b_max <= MAX_LIMIT, "b_max", b_max, f"at most {MAX_LIMIT:,}")
         for name, value in (("alpha", alpha), ("delta", delta)):
             require(0 <= value <= MAX_LIMIT, name, value, f"in [0, {MAX_LIMIT:,}]")

@@ -141,7 +141,7 @@ def parse_grid(text: str) -> tuple[int, ...]:
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     """The parser of a keyword taking one of `choices` (see the module doc); errors say what
-    it takes (`keyword_args` and `_keyword` name the keyword and the text)."""
+    it takes (`keyword_value` names the keyword and the text)."""
 
     def parse(text: str) -> str:
         if text not in choices:
@@ -176,7 +176,7 @@ MPC_ARGS = {
 }
 """Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``
 (and ``future=renewal``, ``recompute=0.5``, ``lengths=sampled``, ``pace=recoverable``,
-``ttft_ties=0.01``, ``rate=lower``, ``rate=bursty``)."""
+``ttft_ties=0.01``, ``rate=lower``, ``rate=bursty``, ``draws=3``)."""
 
 
 class MPCController:
@@ -236,7 +236,10 @@ class MPCController:
         self.ttft_ties = ttft_ties
         self.rate = keyword_value("rate", parse_rate, rate)
         if draws > 1 and self.future == "true":
-            raise ValueError("draws: the true future is one; draw several with future=sampled")
+            raise ValueError(
+                "draws must be 1 with future=true (one true future); draw several with "
+                "future=sampled or future=renewal"
+            )
         self.draws = draws
         self.name = "mpc"
         self._engine: Engine | None = None

@@ -169,11 +169,12 @@ def test_an_exponents_plus_is_no_combination() -> None:
         # were accepted and clamped to the engine's cap, or pinned the limit at 1
         ("alg1:b_min=100000000000000000000000", r"alg1: b_min must be in \[1, 2,147,483,647\]"),
         ("alg2:b_max=100000000000000000000000", "alg2: b_max must be at most 2,147,483,647"),
+        ("alg2:b_min=100000000000000000000000", "alg2: b_min must be at most 2,147,483,647"),
         ("oracle:slack_blocks=100000000000000000000000", r"oracle: slack_blocks must be in \[0, 2,147,483,647\]"),
         ("alg2:sla_ms=1e-320:eps_ms=0", r"alg2: sla_ms must be in \[0.001, 1e\+09\] ms, got 1e-320"),
         ("mpc:future=sampled:draws=0", "mpc: draws must be 1 to 16, got 0"),
         ("mpc:future=sampled:draws=17", "mpc: draws must be 1 to 16, got 17"),
-        ("mpc:draws=2", "mpc: draws: the true future is one; draw several with future=sampled"),
+        ("mpc:draws=2", r"mpc: draws must be 1 with future=true \(one true future\)"),
         ("oracle:slack_blocks=-1", r"slack_blocks must be in \[0, 2,147,483,647\], got -1"),
         ("alg1:b_max=0", "b_max 0 is below b_min"),
         ("", "empty controller spec"),
