@@ -151,6 +151,28 @@ MIN_CLIP_OBS = 1e-3
 it every observation the policy sees is about 0."""
 
 
+def _check_float32_normalisation(
+    path: Path, mean: np.ndarray, var: np.ndarray, epsilon: float
+) -> None:
+    """Refuse a normalisation the exported graph (float32 weights) cannot hold: a mean past
+    float32's range, or a standard deviation sqrt(var + epsilon) that overflows it or is
+    below its smallest normal number (0 in float32: NaN actions)."""
+    f32 = np.finfo(np.float32)
+    std = np.hypot(np.sqrt(var), math.sqrt(epsilon))  # var + epsilon could overflow
+    for name, bad in (
+        ("obs_mean", np.abs(mean) > f32.max),
+        ("sqrt(obs_var + epsilon)", (std > f32.max) | (std < f32.tiny)),
+    ):
+        if bad.any():
+            i = int(np.argmax(bad))
+            value = mean[i] if name == "obs_mean" else std[i]
+            raise CheckpointError(
+                f"{path}: entry {i}'s {name} is {value:.3g}, outside float32's range "
+                f"[{f32.tiny:.3g}, {f32.max:.3g}]: the exported normalisation would overflow or "
+                "divide by 0 (NaN actions)"
+            )
+
+
 def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
     """The checked contents of a ``vecnormalize.json`` for `n_obs` observation entries."""
     data = _read_json(path, "the VecNormalize statistics")
@@ -168,11 +190,6 @@ def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
     out["obs_var"] = _floats(data, "obs_var", path, n_obs)
     if (out["obs_var"] < 0).any():
         raise CheckpointError(f"{path}: obs_var has negative entries")
-    if out["norm_obs"] and out["epsilon"] == 0 and (out["obs_var"] == 0).any():
-        raise CheckpointError(
-            f"{path}: obs_var has zero entries and epsilon is 0: the observation would be "
-            "divided by 0 (NaN actions)"
-        )
     if out["gamma"] > 1.0:
         raise CheckpointError(f"{path}: gamma {out['gamma']} is over 1")
     if out["norm_obs"] and out["clip_obs"] < MIN_CLIP_OBS:
@@ -180,15 +197,8 @@ def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
             f"{path}: clip_obs is {out['clip_obs']:g} with norm_obs on: every normalised "
             f"observation would be about 0 (need at least {MIN_CLIP_OBS:g} standard deviations)"
         )
-    top = float(np.finfo(np.float32).max)  # the exported graph's weights are float32
-    eps, most = out["epsilon"], top * top  # var + eps > most, without overflowing the sum
-    if out["norm_obs"] and (
-        np.abs(out["obs_mean"]).max() > top or eps > most or (out["obs_var"] > most - eps).any()
-    ):
-        raise CheckpointError(
-            f"{path}: obs_mean or the square root of obs_var + epsilon is past float32's range "
-            f"({top:.3g}): the exported normalisation would be infinite"
-        )
+    if out["norm_obs"]:
+        _check_float32_normalisation(path, out["obs_mean"], out["obs_var"], out["epsilon"])
     return out
 
 

@@ -260,7 +260,7 @@ def export(run_dirs: list[Path], out: Path, checkpoint: str = "best") -> dict[st
     if out.suffix.lower() != ".onnx":
         raise PolicyFileError(
             f"{out}: a policy file's name ends in .onnx (its sidecar is the .onnx.json beside "
-            f"it); write {out.with_suffix('.onnx')}"
+            f"it); e.g. {out.with_name(out.name + '.onnx')}"
         )
     members = [_member(run, checkpoint) for run in run_dirs]
     meta = members[0].meta
