@@ -298,13 +298,14 @@ def _datetimes(
     zone = _zones(buf, start, end)
     if seconds is None or zone is None:
         return None
-    styles = np.unique(zone[0] > 0)
-    if len(styles) > 1:  # the row reader names the line
+    zoned = zone[0] > 0
+    some, every = bool(zoned.any()), bool(zoned.all())
+    if some and not every:  # a mix of styles: the row reader names the line
         return None
     fraction = _fractions(buf, start + 19, end - zone[0])
     if fraction is None:
         return None
-    return seconds.astype(np.float64) + fraction - zone[1], bool(styles[0]) if len(styles) else None
+    return seconds.astype(np.float64) + fraction - zone[1], some if len(zoned) else None
 
 
 _DATE_TIME_FIELDS = ((0, 4), (5, 2), (8, 2), (11, 2), (14, 2), (17, 2))

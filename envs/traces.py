@@ -44,6 +44,11 @@ class TraceError(ValueError):
     """A trace file that cannot be read: unknown format or a bad row."""
 
 
+class _FileError(TraceError):
+    """A problem of the whole file found at one row (a mix of time styles): no row of it can
+    be left out alone, so ``--bad-rows skip`` does not."""
+
+
 @dataclass(frozen=True)
 class Trace:
     """Token lengths of a trace, with arrival times (s from the first request) if it has them."""
@@ -575,9 +580,9 @@ def _read_csv_rows(path: Path, skip_bad_rows: bool) -> Trace:
 def _one_zone_style(
     parse: Callable[[dict[str, str], str], _Row], column: str
 ) -> Callable[[dict[str, str], str], _Row]:
-    """`parse` of Azure rows, refusing a time whose zone style differs from the first good
-    row's: times without a 'Z' or '+HH:MM' suffix are read as UTC, so beside times with one
-    they may be hours off, and which are right is not known."""
+    """`parse` of Azure rows, refusing the file at the first time whose zone style differs
+    from the first good row's: times without a 'Z' or '+HH:MM' suffix are read as UTC, so
+    beside times with one they may be hours off, and which are right is not known."""
     first: list[tuple[bool, str]] = []  # the first good row's: zoned, and where
 
     def checked(row: dict[str, str], where: str) -> _Row:
@@ -587,10 +592,11 @@ def _one_zone_style(
             first.append((zoned, where))
         elif zoned != first[0][0]:
             has, other = ("a", "none") if zoned else ("no", "one")
-            raise TraceError(
+            raise _FileError(
                 f"{where}: {column} {row[column]!r} has {has} UTC offset where "
                 f"{first[0][1]}'s has {other}: times without one are read as UTC, so mixed "
-                "they may be hours apart; give every time an offset ('Z' for UTC) or none"
+                "they may be hours apart; give every time an offset ('Z' for UTC) or none "
+                "(a property of the file: --bad-rows skip cannot choose which rows are right)"
             )
         return read
 
@@ -752,6 +758,8 @@ def _collect(
     for line, row in rows:
         try:
             p, o, t = parse(row, f"{path}:{line}")
+        except _FileError:
+            raise
         except TraceError as exc:
             if not skip_bad_rows:
                 raise TraceError(f"{exc} ({SKIP_HINT})") from None
