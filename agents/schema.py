@@ -46,6 +46,8 @@ def _of_kind(value: Any, annotation: Any) -> bool:
     kind = typing.get_origin(annotation) or annotation
     if kind is float:
         kind = (int, float)
+    elif kind in (tuple, collections.abc.Sequence):  # read from a list, as `type_problem` does
+        kind = list
     if isinstance(value, bool) or not isinstance(kind, type | tuple):
         return False
     return isinstance(value, kind)
@@ -60,9 +62,10 @@ def type_problem(value: Any, annotation: Any) -> str | None:
         problems = [type_problem(value, a) for a in args]
         if None in problems:
             return None
-        usable = [p for p in problems if "cannot be given" not in p]
+        pairs = [(a, p) for a, p in zip(args, problems, strict=True) if "cannot be given" not in p]
+        usable = [p for _, p in pairs]
         if len(usable) > 1:  # the member of the value's own kind says why (nan: not finite)
-            kind = [p for a, p in zip(args, problems, strict=True) if _of_kind(value, a)]
+            kind = [p for a, p in pairs if _of_kind(value, a)]
             usable = kind if len(kind) == 1 else usable
         return usable[0] if len(usable) == 1 else f"{value!r} is not of type {_name(annotation)}"
     if annotation is None or annotation is type(None):

@@ -618,3 +618,20 @@ def test_train_refuses_an_out_that_is_a_file_or_a_seed_given_twice(tmp_path: Pat
     assert main(["train", "--config", config, "--out", str(out), "--seed", "1", "2", "1"]) == 2
     assert "--seed: 1 given twice; give each seed once" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "annotation", "problem"),
+    [
+        (float("nan"), float | None, "nan is not finite"),  # was "is not of type float | None"
+        ([1, "x"], tuple[float, float] | None, "an entry: 'x' is not of type float"),
+        ({"a": "high"}, str | dict[str, float], "a: 'high' is not of type float"),
+        ("a", int | None, "'a' is not of type int | None"),  # no member of its kind: the union
+    ],
+)
+def test_a_union_names_the_problem_of_the_member_of_the_values_kind(
+    value: object, annotation: object, problem: str
+) -> None:
+    from batchpilot.agents.schema import type_problem
+
+    assert type_problem(value, annotation) == problem
