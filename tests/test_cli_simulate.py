@@ -178,7 +178,7 @@ def test_simulate_skips_bad_trace_rows_when_asked_and_says_so(
 
 
 @pytest.mark.parametrize("arrival", ["poisson:1", "steps:1@0,2@10", "replay"])
-def test_a_trace_whose_name_holds_an_at_sign_and_a_process_is_read(
+def test_a_trace_whose_name_holds_an_at_sign_and_a_process_is_split_after_it(
     tmp_path: Path, arrival: str
 ) -> None:
     """``x@poisson.csv@poisson:1`` was split at its first ``@``: "unknown process

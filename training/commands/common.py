@@ -180,12 +180,21 @@ WORKLOAD_HELP = (
 """``--workload``'s help (`simulate`, `compare`)."""
 
 
+def _is_file(text: str) -> bool:
+    """Whether `text` names an existing file (``~`` expanded); a name no path can be (an
+    unknown user's ``~``, too long) is none."""
+    try:
+        return Path(text).expanduser().is_file()
+    except (OSError, RuntimeError):
+        return False
+
+
 def parse_workload(text: str) -> tuple[str, str]:
     """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
     arrival process (``steps:`` has ``@`` of its own), or at a later one where the text
     before it is an existing file (a trace named ``x@poisson.csv``)."""
     splits = [m for m in re.finditer(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text) if m.start()]
-    files = [m for m in splits if Path(text[: m.start()]).expanduser().is_file()]
+    files = [m for m in splits if _is_file(text[: m.start()])]
     match = (files or splits or [None])[0]
     if match is not None:
         return text[: match.start()], text[match.end() :]
