@@ -293,6 +293,7 @@ def test_a_profile_file_may_not_take_a_shipped_profiles_name(tmp_path) -> None:
     """A file named as a shipped profile but describing another deployment ran, and its
     results were labelled as the shipped one's; it is refused on writing and on reading. A
     shipped profile written out as it is loads back."""
+    import json
     from dataclasses import replace
 
     from batchpilot.envs.profiles import get_profile, write_profile
@@ -307,6 +308,17 @@ def test_a_profile_file_may_not_take_a_shipped_profiles_name(tmp_path) -> None:
         get_profile(str(tmp_path / "mine.json"))
     write_profile(get_profile("llama-2-7b-a100"), tmp_path / "same.json")
     assert get_profile(str(tmp_path / "same.json")) == get_profile("llama-2-7b-a100")
+    # rebuilt from the same tables, a profile differs by rounding (1e-13): it still loads
+    data = json.loads(get_profile("llama-2-7b-a100").to_json())
+    times = data["step"]["attn_base_s"]
+    for factor, loads in ((1 + 1e-12, True), (1 + 1e-6, False)):
+        data["step"]["attn_base_s"] = times * factor
+        (tmp_path / "near.json").write_text(json.dumps(data))
+        if loads:
+            assert get_profile(str(tmp_path / "near.json")).name == "llama-2-7b-a100"
+        else:
+            with pytest.raises(ValueError, match=message):
+                get_profile(str(tmp_path / "near.json"))
 
 
 @pytest.mark.parametrize(

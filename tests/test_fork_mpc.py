@@ -488,7 +488,14 @@ def test_several_drawn_futures_score_a_pair_by_their_mean() -> None:
     singles = [mpc._rollout(telemetry, (32, 512), set(), f)[0] for f in futures]
     assert len(set(singles)) > 1
     assert mpc.rollout(telemetry, (32, 512), set()) == pytest.approx(sum(singles) / 3)
-    assert mpc.rollouts % 3 == 0  # every pair scored, here or by decide, rolled out 3 times
+    one = make_controller("mpc:horizon_s=8:future=sampled:draws=1")
+    one.reset(engine)
+    limits = one.decide(telemetry)  # one draw: the single future's scores, exactly
+    (future,) = one._futures
+    assert one._scored(telemetry, (32, 512), set()) == one._rollout(telemetry, (32, 512), set(), future)
+    default = make_controller("mpc:horizon_s=8:future=sampled")
+    default.reset(engine)
+    assert (default.decide(telemetry), default.sweeps) == (limits, one.sweeps)
 
 
 def test_mpc_reuses_only_horizons_it_would_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
