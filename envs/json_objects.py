@@ -27,8 +27,6 @@ def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return row
 
 
-
-
 def number_problem(value: object) -> str | None:
     """Why `value` is no number a file may hold (NaN, an infinity, an integer past a float's
     range), or None."""
