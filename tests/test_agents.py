@@ -1138,6 +1138,8 @@ def test_train_report_step_says_first_whether_the_policy_won(
     rows = [x.split(" | ") for x in text.split("\n") if x.startswith("| [")]
     assert [r[1] for r in rows] == [f"`policy:{p}`" for p in (policy, policy, copy, copy)]
     assert [r[2:] for r in rows[:2]] == [r[2:] for r in rows[2:]]  # the same actions: equal
+    interval = r"\d+\.\d{3}x \(\d+\.\d{3}-\d+\.\d{3}\)"  # paired over the 2 seeds
+    assert all(re.fullmatch(interval, r[5]) and re.fullmatch(interval, r[6]) for r in rows), rows
 
     meta = json.loads(sidecar_path(copy).read_text())
     meta.pop("sidecar_sha256")

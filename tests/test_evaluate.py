@@ -350,6 +350,28 @@ def test_tally_gives_geometric_means_vs_best_reference_and_tuned_static_pair() -
     assert geomean([1.0, 0.0], 1e-6) == pytest.approx(1e-3)  # ranking checkpoints
 
 
+def test_a_suites_geometric_mean_has_a_paired_bootstrap_interval() -> None:
+    """The suite tables gave a geometric mean of ratios and no interval; the paired bootstrap
+    resamples each scenario's seeds, the same for both controllers."""
+    from batchpilot.training.paired import geomean_interval
+    from batchpilot.training.policy_report import ratio_text
+
+    rng = np.random.default_rng(3)
+    base = [rng.uniform(50, 150, 15) for _ in range(4)]
+    assert geomean_interval([(b, b) for b in base]) == pytest.approx((1.0, 1.0))
+    assert geomean_interval([(1.1 * b, b) for b in base]) == pytest.approx((1.1, 1.1))
+    noisy = [(1.1 * b * rng.normal(1, 0.05, 15), b) for b in base]  # paired: workload cancels
+    low, high = geomean_interval(noisy)
+    point = math.exp(np.mean([math.log(a.mean() / b.mean()) for a, b in noisy]))
+    assert low < point < high and low > 1.0 and high - low < 0.1
+    assert geomean_interval(noisy) == (low, high)  # a report repeats
+    assert ratio_text(point, noisy) == f"{point:.3f}x ({low:.3f}-{high:.3f})"
+    assert geomean_interval([([100.0], [90.0])]) is None  # one seed: no interval
+    assert ratio_text(1.111, [([100.0], [90.0])]) == "1.111x"
+    with pytest.raises(ValueError, match="the same seeds"):
+        geomean_interval([([1.0, 2.0], [1.0])])
+
+
 def test_summary_table_gives_each_challenger_vs_the_best_reference() -> None:
     a = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])
     b = {**_fake_scenario([110.0, 215.0, 320.0], [100.0, 200.0, 300.0]), "name": "T"}

@@ -1,12 +1,16 @@
 """Paired differences over seeds: every controller runs the same workload draw per seed, so
 the difference of two controllers is taken seed by seed and summarised with a Student-t
-95% interval (the seed-to-seed spread of the workload cancels out of the difference)."""
+95% interval (the seed-to-seed spread of the workload cancels out of the difference); over
+several scenarios, the geometric mean of their ratios with a paired bootstrap interval
+(`geomean_interval`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 T975 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -103,3 +107,36 @@ def describe(p: PairedDifference) -> str:
     if interval is not None:
         text += f" (95% CI {fmt.format(interval[0])} to {fmt.format(interval[1])})"
     return text
+
+
+BOOTSTRAP_DRAWS = 2000
+"""Resamples of `geomean_interval` (its bounds move by about 0.001 between rng seeds)."""
+
+
+def geomean_interval(
+    pairs: Sequence[tuple[Sequence[float], Sequence[float]]], draws: int = BOOTSTRAP_DRAWS
+) -> tuple[float, float] | None:
+    """A 95% interval of the geometric mean over scenarios of mean(a) / mean(b), from
+    `pairs` of per-seed values (a, b) of each scenario: each scenario's seeds are resampled
+    with replacement, the same seeds for a and b (a paired bootstrap, percentile interval;
+    a fixed rng, so a report repeats). None with fewer than 2 seeds in every scenario, or
+    where a resample's mean(b) is 0; a resample with mean(a) 0 counts 0, as
+    `geometric_mean` does."""
+    if not pairs or all(len(a) < 2 for a, _ in pairs):
+        return None
+    rng = np.random.default_rng(0)
+    ratios = []
+    for a, b in pairs:
+        a_arr, b_arr = np.asarray(a, float), np.asarray(b, float)
+        if len(a_arr) != len(b_arr) or not len(a_arr):
+            raise ValueError(f"paired values need the same seeds: {len(a_arr)}, {len(b_arr)}")
+        idx = rng.integers(len(a_arr), size=(draws, len(a_arr)))
+        den = b_arr[idx].mean(axis=1)
+        if (den <= 0).any():
+            return None
+        ratios.append(a_arr[idx].mean(axis=1) / den)
+    stacked = np.stack(ratios)  # scenarios x draws
+    with np.errstate(divide="ignore"):  # a zero ratio: a geometric mean of 0
+        means = np.exp(np.log(stacked).mean(axis=0))
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)

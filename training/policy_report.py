@@ -13,14 +13,18 @@ from typing import Any
 
 from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.envs.metrics import geometric_mean
-from batchpilot.training.paired import MIN_EFFECT, describe
+from batchpilot.training.paired import MIN_EFFECT, describe, geomean_interval
 from batchpilot.training.report import (
     best_reference,
     is_reference,
     latency_vs,
     md_table,
     paired_vs,
+    seed_values,
 )
+
+Pairs = list[tuple[list[float], list[float]]]
+"""Per scenario, the policy's goodput per seed and a reference's, the same seeds."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ class Tally:
     static_ratios: list[float]
     """Per scenario, the policy's mean goodput over the tuned static pair's (best-static;
     empty when it did not run): the figure a ship rule compares candidates by."""
+    pairs: Pairs
+    """The per-seed goodputs behind `ratios`."""
+    static_pairs: Pairs
+    """The per-seed goodputs behind `static_ratios`."""
 
     @property
     def geomean(self) -> float:
@@ -46,15 +54,20 @@ class Tally:
 def tally(results: dict[str, Any], label: str) -> Tally:
     """Each scenario's outcome for the controller `label` against the best reference."""
     lines, wins, losses, ratios, static = [], 0, 0, [], []
+    pairs: Pairs = []
+    static_pairs: Pairs = []
     for sc in results["scenarios"]:
         ref = best_reference(sc, results["controllers"], "output_goodput")
         if ref is None:
             continue
         mean = {c: e["mean"]["output_goodput"] for c, e in sc["results"].items()}
+        seeds = {c: seed_values(e, "output_goodput") for c, e in sc["results"].items()}
         if mean[ref] > 0:
             ratios.append(mean[label] / mean[ref])
+            pairs.append((seeds[label], seeds[ref]))
         if mean.get(BEST_STATIC, 0) > 0:
             static.append(mean[label] / mean[BEST_STATIC])
+            static_pairs.append((seeds[label], seeds[BEST_STATIC]))
         p = paired_vs(sc, label, ref, "output_goodput")
         outcome = "tie (no significant difference)"
         if p.significant and not p.decisive:
@@ -63,11 +76,19 @@ def tally(results: dict[str, Any], label: str) -> Tally:
             won = p.diff > 0
             wins, losses = wins + won, losses + (not won)
             outcome = "won" if won else "lost"
-        seeds = f"{p.n} seed{'s' * (p.n > 1)}"
+        n = f"{p.n} seed{'s' * (p.n > 1)}"
         latency = latency_vs(sc, label, ref)
-        line = f"- {sc['name']}: {outcome}, goodput {describe(p)} vs {ref} ({seeds}; {latency})"
+        line = f"- {sc['name']}: {outcome}, goodput {describe(p)} vs {ref} ({n}; {latency})"
         lines.append(line)
-    return Tally(lines, wins, losses, ratios, static)
+    return Tally(lines, wins, losses, ratios, static, pairs, static_pairs)
+
+
+def ratio_text(ratio: float, pairs: Pairs) -> str:
+    """``1.121x (1.098-1.145)``: a geometric mean of ratios and its paired 95% interval
+    (`geomean_interval`), where there is one."""
+    interval = geomean_interval(pairs)
+    bounds = f" ({interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
+    return f"{ratio:.3f}x{bounds}"
 
 
 def _outcome(wins: int, losses: int, n: int) -> str:
@@ -148,20 +169,23 @@ def write_suites_report(
         tallies = [tally(s.results, label) for s in sections]
         wins, losses = sum(t.wins for t in tallies), sum(t.losses for t in tallies)
         ratios = [r for t in tallies for r in t.ratios]
+        every = ratio_text(geometric_mean(ratios), [p for t in tallies for p in t.pairs])
         line = (
             _outcome(wins, losses, len(ratios))
             + f" over {n} suite{'s' * (n > 1)} against the best reference (the best of "
             f"{of_refs} per scenario; paired 95% intervals over seeds); its mean goodput is "
-            f"{geometric_mean(ratios):.3f}x the best reference's (geometric mean over every "
-            f"scenario; above it on {sum(r > 1 for r in ratios)} of {len(ratios)})."
+            f"{every} the best reference's (geometric mean over every scenario, with its "
+            f"paired 95% interval; above it on {sum(r > 1 for r in ratios)} of {len(ratios)})."
         )
         md += [_named(line, label, labels), ""]
         for s, t in zip(sections, tallies, strict=True):
-            static = f"{geometric_mean(t.static_ratios):.3f}x" if t.static_ratios else "—"
+            static = "—"
+            if t.static_ratios:
+                static = ratio_text(geometric_mean(t.static_ratios), t.static_pairs)
             name = [f"`{label}`"] if len(labels) > 1 else []
             counts = [str(len(t.ratios)), str(t.wins), str(t.losses)]
             above = str(sum(r > 1 for r in t.ratios))
-            ratio = f"{t.geomean:.3f}x"
+            ratio = ratio_text(t.geomean, t.pairs)
             rows.append([f"[{s.name}](#{s.name})", *name, *counts, ratio, static, above])
     head = ["suite", *(["policy"] if len(labels) > 1 else []), "scenarios", "won", "lost"]
     head += ["goodput vs best reference", "vs tuned static pair", "above best reference on"]
@@ -169,7 +193,9 @@ def write_suites_report(
         md_table(head, rows),
         "",
         "Goodput ratios are geometric means over the suite's scenarios of the policy's mean "
-        "goodput over the best reference's and over the tuned static pair's (best-static).",
+        "goodput over the best reference's and over the tuned static pair's (best-static), "
+        "with paired 95% intervals (each scenario's seeds resampled, the same seeds for "
+        "both).",
         "",
         f"Command: `{command}`",
         "",

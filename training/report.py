@@ -90,14 +90,15 @@ def ranking_metric(sc: dict[str, Any]) -> tuple[str, str | None]:
     return score, None
 
 
-def _values(entry: dict[str, Any], key: str) -> list[float]:
+def seed_values(entry: dict[str, Any], key: str) -> list[float]:
+    """A controller's metric `key` per seed, from its results `entry`."""
     return [float(m[key]) for m in entry["per_seed"]]
 
 
 def paired_vs(sc: dict[str, Any], a: str, b: str, key: str) -> PairedDifference:
     """Paired difference of controllers `a` and `b` on metric `key` over the scenario's seeds."""
     res = sc["results"]
-    return paired_difference(_values(res[a], key), _values(res[b], key))
+    return paired_difference(seed_values(res[a], key), seed_values(res[b], key))
 
 
 def best_reference(sc: dict[str, Any], labels: list[str], key: str) -> str | None:
