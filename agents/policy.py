@@ -37,7 +37,7 @@ from batchpilot.agents.schema import Check, number
 from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
-from batchpilot.envs.input_files import regular_file
+from batchpilot.envs.input_files import regular_file, user_path
 from batchpilot.envs.json_objects import read_json_object
 from batchpilot.envs.metrics import SLO, goodput_slo, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer, checked_fields
@@ -210,7 +210,7 @@ def check_not_sidecar(onnx_path: Path) -> None:
 def read_sidecar(onnx_path: Path) -> dict[str, Any]:
     """The sidecar of `onnx_path` (``~`` expanded, as no shell does in ``policy:~/...``),
     checked against the file and this version's layout."""
-    onnx_path = onnx_path.expanduser()
+    onnx_path = user_path(onnx_path, PolicyFileError)
     side = sidecar_path(onnx_path)
     check_not_sidecar(onnx_path)
     for p in (onnx_path, side):
@@ -329,7 +329,7 @@ def numpy_act(onnx_path: Path, n_obs: int, mode: str) -> Act:
 
 def load_policy(path: str | Path) -> PolicyController:
     """The controller a ``policy:PATH`` spec names, after checking file and sidecar."""
-    onnx_path = Path(path).expanduser()
+    onnx_path = user_path(path, PolicyFileError)
     meta = read_sidecar(onnx_path)
     fields = meta["observation"]["fields"]
     slo = SLO.parse(meta["slo"])

@@ -1,10 +1,20 @@
 """The one check of a path handed in as an input file (a trace, profile, suite, config or
 policy): a directory, or a pipe, device or socket (which a read would block on or misread),
-is an error naming the path (`regular_file`)."""
+is an error naming the path (`regular_file`); and the one expansion of its ``~``
+(`user_path`), which no shell does inside a spec or a config."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def user_path(text: str | Path, error: type[Exception] = ValueError) -> Path:
+    """`text` as a path with ``~`` and ``~user`` expanded; a user without a home directory is
+    an `error` naming the path (pathlib raises RuntimeError)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise error(f"{text}: no home directory to expand its '~' to (an unknown user?)") from None
 
 
 def regular_file(path: Path, what: str, error: type[Exception] = ValueError) -> bool:

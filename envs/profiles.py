@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchpilot.envs.input_files import regular_file
+from batchpilot.envs.input_files import regular_file, user_path
 from batchpilot.envs.json_objects import read_json, read_json_object
 from batchpilot.envs.names import did_you_mean
 from batchpilot.envs.profile_tables import load_tables
@@ -888,7 +888,7 @@ def get_profile(name_or_path: str) -> EngineProfile:
     """A shipped profile by name, or a profile JSON file (as `batchpilot calibrate` writes)."""
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
-    path = Path(name_or_path).expanduser()
+    path = user_path(name_or_path)
     if not name_or_path.strip():
         raise ValueError(f"no profile named; known: {', '.join(PROFILES)}, or a profile JSON")
     if path.suffix.lower() == ".json" or "/" in name_or_path or path.exists():

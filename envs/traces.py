@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from batchpilot.envs import trace_fast
-from batchpilot.envs.input_files import regular_file
+from batchpilot.envs.input_files import regular_file, user_path
 from batchpilot.envs.json_objects import DuplicateKeys, unique_object
 from batchpilot.envs.plain_numbers import plain_float
 
@@ -840,7 +840,7 @@ def load_trace(path: str | Path, *, bad_rows: str = DEFAULT_BAD_ROWS) -> Trace:
     if bad_rows not in BAD_ROWS:
         raise ValueError(f"bad_rows is {bad_rows!r}; one of {', '.join(BAD_ROWS)}")
     skip_bad_rows = bad_rows == "skip"
-    path = Path(path).expanduser()  # a config's or a --workload=PATH's ~, which no shell expands
+    path = user_path(path, TraceError)  # a config's or a --workload=PATH's ~
     exists = regular_file(path, "a trace file", TraceError)
     if exists and path.stat().st_size == 0:
         raise TraceError(f"{path}: the file is empty")

@@ -208,6 +208,10 @@ def test_a_trace_whose_name_holds_an_at_sign_and_a_process_is_split_after_it(
          "all-at-once, poisson, gamma, steps, ramp, replay"),
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--workload", "/nonexistent.csv@replay"], "no such trace file"),
+        # a user without a home directory: pathlib's RuntimeError was a traceback
+        (["--profile", "~nouser_xq/p.json"], "~nouser_xq/p.json: no home directory to expand"),
+        (["--workload", "~nouser_xq/x.csv@replay"], "~nouser_xq/x.csv: no home directory"),
+        (["--controller", "policy:~nouser_xq/p.onnx"], "~nouser_xq/p.onnx: no home directory"),
         (["--workload", "embedded:azure-conv@replay", "--profile", "llama-65b-8xa100",
           "--overlong", "error"],
          "drop or truncate such requests (--overlong"),
@@ -293,6 +297,7 @@ def test_a_blank_or_multiline_report_title_is_refused(title: str, capsys) -> Non
 
 
 def test_a_decision_deadline_below_the_budget_is_named_by_its_flag(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a model directory, as serve checks
     argv = ["serve", str(tmp_path), "--controller", "alg1", "--decision-budget-ms", "5",
             "--decision-deadline-ms", "2"]  # fmt: skip
     assert main(argv) == 2
@@ -305,6 +310,7 @@ def test_a_decision_deadline_below_the_budget_is_named_by_its_flag(tmp_path, cap
 def test_serve_keeps_its_scheduler_class(tmp_path, capsys, flags: list[str]) -> None:
     """The controller runs in batchpilot's scheduler class: another one, in any spelling vLLM
     takes, is refused before vLLM starts."""
+    (tmp_path / "config.json").write_text("{}")
     assert main(["serve", str(tmp_path), "--controller", "static:3", *flags]) == 2
     assert "--scheduler-cls is batchpilot's; drop it" in capsys.readouterr().err
 

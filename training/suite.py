@@ -34,7 +34,7 @@ from typing import Any
 
 from batchpilot.agents.specs import spec_key
 from batchpilot.baselines.specs import given_twice, split_specs
-from batchpilot.envs.input_files import regular_file
+from batchpilot.envs.input_files import regular_file, user_path
 from batchpilot.envs.profiles import DEFAULT_PROFILE, check_profile_name
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS
@@ -291,7 +291,7 @@ def _check(sc: Scenario) -> None:
     ControlInterval.parse(sc.interval)
     if not sc.is_trace_file:
         make_workload(sc.source, sc.arrival, num_requests=2, seed=0)
-    elif not regular_file(Path(sc.source).expanduser(), "a trace file"):
+    elif not regular_file(user_path(sc.source), "a trace file"):
         raise ValueError(
             f"no trace file {sc.source!r} (a relative path is taken from the working "
             f"directory, {Path.cwd()})"
