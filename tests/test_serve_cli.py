@@ -213,6 +213,7 @@ def test_a_chat_completion_without_a_tokenizer_is_a_400_naming_why(server) -> No
 
 
 def test_bad_controller_spec_fails_before_vllm_is_imported(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a model directory, as serve checks
     code = (
         "import sys; from batchpilot.training.cli import main; "
         f"rc = main(['serve', {str(tmp_path)!r}, '--controller', 'nonsense:1']); "
@@ -235,6 +236,11 @@ def test_bad_controller_spec_fails_before_vllm_is_imported(tmp_path) -> None:
         (["{tmp}", "--controller", "alg1,alg2"], "names several controllers; serve runs one"),
         # an object-store URI is vLLM's to read, not a missing directory
         (["s3://bucket/llama", "--controller", "nonsense"], "unknown controller 'nonsense'"),
+        # each started vLLM, which ended in a traceback
+        (["{tmp}/empty", "--controller", "alg1"], "{tmp}/empty: not a model directory (no config.json or params.json)"),
+        (["{tmp}/afile", "--controller", "alg1"], "{tmp}/afile: a file, not a model directory"),
+        (["", "--controller", "alg1"], "MODEL is empty"),
+        (["~nouser_xq/m", "--controller", "alg1"], "~nouser_xq/m: no home directory to expand"),
     ],
 )
 def test_serve_refuses_a_missing_model_path_or_two_controllers_before_vllm(
@@ -242,6 +248,9 @@ def test_serve_refuses_a_missing_model_path_or_two_controllers_before_vllm(
 ) -> None:
     """A model path that does not exist started vLLM, which printed two tracebacks; a second
     --controller silently replaced the first; 'alg1,alg2' was "unknown controller"."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("weights")
     args = [a.format(tmp=tmp_path) for a in args]
     code = (
         "import sys\nfrom batchpilot.training.cli import main\n"
@@ -262,6 +271,7 @@ def test_serve_that_fails_removes_only_its_own_metrics_directory(
     with it (it once stayed in /tmp after every run); one the user set stays."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    (tmp_path / "config.json").write_text("{}")
     env = dict(os.environ, TMPDIR=str(tmp))
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     user_dir = tmp_path / "prom"

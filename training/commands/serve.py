@@ -36,6 +36,7 @@ from contextlib import suppress
 from pathlib import Path
 from types import FrameType
 
+from batchpilot.envs.input_files import user_path
 from batchpilot.serving.api_server import SCHEDULER
 from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO
 from batchpilot.training.commands.common import GIVEN, once, one_controller, positive, slo_spec
@@ -118,6 +119,29 @@ def split_arguments(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**merged)
 
 
+MODEL_FILES = ("config.json", "params.json")
+"""What a local model directory vLLM loads holds (Hugging Face's config, or Mistral's)."""
+
+
+def check_model(model: str) -> None:
+    """Refuse, before vLLM starts, a MODEL it cannot load: blank, a path that does not exist,
+    a directory without `MODEL_FILES` or a file other than a GGUF checkpoint. A Hugging Face
+    id (ORG/NAME) or a URI (s3://, gs://) is vLLM's to fetch."""
+    if not model.strip():
+        raise ValueError("MODEL is empty: name a model directory or a Hugging Face id (ORG/NAME)")
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", model):
+        return
+    path = user_path(model)
+    if path.is_dir():
+        if not any((path / name).is_file() for name in MODEL_FILES):
+            raise ValueError(f"{model}: not a model directory (no {' or '.join(MODEL_FILES)})")
+    elif path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"{model}: a file, not a model directory (or a .gguf checkpoint)")
+    elif model.startswith(("/", ".", "~")) or model.count("/") > 1:
+        raise ValueError(f"{model}: no such model directory (a Hugging Face model id is ORG/NAME)")
+
+
 def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """vLLM's OpenAI server command line and environment for `args` (imports no vLLM)."""
     from batchpilot.serving.config import (
@@ -130,12 +154,7 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         serving_controller,
     )
 
-    uri = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", args.model)  # s3://, gs://: vLLM reads them
-    looks_like_path = args.model.startswith(("/", ".", "~")) or args.model.count("/") > 1
-    if looks_like_path and not uri and not Path(args.model).expanduser().exists():
-        raise ValueError(
-            f"{args.model}: no such model directory (a Hugging Face model id is ORG/NAME)"
-        )
+    check_model(args.model)
     serving_controller(args.controller)  # a bad spec or policy file fails here, in seconds
     settings = {SLO_ENV: args.slo, BUDGET_ENV: repr(args.decision_budget_ms).removesuffix(".0")}
     if args.decision_deadline_ms:  # else the engine's default (`engine_settings`)
