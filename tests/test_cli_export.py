@@ -134,6 +134,36 @@ def test_resume_never_unpickles_a_planted_file(run_dir: Path, tmp_path: Path) ->
     assert state["num_timesteps"] >= 96
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"env_kwargs": {"slo": "ttft:500,tpot:20"}}, "env_kwargs.slo"),
+        ({"env_kwargs": {"observation_fields": ["kv_usage_trend", "kv_cache_usage"]}},
+         "env_kwargs.observation_fields"),
+        ({"learning_rate": 0.1}, "learning_rate"),
+    ],
+)
+def test_resume_refuses_a_config_other_than_the_runs(
+    run_dir: Path, tmp_path: Path, capsys, change: dict, named: str
+) -> None:
+    """A resume with another config rewrote run.json from it: the trained network was then
+    exported with its inputs in another order and another SLO, and a resume that trained went
+    on in another environment; only n_timesteps, seed and report may change."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    before = (run / "run.json").read_bytes()
+    body = json.loads(json.dumps(CONFIG))["batchpilot/Batching-v0"]
+    for key, value in change.items():
+        body[key] = body[key] | value if isinstance(value, dict) else value
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body | {"n_timesteps": 96}}))
+    argv = ["train", "--config", str(config), "--out", str(run), "--resume", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: {config} differs from the run's {run}/config.yml in {named}" in err, err
+    assert (run / "run.json").read_bytes() == before
+
+
 def test_an_old_pickle_only_run_is_refused_by_name(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     marker = tmp_path / "pwned"

@@ -591,6 +591,8 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
         )
     if not resume and _holds_run(out):
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
+    if resume:
+        _check_same_config(config_path, out / "config.yml")
 
     # the model is rebuilt from the config; a checkpoint holds only data (no pickle)
     stand_in = DummyVecEnv([functools.partial(make_env, cfg) for _ in range(cfg.n_envs)])
@@ -636,6 +638,36 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
         )
         callbacks.append(evaluator)
     return _Run(cfg, out, model, previous, callbacks, _random_state())
+
+
+RESUME_MAY_CHANGE = ("n_timesteps", "seed", "report")
+"""The config keys a resumed run may change: how long it trains, the seed (each run's own
+``--seed``), and the report it ends with; any other change would train one network in two
+environments, and ``run.json`` would describe the second."""
+
+
+def _check_same_config(config_path: Path, kept: Path) -> None:
+    """Refuse to resume the run whose config is `kept` with `config_path` where they differ
+    in more than `RESUME_MAY_CHANGE`, naming the keys."""
+    if not kept.is_file():
+        return  # a run from before configs were kept: nothing to compare
+    new, old = (next(iter(load_yaml(p).values()), {}) for p in (config_path, kept))
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return  # load_config has refused the new one; the kept one was loaded when it trained
+    keys = sorted((set(new) | set(old)) - set(RESUME_MAY_CHANGE))
+    changed = [k for k in keys if new.get(k) != old.get(k)]
+    for k in ("env_kwargs", "imitation", "eval", "policy_kwargs"):
+        if k in changed and isinstance(new.get(k), dict) and isinstance(old.get(k), dict):
+            inner = sorted(set(new[k]) | set(old[k]))
+            changed[changed.index(k)] = ", ".join(
+                f"{k}.{i}" for i in inner if new[k].get(i) != old[k].get(i)
+            )
+    if changed:
+        raise ValueError(
+            f"--resume: {config_path} differs from the run's {kept} in {', '.join(changed)}; "
+            f"a run resumes with its own config (only {', '.join(RESUME_MAY_CHANGE)} may "
+            "change): resume with that file, or train the new config into another --out"
+        )
 
 
 def _random_state() -> tuple[Any, Any, Any]:
