@@ -454,9 +454,21 @@ class PeriodicCheckpoint(BaseCallback):
 
 def latest_checkpoint(directory: Path) -> Path | None:
     """The newest complete ``step_<N>`` checkpoint under `directory`, or None."""
-    found = []
-    for p in directory.glob("step_*"):
-        steps = p.name.removeprefix("step_")
-        if steps.isdigit() and (p / STATE).is_file() and (p / WEIGHTS).is_file():
-            found.append((int(steps), p))
+    found = [(n, p) for n, p in _step_dirs(directory) if _complete(p)]
     return max(found)[1] if found else None
+
+
+def incomplete_after(directory: Path, checkpoint: Path | None) -> list[Path]:
+    """The ``step_<N>`` directories under `directory` newer than `checkpoint` that lack a
+    file of a checkpoint (a save cut short): `latest_checkpoint` passes them over."""
+    since = int(checkpoint.name.removeprefix("step_")) if checkpoint else -1
+    return [p for n, p in sorted(_step_dirs(directory)) if n > since and not _complete(p)]
+
+
+def _step_dirs(directory: Path) -> list[tuple[int, Path]]:
+    steps = ((p.name.removeprefix("step_"), p) for p in directory.glob("step_*"))
+    return [(int(n), p) for n, p in steps if n.isdigit()]
+
+
+def _complete(checkpoint: Path) -> bool:
+    return (checkpoint / STATE).is_file() and (checkpoint / WEIGHTS).is_file()

@@ -164,6 +164,23 @@ def test_resume_refuses_a_config_other_than_the_runs(
     assert (run / "run.json").read_bytes() == before
 
 
+def test_resume_says_which_cut_short_checkpoints_it_passes_over(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """A newest checkpoint without its weights (a save cut short) was passed over, and the
+    run trained again from an older one without a word."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    newest = max((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    (newest / "policy.safetensors").unlink()
+    (run / "checkpoints" / "step_99999").mkdir()
+    argv = ["train", "--config", str(run / "config.yml"), "--out", str(run), "--resume", "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "passed over (no checkpoint.json or policy.safetensors" in out
+    assert f"{newest.name}, step_99999 passed over" in out
+
+
 def test_an_old_pickle_only_run_is_refused_by_name(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     marker = tmp_path / "pwned"

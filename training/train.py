@@ -580,7 +580,14 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from batchpilot.agents.callbacks import BaselineEvalCallback, DomainMetricsCallback
-    from batchpilot.agents.checkpoint import PeriodicCheckpoint, latest_checkpoint, load_checkpoint
+    from batchpilot.agents.checkpoint import (
+        STATE,
+        WEIGHTS,
+        PeriodicCheckpoint,
+        incomplete_after,
+        latest_checkpoint,
+        load_checkpoint,
+    )
     from batchpilot.envs.metrics import SLO
 
     previous = latest_checkpoint(out / "checkpoints") if resume else None
@@ -591,8 +598,15 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
         )
     if not resume and _holds_run(out):
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
-    if resume:
+    if previous is not None:  # resuming
         _check_same_config(config_path, out / "config.yml")
+        if cut := incomplete_after(out / "checkpoints", previous):
+            names = ", ".join(p.name for p in cut)
+            print(
+                f"note: {out}: resuming from {previous.name}; {names} passed over (no "
+                f"{STATE} or {WEIGHTS}: a save cut short)",
+                flush=True,
+            )
 
     # the model is rebuilt from the config; a checkpoint holds only data (no pickle)
     stand_in = DummyVecEnv([functools.partial(make_env, cfg) for _ in range(cfg.n_envs)])
