@@ -150,7 +150,7 @@ def table(result: LoadResult) -> str:
                 )
             ),
         ),
-        ("vllm:num_preemptions", f"{m.get('vllm:num_preemptions_total', 0):g}"),
+        ("vllm:num_preemptions", _count(m, "vllm:num_preemptions_total")),
         (
             "batchpilot:max_num_seqs (now)",
             ", ".join(f"{v:g}" for k, v in m.items() if k.startswith("batchpilot:max_num_seqs"))
@@ -159,13 +159,13 @@ def table(result: LoadResult) -> str:
         (
             "batchpilot: decisions, mean (us)",  # tens of us: 0.0 in ms
             (
-                f"{m.get('batchpilot:decision_time_seconds_count', 0):g}, "
+                f"{_count(m, 'batchpilot:decision_time_seconds_count')}, "
                 f"{mean_ms('batchpilot:decision_time_seconds', 1e6)}"
             ),
         ),
         (
             "batchpilot:controller_fallbacks",
-            f"{m.get('batchpilot:controller_fallbacks_total', 0):g}",
+            _count(m, "batchpilot:controller_fallbacks_total"),
         ),
     ]
     width = max(len(k) for k, _ in rows)
@@ -174,6 +174,12 @@ def table(result: LoadResult) -> str:
     if result.metrics_error:
         lines.append(f"the server's metrics: {result.metrics_error}")
     return "\n".join(lines)
+
+
+def _count(metrics: dict[str, float], name: str) -> str:
+    """A counter the server exported, or "-" where it did not (metrics not read, or a plain
+    vLLM server without batchpilot's)."""
+    return f"{metrics[name]:g}" if name in metrics else "-"
 
 
 def _ms(value: float | None) -> str:
@@ -302,13 +308,11 @@ def main() -> None:
         help="JSON file for every number (checked before the run). Default: %(default)s",
     )
     args = parser.parse_args()
-    model = args.model
-    if model is None:
-        try:
-            model = json.load(urllib.request.urlopen(f"{args.url}/v1/models", timeout=10))
-            model = model["data"][0]["id"]
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-            parser.error(f"--url {args.url}: no served model to read ({type(exc).__name__}: {exc})")
+    try:  # the server is there before the run, with or without --model
+        served = json.load(urllib.request.urlopen(f"{args.url}/v1/models", timeout=10))
+        model = args.model or served["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        parser.error(f"--url {args.url}: no served model to read ({type(exc).__name__}: {exc})")
     result = run_load(
         args.url,
         model,
@@ -323,6 +327,8 @@ def main() -> None:
     except OSError as exc:  # the table above still holds the numbers
         parser.exit(1, f"--out {args.out}: cannot write it ({exc})\n")
     print(f"all numbers: {args.out}")
+    if not result.requests_ok:
+        parser.exit(1, f"no request succeeded ({result.requests_failed:,} failed)\n")
 
 
 if __name__ == "__main__":

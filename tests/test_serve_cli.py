@@ -145,6 +145,9 @@ def test_load_on_a_server_that_is_down_keeps_its_counts(capsys) -> None:
     assert result.metrics == {} and "URLError" in result.metrics_error
     json.dumps(result.summary(), allow_nan=False)  # null, not NaN
     assert "the server's metrics: URLError" in table(result)
+    shown = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in table(result).splitlines()[:8])
+    assert shown["vllm:num_preemptions"] == "-"  # not read: not 0
+    assert shown["batchpilot:controller_fallbacks"] == "-"
 
 
 @pytest.mark.parametrize(
@@ -155,6 +158,8 @@ def test_load_on_a_server_that_is_down_keeps_its_counts(capsys) -> None:
         (["--clients", "1_0"], "--clients: '1_0' is not a whole number in [1, 1024]"),
         (["--seconds", "nan"], "--seconds: 'nan' is not a number"),
         (["--max-tokens", "0"], "--max-tokens: '0' is not a whole number in [1, 1048576]"),
+        # with --model, a server that is down was loaded for --seconds, every request failing
+        (["--model", "m"], "--url http://127.0.0.1:9: no served model to read"),
     ],
 )
 def test_load_test_arguments_are_checked_before_the_run(
@@ -168,6 +173,25 @@ def test_load_test_arguments_are_checked_before_the_run(
     with pytest.raises(SystemExit) as done:
         loadtest.main()
     assert done.value.code == 2 and problem in capsys.readouterr().err
+
+
+def test_a_load_test_where_no_request_succeeded_exits_non_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Every request failing ended with exit status 0."""
+    import io
+
+    from batchpilot.serving import loadtest
+
+    models = json.dumps({"data": [{"id": "m"}]}).encode()
+    monkeypatch.setattr(loadtest.urllib.request, "urlopen", lambda *a, **k: io.BytesIO(models))
+    monkeypatch.setattr(loadtest, "run_load", lambda *a, **k: loadtest.LoadResult(requests_failed=3))
+    out = tmp_path / "lt.json"
+    monkeypatch.setattr("sys.argv", ["loadtest", "--seconds", "0.01", "--out", str(out)])
+    with pytest.raises(SystemExit) as done:
+        loadtest.main()
+    assert done.value.code == 1 and "no request succeeded (3 failed)" in capsys.readouterr().err
+    assert json.loads(out.read_text())["requests_failed"] == 3  # the numbers are kept
 
 
 def test_a_servers_metric_that_is_not_finite_is_null_in_the_json() -> None:
