@@ -118,9 +118,12 @@ class ImitationSpec:
                 f"got {self.seq_tie_break!r}"
             )
         for key in ("stakes_knobs", "tie_sets"):
-            unknown = [k for k in getattr(self, key) if k not in KNOBS]
+            knobs = list(getattr(self, key))
+            unknown = [k for k in knobs if k not in KNOBS]
             if unknown:
                 raise ValueError(f"{key}: {unknown[0]!r} is not one of {KNOBS}")
+            if len(set(knobs)) < len(knobs):
+                raise ValueError(f"{key}: a knob given twice in {knobs}; give each once")
         if self.sweeps:
             from batchpilot.baselines.specs import make_controller
 

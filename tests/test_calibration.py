@@ -117,6 +117,8 @@ def test_calibrate_refuses_a_bad_profile_name_before_measuring(tmp_path: Path, c
     argv = ["calibrate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "p.json")]
     assert cli([*argv, "--name", "two\nlines"]) == 2
     assert "--name 'two\\nlines': need one printable line" in capsys.readouterr().err
+    assert cli([*argv, "--name", ""]) == 2  # was the file's stem, silently
+    assert "--name '': need one printable line" in capsys.readouterr().err
     # a shipped profile's name, from --out's file name: refused once written, after minutes
     shipped = ["calibrate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "llama-2-7b-a100.json")]
     assert cli(shipped) == 2

@@ -88,6 +88,10 @@ BASE = {
         ({"env_kwargs": {"control_interval_s": -1}}, "env_kwargs: control_interval_s must be a number of seconds in \\[0.001, 3600\\], got -1"),
         ({"env_kwargs": {"control_interval_s": float("inf")}}, "env_kwargs.control_interval_s: inf is not finite"),  # was "not of type float | None"
         ({"env_kwargs": {"control_interval_s": float("nan")}}, "env_kwargs.control_interval_s: nan is not finite"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:gsm8k"}, "seeds": list(range(1001))}},
+         "eval.seeds: 1,001 seeds; at most 1,000"),  # blamed on YAML anchors past 100,000
+        ({"imitation": {"teacher": "mpc", "stakes_knobs": ["budget", "budget"]}},
+         r"stakes_knobs: a knob given twice in \['budget', 'budget'\]"),  # kept twice
         ({"env_kwargs": {"control_interval_s": None, "control_interval_iters": 0}}, "env_kwargs: control_interval_iters must be a whole number in \\[1, 1,000,000\\], got 0"),
         ({"env_kwargs": {"control_interval_iters": 0}}, "env_kwargs: control_interval_iters must be a whole number in \\[1, 1,000,000\\], got 0"),
         ({"env_kwargs": {"control_interval_s": 0.5, "control_interval_iters": 4}}, r"env_kwargs: set one of control_interval_s \(0.5\) and control_interval_iters \(4\), not both"),

@@ -403,6 +403,9 @@ def test_profiles_build_from_the_vidur_directory(tmp_path: Path, capsys) -> None
     capsys.readouterr()
     assert cli([*args, "--vidur", str(tmp_path / "none"), "--out", str(small)]) == 2
     assert "no such Vidur profiling directory" in capsys.readouterr().err
+    named = tmp_path / "named.json"  # --name '' took the file's stem, silently
+    assert cli([*args, "--vidur", str(VIDUR), "--name", "", "--out", str(named)]) == 2
+    assert "name '': need one printable line" in capsys.readouterr().err and not named.exists()
 
 
 def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: int = 14) -> Path:

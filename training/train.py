@@ -130,6 +130,8 @@ def _seeds_problem(seeds: list[int]) -> str | None:
     (a repeated seed would count twice in the evaluation's mean)."""
     if not seeds:
         return "needs at least one seed"
+    if len(seeds) > MAX_SEEDS:
+        return f"{len(seeds):,} seeds; at most {MAX_SEEDS:,}"
     if len(set(seeds)) < len(seeds):
         return f"a seed given twice in {seeds}"
     problems = [RUN_RANGES["seed"](s) for s in seeds]

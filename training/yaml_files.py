@@ -182,6 +182,6 @@ def load_yaml(path: Path) -> Any:
     if expanded:
         raise ValueError(
             f"{path}: holds more than {MAX_VALUES:,} values once its aliases are expanded "
-            "(anchors repeating one another?)"
+            "(anchors repeating one another, or a list far longer than any config needs?)"
         )
     return data

@@ -94,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.envs.vllm_engine import VLLMEngine
 
     check_output(args.out, "--out", directory=False)
-    name = args.name or args.out.stem
+    name = args.out.stem if args.name is None else args.name  # --name '' is refused, not the stem
     check_profile_name(name, "--name")  # before the measurement
     if name in PROFILES:  # a measured profile is another deployment than a shipped one
         raise ValueError(
@@ -150,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     steps_measured = sum(len(r) for r in runs)
     profile = EngineProfile(
-        name=args.name or args.out.stem,
+        name=name,
         description=(
             f"{args.model} measured by batchpilot calibrate ({steps_measured} steps on the "
             f"{args.clock} clock, "

@@ -262,7 +262,7 @@ def _build(args: argparse.Namespace) -> int:
         model,
         args.gpu,
         args.tp,
-        name=args.name or args.out.stem,
+        name=args.out.stem if args.name is None else args.name,  # --name '': refused
         gpu_memory_utilization=args.gpu_memory_utilization,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
