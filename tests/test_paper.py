@@ -200,3 +200,15 @@ def test_table_one_takes_gsm8k_lengths_only(
     assert message in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
     assert gsm8k_source(str(traces / "gsm8k/gsm8k_test_token_lengths.csv")).endswith(".csv")
+
+
+def test_a_bad_gsm8k_row_is_named_without_an_option_paper_lacks(tmp_path) -> None:
+    """The error ended "(--bad-rows skip, or a scenario's bad_rows: skip, ...)": paper has
+    neither."""
+    import argparse
+
+    bad = tmp_path / "g.csv"
+    bad.write_text("prompt_tokens_llama2,output_tokens_llama2\n10,0\n20,5\n")
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        gsm8k_source(str(bad))
+    assert str(err.value) == f"{bad}:2: output_tokens_llama2 is 0; a request needs at least 1 token"

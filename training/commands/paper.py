@@ -22,7 +22,7 @@ from typing import Any
 
 from batchpilot.baselines.specs import split_specs
 from batchpilot.envs.sim_engine import SCHEDULERS
-from batchpilot.envs.traces import load_trace
+from batchpilot.envs.traces import SKIP_HINT, load_trace
 from batchpilot.training.commands.common import (
     MAX_SEEDS,
     REQUESTS,
@@ -77,8 +77,8 @@ def gsm8k_source(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text}: Table I is GSM8K's; use embedded:gsm8k")
     try:
         trace = load_trace(text)
-    except (ValueError, OSError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except (ValueError, OSError) as exc:  # paper has no --bad-rows: the file is to be fixed
+        raise argparse.ArgumentTypeError(str(exc).replace(f" ({SKIP_HINT})", "")) from None
     if trace.format != "gsm8k":
         raise argparse.ArgumentTypeError(
             f"{text} is not a GSM8K length table (its format: {trace.format}); Table I is "
