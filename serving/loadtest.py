@@ -254,6 +254,8 @@ def bounded(kind: type, low: float, high: float) -> Callable[[str], int | float]
 def writable(text: str) -> Path:
     """An argparse type: a file path whose directory exists and that is not a directory
     (checked before a run that may last hours, whose numbers it holds)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty or blank path; name a file")
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: is a directory; name a file")

@@ -90,6 +90,7 @@ BASE = {
         ({"env_kwargs": {"control_interval_s": float("nan")}}, "env_kwargs.control_interval_s: nan is not finite"),
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:gsm8k"}, "seeds": list(range(1001))}},
          "eval.seeds: 1,001 seeds; at most 1,000"),  # blamed on YAML anchors past 100,000
+        ({"eval": {}}, "eval: an empty block"),  # was read as no evaluation, unsaid
         ({"imitation": {"teacher": "mpc", "stakes_knobs": ["budget", "budget"]}},
          r"stakes_knobs: a knob given twice in \['budget', 'budget'\]"),  # kept twice
         ({"env_kwargs": {"control_interval_s": None, "control_interval_iters": 0}}, "env_kwargs: control_interval_iters must be a whole number in \\[1, 1,000,000\\], got 0"),

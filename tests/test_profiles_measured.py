@@ -955,3 +955,13 @@ def test_profiles_build_names_every_gpu_and_carries(tmp_path: Path, capsys) -> N
     help_text = " ".join(capsys.readouterr().out.split())
     assert "Vidur measured a100, h100, a40" in help_text
     assert "carried over by the datasheets' bandwidth and FLOPs" in help_text
+
+
+def test_profiles_build_refuses_a_tensor_parallel_size_vidur_has_not(capsys) -> None:
+    """--tp 3 printed a note per table passed over before the error; --tp had no bound."""
+    for tp in ("3", "16", "99999999999999999999"):
+        with pytest.raises(SystemExit):
+            cli(["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--tp", tp,
+                 "--out", "x.json"])  # fmt: skip
+        err = capsys.readouterr().err
+        assert "argument --tp: invalid choice" in err and "note:" not in err

@@ -155,6 +155,7 @@ def test_load_on_a_server_that_is_down_keeps_its_counts(capsys) -> None:
     [
         (["--out", "/nonexistent-dir/x.json"], "--out: /nonexistent-dir/x.json: its directory"),
         (["--out", "."], "--out: .: is a directory"),
+        (["--out", ""], "--out: '' is an empty or blank path"),  # was ": is a directory"
         (["--clients", "1_0"], "--clients: '1_0' is not a whole number in [1, 1024]"),
         (["--seconds", "nan"], "--seconds: 'nan' is not a number"),
         (["--max-tokens", "0"], "--max-tokens: '0' is not a whole number in [1, 1048576]"),

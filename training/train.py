@@ -231,6 +231,8 @@ def config_problems(body: dict[str, Any]) -> list[str]:
             where = "env_kwargs.workload" if len(specs) == 1 else f"env_kwargs.workload[{i}]"
             if problem := WORKLOAD_RANGES["num_requests"](spec["num_requests"]):
                 problems.append(f"{where}.num_requests: {problem}")
+    if body.get("eval") == {}:  # read as no evaluation: no best checkpoint, unsaid
+        problems.append("eval: an empty block; give its profile and workload, or drop it")
     problems += mapping_problems(
         body.get("eval") or {}, _eval_hints(), EVAL_RANGES, prefix="eval.", what="eval"
     )

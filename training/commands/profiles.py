@@ -90,7 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "take the nearest measured GPU's timings, carried over by the datasheets' bandwidth "
         "and FLOPs (the profile's step.source says which)",
     )
-    build.add_argument("--tp", type=COUNT, default=1, help="tensor parallel size. Default: 1")
+    build.add_argument(
+        "--tp",
+        type=COUNT,
+        choices=(1, 2, 4, 8),  # Vidur's; checked before its tables are read
+        default=1,
+        help="tensor parallel size: 1, 2, 4 or 8. Default: 1",
+    )
     build.add_argument(
         "--gpu-memory-gib", type=positive, help="memory per GPU (default: the GPU's)"
     )
