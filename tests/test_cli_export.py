@@ -618,3 +618,15 @@ def test_resume_refuses_optimizer_state_that_does_not_fit(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert re.search(f"{re.escape(str(ckpt))}/{message}", err), err
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc")
+def test_an_out_the_file_system_refuses_is_named_by_its_option(tmp_path: Path, capsys) -> None:
+    """/proc looks writable to root, and the run directory's mkdir failed with an error that
+    named no option."""
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    argv = ["train", "--config", str(config), "--out", "/proc/batchpilot-run", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--out /proc/batchpilot-run" in err and "Traceback" not in err

@@ -622,7 +622,10 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
         raise ValueError(f"{config_path}: PPO refused the config ({exc})") from None
     finally:
         stand_in.close()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file system that refuses it though its parent looks writable
+        raise ValueError(f"--out {out}: cannot create the run directory ({exc.strerror})") from None
     if not resume:
         shutil.copyfile(config_path, out / "config.yml")
     meta = {
