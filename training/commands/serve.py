@@ -10,9 +10,10 @@ The server runs as a child of this process, in a session of its own, which passe
 SIGTERM and SIGHUP and exits with its status. Unless PROMETHEUS_MULTIPROC_DIR is set, the
 metrics directory is a temporary one, removed when the server exits (normally, on an error, or
 on a signal); one left by a serve that was killed outright (SIGKILL) is removed by the next.
-The controller spec and SLOs are checked before vLLM starts. With --skip-tokenizer-init, a
-prompt token id outside the model's vocabulary gets a 400 (vLLM itself would crash), and so
-does a chat completion, naming why (vLLM: a 500 with no message).
+MODEL (a local directory with config.json or params.json, a .gguf file, a Hugging Face id or
+a URI), the controller spec and the SLOs are checked before vLLM starts. With
+--skip-tokenizer-init, a prompt token id outside the model's vocabulary gets a 400 (vLLM
+itself would crash), and so does a chat completion, naming why (vLLM: a 500 with no message).
 
 examples:
   batchpilot serve /models/llama-3-8b --controller alg1+alg2 --max-num-seqs 256
