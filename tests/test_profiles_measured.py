@@ -402,7 +402,12 @@ def test_profiles_build_from_the_vidur_directory(tmp_path: Path, capsys) -> None
     )
     capsys.readouterr()
     assert cli([*args, "--vidur", str(tmp_path / "none"), "--out", str(small)]) == 2
-    assert "no such Vidur profiling directory" in capsys.readouterr().err
+    assert f"{tmp_path / 'none'}: no such directory (--vidur)" in capsys.readouterr().err
+    # a directory that is not Vidur's said no table was measured; a file, no such directory
+    assert cli([*args, "--vidur", str(tmp_path), "--out", str(small)]) == 2
+    assert f"{tmp_path}: no compute/ directory, so not Vidur's" in capsys.readouterr().err
+    assert cli([*args, "--vidur", str(small), "--out", str(tmp_path / "other.json")]) == 2
+    assert f"{small}: a file, not a directory (--vidur)" in capsys.readouterr().err
     named = tmp_path / "named.json"  # --name '' took the file's stem, silently
     assert cli([*args, "--vidur", str(VIDUR), "--name", "", "--out", str(named)]) == 2
     assert "name '': need one printable line" in capsys.readouterr().err and not named.exists()

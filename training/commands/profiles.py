@@ -216,9 +216,15 @@ def _build(args: argparse.Namespace) -> int:
 
     if not args.vidur.is_dir():
         where = "" if args.vidur.is_absolute() else f"; relative to {Path.cwd()}"
+        what = "a file, not a directory" if args.vidur.exists() else "no such directory"
         raise ValueError(
-            f"{args.vidur}: no such Vidur profiling directory (--vidur{where}); give the "
-            "data/profiling directory of a github.com/microsoft/vidur checkout"
+            f"{args.vidur}: {what} (--vidur{where}); give the data/profiling directory of a "
+            "github.com/microsoft/vidur checkout"
+        )
+    if not (args.vidur / "compute").is_dir():
+        raise ValueError(
+            f"{args.vidur}: no compute/ directory, so not Vidur's data/profiling (--vidur); "
+            "give the data/profiling directory of a github.com/microsoft/vidur checkout"
         )
     check_output(args.out, "--out", directory=False)
     optional = {
