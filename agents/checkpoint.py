@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +239,8 @@ def normalisation(directory: Path, n_obs: int) -> tuple[np.ndarray, np.ndarray, 
 
 # ---------------------------------------------------------------------- model
 def save_checkpoint(model: Any, directory: Path) -> None:
-    """Weights, optimizer state, step counts and (if normalised) VecNormalize statistics."""
+    """Weights, optimizer state, step counts and (if normalised) VecNormalize statistics;
+    ``checkpoint.json`` is written last, so a directory holding it holds the rest."""
     import torch as th
     from safetensors.torch import save_file
 
@@ -263,10 +265,14 @@ def save_checkpoint(model: Any, directory: Path) -> None:
         **_action_bounds(model.action_space),
         "optimizer_param_groups": _jsonable(opt["param_groups"]),
     }
-    (directory / STATE).write_text(json.dumps(state, indent=1) + "\n")
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is not None:
         save_vecnormalize(vecnorm, directory / VECNORMALIZE)
+    # the state last, whole (renamed into place): a save cut short leaves no checkpoint.json,
+    # and `latest_checkpoint` passes the directory over
+    partial = directory / f".{STATE}.partial"
+    partial.write_text(json.dumps(state, indent=1) + "\n")
+    os.replace(partial, directory / STATE)
 
 
 def _action_bounds(space: Any) -> dict[str, Any]:

@@ -177,9 +177,11 @@ def table(result: LoadResult) -> str:
 
 
 def _count(metrics: dict[str, float], name: str) -> str:
-    """A counter the server exported, or "-" where it did not (metrics not read, or a plain
-    vLLM server without batchpilot's)."""
-    return f"{metrics[name]:g}" if name in metrics else "-"
+    """A counter the server exported (summed over its label sets, which `scrape` keeps
+    apart), or "-" where it did not (metrics not read, or a plain vLLM server without
+    batchpilot's)."""
+    values = [v for k, v in metrics.items() if k == name or k.startswith(f"{name}{{")]
+    return f"{sum(values):g}" if values else "-"
 
 
 def _ms(value: float | None) -> str:

@@ -140,7 +140,7 @@ def test_resume_never_unpickles_a_planted_file(run_dir: Path, tmp_path: Path) ->
         ({"env_kwargs": {"slo": "ttft:500,tpot:20"}}, "env_kwargs.slo"),
         ({"env_kwargs": {"observation_fields": ["kv_usage_trend", "kv_cache_usage"]}},
          "env_kwargs.observation_fields"),
-        ({"learning_rate": 0.1}, "learning_rate"),
+        ({"normalize": False}, "normalize"),
     ],
 )
 def test_resume_refuses_a_config_other_than_the_runs(
@@ -148,7 +148,7 @@ def test_resume_refuses_a_config_other_than_the_runs(
 ) -> None:
     """A resume with another config rewrote run.json from it: the trained network was then
     exported with its inputs in another order and another SLO, and a resume that trained went
-    on in another environment; only n_timesteps, seed and report may change."""
+    on in another environment: the network, its inputs, environment and warm start stay."""
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
     before = (run / "run.json").read_bytes()
@@ -162,6 +162,41 @@ def test_resume_refuses_a_config_other_than_the_runs(
     err = capsys.readouterr().err
     assert f"--resume: {config} differs from the run's {run}/config.yml in {named}" in err, err
     assert (run / "run.json").read_bytes() == before
+
+
+def test_resume_takes_defaults_written_out_and_other_settings_and_keeps_the_seed(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """A default written out, keys in another order, PPO's settings and the evaluation may
+    change on a resume (the last with a note); a resume without --seed keeps the run's seed
+    (it took the config's, and run.json said so)."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    body = json.loads(json.dumps(CONFIG))["batchpilot/Batching-v0"]
+    body = dict(reversed(list(body.items()))) | {"normalize": True, "n_timesteps": 96}
+    body["env_kwargs"] = body["env_kwargs"] | {"w_recompute": 0.5}  # the env's default
+    body |= {"learning_rate": 1e-4, "eval": {"profile": "llama-7b-a100", "freq": 32,
+             "workload": {"source": "embedded:gsm8k", "arrival": "poisson:2", "num_requests": 10}}}  # fmt: skip
+    config = tmp_path / "c.yml"
+    config.write_text("# reordered, with defaults\n" + yaml.safe_dump({"batchpilot/Batching-v0": body}))
+    argv = ["train", "--config", str(config), "--out", str(run), "--resume", "--no-progress"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "evaluates otherwise than the run's" in capsys.readouterr().out
+    assert json.loads((run / "run.json").read_text())["seed"] == 7  # run_dir's --seed 7
+
+
+def test_resume_with_a_kept_config_that_is_no_config_is_named(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """An empty config.yml in the run was an AttributeError traceback."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "config.yml").write_text("")
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    argv = ["train", "--config", str(config), "--out", str(run), "--resume", "--no-progress"]
+    assert main(argv) == 2
+    assert f"{run}/config.yml: expected one top-level key" in capsys.readouterr().err
 
 
 def test_resume_says_which_cut_short_checkpoints_it_passes_over(

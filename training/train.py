@@ -661,34 +661,65 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
     return _Run(cfg, out, model, previous, callbacks, _random_state())
 
 
-RESUME_MAY_CHANGE = ("n_timesteps", "seed", "report")
-"""The config keys a resumed run may change: how long it trains, the seed (each run's own
-``--seed``), and the report it ends with; any other change would train one network in two
-environments, and ``run.json`` would describe the second."""
+RESUME_KEEPS = ("algo", "policy", "normalize", "policy_kwargs", "env_kwargs", "imitation")
+"""The config keys a resumed run must keep: the network, its inputs, its environment and
+SLO, and its warm start, which ``run.json`` records for export; another value would train one
+network in two worlds and describe only the second. Other keys (how long, PPO's settings,
+the evaluation, the report) may change."""
 
 
 def _check_same_config(config_path: Path, kept: Path) -> None:
     """Refuse to resume the run whose config is `kept` with `config_path` where they differ
-    in more than `RESUME_MAY_CHANGE`, naming the keys."""
+    in `RESUME_KEEPS` (a key left out counts as its default), naming the keys; say so where
+    the evaluation changed (the best checkpoint's bar is the old evaluation's score)."""
     if not kept.is_file():
         return  # a run from before configs were kept: nothing to compare
-    new, old = (next(iter(load_yaml(p).values()), {}) for p in (config_path, kept))
-    if not isinstance(new, dict) or not isinstance(old, dict):
-        return  # load_config has refused the new one; the kept one was loaded when it trained
-    keys = sorted((set(new) | set(old)) - set(RESUME_MAY_CHANGE))
-    changed = [k for k in keys if new.get(k) != old.get(k)]
-    for k in ("env_kwargs", "imitation", "eval", "policy_kwargs"):
-        if k in changed and isinstance(new.get(k), dict) and isinstance(old.get(k), dict):
-            inner = sorted(set(new[k]) | set(old[k]))
-            changed[changed.index(k)] = ", ".join(
-                f"{k}.{i}" for i in inner if new[k].get(i) != old[k].get(i)
-            )
+    new, old = (_body(p) for p in (config_path, kept))
+    changed = []
+    for key in RESUME_KEEPS:
+        a, b = _effective(key, new), _effective(key, old)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += [f"{key}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        else:
+            changed.append(key)
     if changed:
         raise ValueError(
-            f"--resume: {config_path} differs from the run's {kept} in {', '.join(changed)}; "
-            f"a run resumes with its own config (only {', '.join(RESUME_MAY_CHANGE)} may "
-            "change): resume with that file, or train the new config into another --out"
+            f"--resume: {config_path} differs from the run's {kept} in {', '.join(changed)}, "
+            f"which a run keeps ({', '.join(RESUME_KEEPS)}); train the new config into "
+            "another --out"
         )
+    if new.get("eval") != old.get("eval"):
+        print(
+            f"note: {config_path} evaluates otherwise than the run's {kept}: the best "
+            "checkpoint so far was chosen by the old evaluation, and its score is the bar",
+            flush=True,
+        )
+
+
+def _body(path: Path) -> dict[str, Any]:
+    """The settings under a config file's one top-level key (the env id)."""
+    data = load_yaml(path)
+    body = next(iter(data.values()), None) if isinstance(data, dict) and len(data) == 1 else None
+    if not isinstance(body, dict):
+        raise ValueError(f"{path}: expected one top-level key, the env id ({ENV_ID})")
+    return body
+
+
+def _effective(key: str, body: dict[str, Any]) -> Any:
+    """`body`'s value of `key`, its default where it is left out (env_kwargs: each keyword's)."""
+    if key == "env_kwargs":
+        defaults = {
+            k: p.default
+            for k, p in inspect.signature(_env_class().__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
+        return defaults | (body.get(key) or {})
+    if key in body:
+        return body[key]
+    setting = TrainConfig.__dataclass_fields__.get(key)  # policy_kwargs is PPO's: no default
+    return None if setting is None or setting.default is dataclasses.MISSING else setting.default
 
 
 def _random_state() -> tuple[Any, Any, Any]:

@@ -56,6 +56,18 @@ def best_summary(best: Path) -> str:
     return f" (evaluation goodput {data['output_goodput']:,.0f} tok/s; {rules})"
 
 
+def _run_seed(out: Path) -> int | None:
+    """The seed the run in `out` trained with (its run.json), which a --resume without
+    --seed keeps; None without one."""
+    from batchpilot.agents.checkpoint import CheckpointError
+    from batchpilot.envs.json_objects import read_json_object
+
+    if not (out / "run.json").is_file():
+        return None
+    seed = read_json_object(out / "run.json", "the run description", CheckpointError).get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
 def main(args: argparse.Namespace) -> int:
     import dataclasses
     import time
@@ -67,7 +79,8 @@ def main(args: argparse.Namespace) -> int:
     if twice:
         raise ValueError(f"--seed: {', '.join(map(str, twice))} given twice; give each seed once")
     cfg = load_config(args.config)
-    seeds = args.seed or [cfg.seed]
+    resumed = _run_seed(args.out) if args.resume and not args.seed else None
+    seeds = args.seed or [cfg.seed if resumed is None else resumed]
     outs = [args.out] if len(seeds) == 1 else [args.out / f"seed{s}" for s in seeds]
     start = time.perf_counter()
     runs = list(zip(seeds, outs, strict=True))
