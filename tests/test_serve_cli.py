@@ -428,3 +428,25 @@ def test_stopping_serve_under_load_removes_its_metrics_directory(served: Server)
             conn.close()
     assert served.stop() == 0
     assert metrics_dirs(served.tmp) == []
+
+
+def test_serve_passes_a_model_path_vllm_can_open(tmp_path: Path, monkeypatch) -> None:
+    """A quoted '~/model' passed the check and reached vLLM unexpanded; a weights-only
+    directory with --hf-config-path, an ORG/NAME id and a URI are vLLM's to load."""
+    from batchpilot.training.commands.serve import check_model
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert check_model("~/m", []) == str(model)
+    (tmp_path / "link").symlink_to(model)  # a Hugging Face cache snapshot is a symlink farm
+    assert check_model(str(tmp_path / "link"), []) == str(tmp_path / "link")
+    weights = tmp_path / "w"
+    weights.mkdir()
+    with pytest.raises(ValueError, match="not a model directory"):
+        check_model(str(weights), [])
+    for flag in (["--hf-config-path", str(model)], [f"--hf_config_path={model}"]):
+        assert check_model(str(weights), flag) == str(weights)
+    assert check_model("meta-llama/Llama-2-7b-hf", []) == "meta-llama/Llama-2-7b-hf"
+    assert check_model("s3://bucket/llama", []) == "s3://bucket/llama"

