@@ -559,6 +559,8 @@ OVERHEAD_SOURCE = (
 RUNTIME_RESERVE_GIB = 1.0
 """Non-torch memory and CUDA graphs, as vLLM's start-up memory report typically shows them
 (0.5-1.5 GiB per GPU); an assumption, set with ``--runtime-reserve-gib``."""
+TP_SIZES = (1, 2, 4, 8)
+"""The tensor parallel sizes Vidur measured (its all-reduce and per-GPU tables)."""
 MAX_GPU_MEMORY_GIB = 2.0**16
 """The most memory per GPU a profile may assume (64 TiB: far beyond any GPU)."""
 
@@ -607,8 +609,8 @@ def measured_profile(
     arch = model if isinstance(model, Architecture) else architecture(model)
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
-    if tp < 1 or tp & (tp - 1):
-        raise ValueError(f"tensor parallel size must be 1, 2, 4 or 8, got {tp}")
+    if tp not in TP_SIZES:
+        raise ValueError(f"tensor parallel size must be one of {TP_SIZES}, got {tp}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if problem := limits_problem(max_num_seqs, max_num_batched_tokens):

@@ -849,7 +849,8 @@ def test_a_model_config_at_every_bound_is_read(tmp_path: Path) -> None:
             "llama-2-7b", "a100", 1, {"max_num_seqs": 262144, "max_num_batched_tokens": 262144},
             r"activations at 262,144 requests and 262,144 tokens a step 84\.6 GiB",
         ),
-        ("llama-2-7b", "a100", 3, {}, "tensor parallel size must be 1, 2, 4 or 8"),
+        ("llama-2-7b", "a100", 3, {}, r"tensor parallel size must be one of \(1, 2, 4, 8\), got 3"),
+        ("llama-2-7b", "a100", 16, {}, "got 16"),  # a power of two Vidur never measured
         ("llama-2-7b", "a100", 1, {"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ("mistral-7b", "a100", 1, {}, "unknown model 'mistral-7b'"),
     ],

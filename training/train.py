@@ -625,7 +625,8 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file system that refuses it though its parent looks writable
-        raise ValueError(f"--out {out}: cannot create the run directory ({exc.strerror})") from None
+        why = exc.strerror or exc
+        raise ValueError(f"--out {out}: cannot create the run directory ({why})") from None
     if not resume:
         shutil.copyfile(config_path, out / "config.yml")
     meta = {

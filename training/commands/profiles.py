@@ -37,6 +37,7 @@ from batchpilot.envs.profiles import (
     RUNTIME_RESERVE_GIB,
     SEQ_OVERHEAD_S,
     STEP_OVERHEAD_S,
+    TP_SIZES,
     Architecture,
     measured_profile,
 )
@@ -93,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument(
         "--tp",
         type=COUNT,
-        choices=(1, 2, 4, 8),  # Vidur's; checked before its tables are read
+        choices=TP_SIZES,  # checked before Vidur's tables are read
         default=1,
         help="tensor parallel size: 1, 2, 4 or 8. Default: 1",
     )
