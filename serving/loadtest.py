@@ -314,9 +314,12 @@ def main() -> None:
     args = parser.parse_args()
     try:  # the server is there before the run, with or without --model
         served = json.load(urllib.request.urlopen(f"{args.url}/v1/models", timeout=10))
-        model = args.model or served["data"][0]["id"]
+        ids = [entry["id"] for entry in served["data"]]
+        model = args.model or ids[0]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         parser.error(f"--url {args.url}: no served model to read ({type(exc).__name__}: {exc})")
+    if model not in ids:
+        parser.error(f"--model {model}: not served at {args.url} (it serves {', '.join(ids)})")
     result = run_load(
         args.url,
         model,

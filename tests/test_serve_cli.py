@@ -193,6 +193,10 @@ def test_a_load_test_where_no_request_succeeded_exits_non_zero(
         loadtest.main()
     assert done.value.code == 1 and "no request succeeded (3 failed)" in capsys.readouterr().err
     assert json.loads(out.read_text())["requests_failed"] == 3  # the numbers are kept
+    monkeypatch.setattr("sys.argv", ["loadtest", "--model", "other", "--out", str(out)])
+    with pytest.raises(SystemExit) as done:  # a model the server does not serve: every request
+        loadtest.main()  # would fail
+    assert done.value.code == 2 and "--model other: not served at" in capsys.readouterr().err
 
 
 def test_a_servers_metric_that_is_not_finite_is_null_in_the_json() -> None:
