@@ -85,9 +85,8 @@ peak demand the largest of the K): one draw's noise no longer picks the limits, 
 the rollouts. It scored lower, not higher: ``rate=bursty:draws=3`` 1.147 of the tuned pair
 over the training and held-out suites (seeds 335-337) against 1.182 with one draw (the
 math/chat shift 1.64 against 1.93, the 7B's sustained overload 0.90 against 1.01). The gap
-between the true and
-the sampled futures is what knowing the future is worth, a gain no deployable controller can
-reach.
+between the true and the sampled futures is what knowing the future is worth, a gain no
+deployable controller can reach.
 """
 
 from __future__ import annotations

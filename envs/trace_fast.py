@@ -97,7 +97,7 @@ def read_columns(
                 return None
             parts.append(chunk[0])
             skipped = _add(skipped, chunk[1], line)
-            zoned.update([] if chunk[2] is None else [chunk[2]])
+            zoned |= {chunk[2]} - {None}
             if skip:  # lines are counted for a left-out row's line number
                 line += int(np.count_nonzero(np.frombuffer(data, np.uint8, cut) == ord("\n")))
     if rest:  # a last line without a newline
@@ -106,7 +106,7 @@ def read_columns(
             return None
         parts.append(chunk[0])
         skipped = _add(skipped, chunk[1], line)
-        zoned.update([] if chunk[2] is None else [chunk[2]])
+        zoned |= {chunk[2]} - {None}
     columns = _concatenate(parts)
     return None if columns is None or len(zoned) > 1 else (columns, skipped)
 

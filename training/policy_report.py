@@ -60,14 +60,15 @@ def tally(results: dict[str, Any], label: str) -> Tally:
         ref = best_reference(sc, results["controllers"], "output_goodput")
         if ref is None:
             continue
-        mean = {c: e["mean"]["output_goodput"] for c, e in sc["results"].items()}
-        seeds = {c: seed_values(e, "output_goodput") for c, e in sc["results"].items()}
+        res = sc["results"]
+        mean = {c: e["mean"]["output_goodput"] for c, e in res.items()}
+        own = seed_values(res[label], "output_goodput")
         if mean[ref] > 0:
             ratios.append(mean[label] / mean[ref])
-            pairs.append((seeds[label], seeds[ref]))
+            pairs.append((own, seed_values(res[ref], "output_goodput")))
         if mean.get(BEST_STATIC, 0) > 0:
             static.append(mean[label] / mean[BEST_STATIC])
-            static_pairs.append((seeds[label], seeds[BEST_STATIC]))
+            static_pairs.append((own, seed_values(res[BEST_STATIC], "output_goodput")))
         p = paired_vs(sc, label, ref, "output_goodput")
         outcome = "tie (no significant difference)"
         if p.significant and not p.decisive:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from batchpilot.envs.input_files import user_path
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import DEFAULT_PROFILE
@@ -184,8 +185,8 @@ def _is_file(text: str) -> bool:
     """Whether `text` names an existing file (``~`` expanded); a name no path can be (an
     unknown user's ``~``, too long) is none."""
     try:
-        return Path(text).expanduser().is_file()
-    except (OSError, RuntimeError):
+        return user_path(text).is_file()
+    except (OSError, ValueError):
         return False
 
 
