@@ -368,6 +368,9 @@ def test_a_suites_geometric_mean_has_a_paired_bootstrap_interval() -> None:
     assert ratio_text(point, noisy) == f"{point:.3f}x ({low:.3f}-{high:.3f})"
     assert geomean_interval([([100.0], [90.0])]) is None  # one seed: no interval
     assert ratio_text(1.111, [([100.0], [90.0])]) == "1.111x"
+    zeros = [([5.0, 5.0, 5.0, 5.0], [0.0, 0.0, 0.0, 4.0])]  # some resamples: mean 0
+    assert geomean_interval(zeros) is None
+    assert ratio_text(5.0, zeros) == "5.000x (no interval: the reference's goodput is 0 on too many seeds)"
     with pytest.raises(ValueError, match="the same seeds"):
         geomean_interval([([1.0, 2.0], [1.0])])
 

@@ -86,10 +86,14 @@ def tally(results: dict[str, Any], label: str) -> Tally:
 
 def ratio_text(ratio: float, pairs: Pairs) -> str:
     """``1.121x (1.098-1.145)``: a geometric mean of ratios and its paired 95% interval
-    (`geomean_interval`), where there is one."""
+    (`geomean_interval`); with one seed, none; where resampled seeds leave the reference
+    without goodput, none and the reason."""
     interval = geomean_interval(pairs)
-    bounds = f" ({interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
-    return f"{ratio:.3f}x{bounds}"
+    if interval:
+        return f"{ratio:.3f}x ({interval[0]:.3f}-{interval[1]:.3f})"
+    if any(len(a) > 1 for a, _ in pairs):
+        return f"{ratio:.3f}x (no interval: the reference's goodput is 0 on too many seeds)"
+    return f"{ratio:.3f}x"
 
 
 def _outcome(wins: int, losses: int, n: int) -> str:
