@@ -23,7 +23,12 @@ where the cap does matter and the SLO or GPU is one it never trained on. The lin
 prefill and decode tokens alike and puts the knee above a pure-decode step's; ``step_knee``
 takes the knee from the simulated engine's step model instead (`step_knee`). Neither has
 shipped: each gained a little where no run trained and lost the training suite
-(training/reports/learned/README.md).
+(training/reports/learned/README.md). With ``regret_knobs`` a label of those knobs is the
+teacher's whole sweep, each grid choice's regret (`grid_regrets`: how far its horizon score
+trails the best), and the policy is fitted to the least expected regret (cost-sensitive
+imitation, as AggreVaTe, Ross and Bagnell 2014): where one drawn future ties every budget and
+another has a burst that only large budgets drain, the clone learns the choice that is best
+on average over the states it sees alike, not the tie's incumbent.
 The policy is SB3's own policy object (`ActorCriticPolicy`), so PPO continues from exactly
 what was cloned. The ``imitation`` library would fit, but pins gymnasium 0.29 and
 stable-baselines3 2.2; this loop is the few lines it needs.
@@ -91,6 +96,10 @@ class ImitationSpec:
     ``max_num_seqs`` labels weigh by their stakes, as ``stakes_knobs`` weighs a knob
     everywhere (needs a teacher that reports its sweeps); 0: nowhere. Near the target the
     batch size decides TPOT; elsewhere most of its labels are near-ties."""
+    regret_knobs: list[str] = field(default_factory=list)
+    """Knobs (`KNOBS`) whose labels are the teacher's regrets of every grid choice, fitted to
+    the least expected regret (module doc; needs a teacher that reports its sweeps: ``mpc``);
+    not also in ``stakes_knobs`` or ``tie_sets``."""
     seq_tie_break: str = "teacher"
     """Which of the teacher's near-ties a ``max_num_seqs`` label takes (`SEQ_TIE_BREAKS`):
     ``teacher``, its own choice (the current limit, else the larger); ``knee`` and
@@ -117,18 +126,26 @@ class ImitationSpec:
                 f"seq_tie_break must be one of {SEQ_TIE_BREAKS}, "
                 f"got {self.seq_tie_break!r}"
             )
-        for key in ("stakes_knobs", "tie_sets"):
+        for key in ("stakes_knobs", "tie_sets", "regret_knobs"):
             knobs = list(getattr(self, key))
             unknown = [k for k in knobs if k not in KNOBS]
             if unknown:
                 raise ValueError(f"{key}: {unknown[0]!r} is not one of {KNOBS}")
             if len(set(knobs)) < len(knobs):
                 raise ValueError(f"{key}: a knob given twice in {knobs}; give each once")
+        for key in ("stakes_knobs", "tie_sets"):
+            both = sorted(set(self.regret_knobs) & set(getattr(self, key)))
+            if both:
+                raise ValueError(
+                    f"regret_knobs and {key} both name {both[0]!r}: a regret label already "
+                    "weighs each choice by how much it mattered; give the knob in one"
+                )
         if self.sweeps:
             from batchpilot.baselines.specs import make_controller
 
             if not hasattr(make_controller(self.teacher), "sweeps"):
-                used = ("stakes_knobs", "tie_sets", "seq_stakes_tbt", "seq_tie_break")
+                used = ("stakes_knobs", "tie_sets", "regret_knobs", "seq_stakes_tbt")
+                used += ("seq_tie_break",)
                 key = next(k for k in used if getattr(self, k) and getattr(self, k) != "teacher")
                 raise ValueError(
                     f"{key} needs a teacher that reports how much each "
@@ -139,7 +156,7 @@ class ImitationSpec:
     def sweeps(self) -> bool:
         """Whether labelling reads the teacher's sweeps (for stakes, tie sets or the knee)."""
         return (
-            bool(self.stakes_knobs or self.tie_sets or self.seq_stakes_tbt)
+            bool(self.stakes_knobs or self.tie_sets or self.regret_knobs or self.seq_stakes_tbt)
             or self.seq_tie_break != "teacher"
         )
 
@@ -162,6 +179,9 @@ class Episode:
     metrics: dict[str, float]
     tbt_over_tpot: np.ndarray
     """Per label, the interval's mean TBT over the TPOT target (0 without one)."""
+    regrets: list[np.ndarray]
+    """Per knob, (labels, grid size) regrets of each choice (`grid_regrets`); zeros for a
+    knob not in ``regret_knobs``."""
 
 
 def grid_scores(sweep: dict[int, float], grid: tuple[int, ...]) -> dict[int, float]:
@@ -183,6 +203,23 @@ def knob_stakes(sweep: dict[int, float], grid: tuple[int, ...]) -> float:
         return 0.0
     first, second = sorted(best.values(), reverse=True)[:2]
     return (first - second) / (abs(first) + 1.0)
+
+
+def grid_regrets(sweep: dict[int, float], grid: tuple[int, ...]) -> np.ndarray:
+    """Each grid choice's regret in a teacher's sweep (`grid_scores`): how far its score
+    trails the best, relative to the best (+1), as `knob_stakes` measures leads. A choice the
+    sweep lacks (past the engine's cap, which holds it there) takes the nearest scored one's;
+    an empty sweep regrets nothing."""
+    best = grid_scores(sweep, grid)
+    out = np.zeros(len(grid))
+    if not best:
+        return out
+    top = max(best.values())
+    scored = sorted(best)
+    for i in range(len(grid)):
+        j = min(scored, key=lambda k: (abs(k - i), -k))
+        out[i] = (top - best[j]) / (abs(top) + 1.0)
+    return out
 
 
 def acceptable(sweep: dict[int, float], grid: tuple[int, ...], label: int) -> np.ndarray:
@@ -267,6 +304,7 @@ def collect_episode(
     stakes: bool = False,
     tie_sets: tuple[str, ...] = (),
     seq_tie_break: str = "teacher",
+    regret_knobs: tuple[str, ...] = (),
 ) -> Episode:
     """Run one episode; the teacher labels every state; who acts: see the module doc.
 
@@ -274,7 +312,8 @@ def collect_episode(
     `sweeps` give each label's stakes (1 each otherwise); the knobs named in `tie_sets`
     accept the sweep's near-ties (`acceptable`), the others only the label;
     `seq_tie_break` (`ImitationSpec.seq_tie_break`) picks the ``max_num_seqs`` label among
-    the near-ties. Where the teacher drives, it applies the label.
+    the near-ties; the knobs in `regret_knobs` keep each choice's regret (`grid_regrets`).
+    Where the teacher drives, it applies the label.
     """
     import torch as th
 
@@ -289,6 +328,7 @@ def collect_episode(
     rng = np.random.default_rng(seed)
     states, labels, rewards, label_stakes, tbt_over_tpot = [], [], [], [], []
     accepted: list[list[np.ndarray]] = [[] for _ in KNOBS]
+    regrets: list[list[np.ndarray]] = [[] for _ in KNOBS]
     done = False
     info: dict[str, Any] = {}
     while not done:
@@ -318,6 +358,10 @@ def collect_episode(
             else:
                 mask = np.arange(len(grid)) == label[k]
             accepted[k].append(mask)
+            regret = np.zeros(len(grid))
+            if name in regret_knobs:
+                regret = grid_regrets(teacher.sweeps[k], grid)
+            regrets[k].append(regret)
         action = label
         if policy is not None and rng.random() >= beta:
             action = policy.predict(obs, deterministic=True)[0]
@@ -335,6 +379,8 @@ def collect_episode(
         np.asarray(rewards, np.float64),
         metrics,
         np.asarray(tbt_over_tpot, np.float64),
+        [np.asarray(r, np.float64).reshape(-1, len(grid)) for r, grid in
+         zip(regrets, (SEQ_GRID, BUDGET_GRID), strict=True)],
     )
 
 
@@ -368,6 +414,16 @@ def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
     return out
 
 
+def regret_costs(regrets: np.ndarray, stakes: np.ndarray) -> np.ndarray:
+    """A knob's regrets (labels x grid, `grid_regrets`) over the median of its labels'
+    non-zero stakes (a typical decisive state's runner-up costs 1), capped at `STAKES_CAP`;
+    all 0 where no label had stakes."""
+    decisive = stakes[stakes > 0]
+    if not len(decisive):
+        return np.zeros_like(regrets)
+    return np.minimum(regrets / np.median(decisive), STAKES_CAP)
+
+
 def fit(
     policy: Any,
     obs: np.ndarray,
@@ -376,18 +432,23 @@ def fit(
     returns: np.ndarray,
     spec: ImitationSpec,
     rng: np.random.Generator,
+    costs: list[np.ndarray | None] | None = None,
 ) -> dict[str, float]:
     """Behaviour cloning (the negative log of the probability each knob's distribution puts
     on the choices its label accepts: the teacher's action's log-likelihood where that is
-    the only one; each knob's term weighted by `weights`' column), then the value head on
-    the returns (so PPO starts with a critic). Returns the final losses; accuracy is the
-    share of states whose modes are accepted on both knobs."""
+    the only one; each knob's term weighted by `weights`' column; where `costs` gives a
+    knob's per-choice costs (`regret_costs`), plus the expected cost under the knob's
+    distribution), then the value head on the returns (so PPO starts with a critic).
+    Returns the final losses; accuracy is the share of states whose modes are accepted on
+    both knobs."""
     import torch as th
 
     params = list(policy.parameters())
     opt = th.optim.Adam(params, lr=spec.learning_rate)
     x = th.as_tensor(obs)
     masks = [th.as_tensor(m) for m in accepted]
+    costs = costs or [None] * len(masks)
+    cost_t = [None if c is None else th.as_tensor(c, dtype=th.float32) for c in costs]
     w = th.as_tensor(weights, dtype=th.float32)
     v = th.as_tensor(returns, dtype=th.float32)
     n = len(x)
@@ -404,6 +465,9 @@ def fit(
                 1,
             )
             nll = -(w[idx] * knobs).sum(1).mean()
+            for d, c in zip(dist, cost_t, strict=True):
+                if c is not None:
+                    nll = nll + (d.probs * c[idx]).sum(1).mean()
             opt.zero_grad()
             nll.backward()
             opt.step()
@@ -418,11 +482,15 @@ def fit(
     with th.no_grad():
         predicted = policy.get_distribution(x).mode().numpy()
     hits = [m[np.arange(len(m)), predicted[:, k]] for k, m in enumerate(accepted)]
-    return {
+    stats = {
         "nll": float(nll.detach()),
         "accuracy": float(np.logical_and(*hits).mean()),
         "value_loss": float(value_loss.detach()),
     }
+    for k, c in enumerate(costs):
+        if c is not None:  # the modes' mean cost: 0 where every mode is a best choice
+            stats[f"{KNOBS[k]}_mode_cost"] = float(c[np.arange(len(c)), predicted[:, k]].mean())
+    return stats
 
 
 def round_seeds(seed: int, round_: int, episodes: int) -> list[int]:
@@ -446,7 +514,9 @@ class Collector:
         self, make_env: Callable[[], gym.Env], spec: ImitationSpec, workers: int = 1
     ) -> None:
         self._common = (make_env, spec.teacher)
-        self._labelling = (spec.sweeps, tuple(spec.tie_sets), spec.seq_tie_break)
+        self._labelling = (
+            spec.sweeps, tuple(spec.tie_sets), spec.seq_tie_break, tuple(spec.regret_knobs)
+        )
         self._pool: ProcessPoolExecutor | None = None
         workers = min(workers, spec.episodes)
         if workers > 1:  # one pool for every round: each worker imports torch once
@@ -519,6 +589,7 @@ def dagger(
     accepted_all: list[list[np.ndarray]] = []
     stakes_all: list[np.ndarray] = []
     tbt_all: list[np.ndarray] = []
+    regrets_all: list[list[np.ndarray]] = []
     returns_all: list[np.ndarray] = []
     rewards_all: list[np.ndarray] = []
     history = []
@@ -531,6 +602,7 @@ def dagger(
             accepted_all.append(ep.acceptable)
             stakes_all.append(ep.stakes)
             tbt_all.append(ep.tbt_over_tpot)
+            regrets_all.append(ep.regrets)
             returns_all.append(discounted_returns(ep.rewards, gamma))
             rewards_all.append(ep.rewards)
         targets = np.concatenate(returns_all)
@@ -539,14 +611,22 @@ def dagger(
             targets = targets / np.sqrt(returns.var + RETURN_EPSILON)
         all_stakes = np.concatenate(stakes_all)
         near = np.concatenate(tbt_all) >= spec.seq_stakes_tbt if spec.seq_stakes_tbt else None
+        weights = label_weights(all_stakes, spec.stakes_knobs, near)
+        costs: list[np.ndarray | None] = [None] * len(KNOBS)
+        for name in spec.regret_knobs:  # the label keeps a floor's pull; the regrets lead
+            k = KNOBS.index(name)
+            regrets = np.concatenate([r[k] for r in regrets_all])
+            costs[k] = regret_costs(regrets, all_stakes[:, k])
+            weights[:, k] = STAKES_FLOOR
         stats = fit(
             model.policy,
             np.concatenate(obs_all),
             [np.concatenate(masks) for masks in zip(*accepted_all, strict=True)],
-            label_weights(all_stakes, spec.stakes_knobs, near),
+            weights,
             targets,
             spec,
             rng,
+            costs,
         )
         stats |= {
             "beta": beta,

@@ -249,7 +249,7 @@ def test_the_collector_collects_a_claimed_round_0_episode_once(monkeypatch) -> N
 
     collected: list[tuple[int, object]] = []
 
-    def fake(make_env, teacher, seed, policy, beta, stakes=False, tie_sets=(), seq_tie_break=""):
+    def fake(make_env, teacher, seed, policy, beta, stakes, tie_sets, seq_tie_break, regret):
         collected.append((seed, policy))
         return (seed, len(collected))
 
@@ -390,6 +390,72 @@ def test_tie_sets_let_decisive_labels_win_over_the_tie_break() -> None:
     assert picks == {"plain": top, "tie sets": eight}
 
 
+def test_regret_labels_fit_the_choice_best_on_average_not_the_labels_mode() -> None:
+    """Half the states' teacher picks a 512 budget, half 8,192, each decisively; 1,024 trails
+    the best by 2-3% in both. A clone of the labels (weighed by their stakes or not) picks
+    one of the two modes; fitted to the regrets it picks 1,024, the least regret on average
+    (the student that alternated 512 and 8,192 where the tuned pair held 1,024)."""
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    from batchpilot.agents.imitation import STAKES_FLOOR, ImitationSpec, fit, regret_costs
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
+    spec = ImitationSpec(epochs=300, value_epochs=0)  # one batch an epoch
+    obs = np.zeros((100, len(OBSERVATION_FIELDS)), np.float32)
+    at = {b: BUDGET_GRID.index(b) for b in BUDGET_GRID}
+    regrets = np.full((100, len(BUDGET_GRID)), 0.5)
+    for rows, costs in ((slice(0, 50), {512: 0, 1024: 0.02, 2048: 0.04, 8192: 0.3}),
+                        (slice(50, 100), {8192: 0, 2048: 0.02, 1024: 0.03, 512: 0.3})):
+        for budget, cost in costs.items():
+            regrets[rows, at[budget]] = cost
+    labels = np.array([[0, at[512]]] * 50 + [[0, at[8192]]] * 50)
+    stakes = np.stack([np.ones(100), np.full(100, 0.02)], 1)
+    picks = {}
+    for name, weights, cost in (
+        ("clone", np.ones((100, 2)), None),
+        ("regret", np.array([[1.0, STAKES_FLOOR]] * 100), regret_costs(regrets, stakes[:, 1])),
+    ):
+        model = PPO("MlpPolicy", gym.make("batchpilot/Batching-v0", **kwargs), seed=0, device="cpu")
+        stats = fit(model.policy, obs, one_hot(labels), weights, np.zeros(100), spec,
+                    np.random.default_rng(0), [None, cost])
+        picks[name] = BUDGET_GRID[int(model.policy.predict(obs[:1], deterministic=True)[0][0][1])]
+    assert picks["clone"] in (512, 8192) and picks["regret"] == 1024
+    assert stats["budget_mode_cost"] == pytest.approx(0.025 / 0.02)  # regrets over the stakes
+
+
+def test_grid_regrets_fill_unscored_choices_from_the_nearest_scored() -> None:
+    from batchpilot.agents.imitation import grid_regrets, regret_costs
+
+    sweep = {256: 99.0, 1024: 100.0, 2048: 80.0}  # a 2,048 cap: the grid's top unscored
+    r = grid_regrets(sweep, BUDGET_GRID)
+    assert r[BUDGET_GRID.index(1024)] == 0 and r[BUDGET_GRID.index(256)] == pytest.approx(1 / 101)
+    assert r[-1] == r[BUDGET_GRID.index(2048)] == pytest.approx(20 / 101)
+    assert r[0] == r[BUDGET_GRID.index(256)]
+    assert not grid_regrets({}, BUDGET_GRID).any()
+    costs = regret_costs(np.array([[0.0, 0.5, 9.0]]), np.array([0.0, 0.1, 0.3]))
+    np.testing.assert_allclose(costs, [[0.0, 2.5, 10.0]])  # over the median stakes, capped
+    assert not regret_costs(np.ones((2, 3)), np.zeros(2)).any()
+
+
+def test_mpc_teacher_regret_labels_cost_nothing_at_the_teachers_choice() -> None:
+    import functools
+
+    import gymnasium as gym
+
+    from batchpilot.agents.imitation import collect_episode
+
+    kwargs = TINY["batchpilot/Batching-v0"]["env_kwargs"]
+    make_env = functools.partial(gym.make, "batchpilot/Batching-v0", **kwargs)
+    teacher = "mpc:horizon_s=2:seqs=4/64:tokens=256/2048"
+    episode = collect_episode(make_env, teacher, 5, None, 1.0, True, (), "teacher", ("budget",))
+    seqs, budget = episode.regrets
+    assert not seqs.any() and budget.shape == (len(episode.labels), len(BUDGET_GRID))
+    scored = budget.max(1) > 0
+    assert scored.any() and (budget >= 0).all()
+    assert (budget[np.arange(len(budget)), episode.labels[:, 1]][scored] == 0).all()
+
+
 @pytest.mark.parametrize(
     ("teacher", "knobs", "problem"),
     [("static:48:1024", ["budget"], "reports how much"), ("mpc", ["chunk"], "'chunk' is not one")],
@@ -405,6 +471,11 @@ def test_imitation_stakes_errors_name_the_problem(
         ImitationSpec(teacher=teacher, tie_sets=knobs)
     assert ImitationSpec(teacher="mpc:horizon_s=4", stakes_knobs=["budget"]).stakes_knobs
     assert ImitationSpec(teacher="mpc:horizon_s=4", tie_sets=["max_num_seqs"]).sweeps
+    with pytest.raises(ValueError, match=problem):
+        ImitationSpec(teacher=teacher, regret_knobs=knobs)
+    assert ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"]).sweeps
+    with pytest.raises(ValueError, match="regret_knobs and stakes_knobs both name 'budget'"):
+        ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"], stakes_knobs=["budget"])
     with pytest.raises(ValueError, match="seq_tie_break needs a teacher that reports"):
         ImitationSpec(teacher="static:48:1024", seq_tie_break="knee")
     with pytest.raises(ValueError, match="seq_tie_break must be one of"):
