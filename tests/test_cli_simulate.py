@@ -418,3 +418,21 @@ def test_an_empty_interval_is_refused_not_read_as_the_default(capsys) -> None:
     args = ["simulate", "--workload", "embedded:gsm8k@poisson:1", "--num-requests", "3"]
     assert main([*args, "--interval", ""]) == 2
     assert "control interval '': use e.g. 1it" in capsys.readouterr().err
+
+
+def test_simulate_json_replaces_only_a_metrics_file_it_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--workload g.csv@poisson:5 --json g.csv`` replaced the trace it read with metrics
+    (and ``--profile p.json --json p.json`` the profile); an earlier --json may be replaced."""
+    trace = tmp_path / "g.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n" + "30,20\n" * 60)
+    before = trace.read_text()
+    argv = ["simulate", "--workload", f"{trace}@poisson:5", "--num-requests", "40",
+            "--no-progress", "--json"]  # fmt: skip
+    assert main([*argv, str(trace)]) == 2
+    assert "exists and is not a metrics file that simulate wrote" in capsys.readouterr().err
+    assert trace.read_text() == before
+    out = tmp_path / "m.json"
+    assert main([*argv, str(out)]) == 0 and main([*argv, str(out)]) == 0  # a rerun replaces
+    assert json.loads(out.read_text())["metrics"]["completed"] == 40

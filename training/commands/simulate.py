@@ -12,6 +12,8 @@ examples:
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
@@ -52,7 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="goodput SLOs in ms, as for `vllm bench serve --goodput`, at least one objective "
         "(ttft, tpot, e2el). Default: %(default)s",
     )
-    parser.add_argument("--json", type=path_arg, help="write the aggregate metrics to this file")
+    parser.add_argument(
+        "--json",
+        type=path_arg,
+        help="write the aggregate metrics to this file (an existing file only if an earlier "
+        "--json wrote it)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -70,6 +77,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.json is not None:
         check_output(args.json, "--json", directory=False)
+        check_metrics_file(args.json)
     profile = get_profile(args.profile)
     source, arrival = parse_workload(args.workload)
     workload = make_workload(
@@ -135,6 +143,30 @@ def main(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.json}")
     return 0
+
+
+METRICS_KEYS = ("controller", "metrics", "workload")
+"""Keys of the object `--json` writes: an existing file without them is not replaced."""
+LARGEST_METRICS_FILE = 1 << 20
+"""Bytes: a file larger is no metrics file this command wrote."""
+
+
+def check_metrics_file(path: Path) -> None:
+    """Raise ValueError if `path` exists and is not a metrics file `--json` wrote (a trace,
+    a profile or a policy the same command reads would be overwritten)."""
+    if not path.is_file():
+        return
+    try:
+        if path.stat().st_size > LARGEST_METRICS_FILE:
+            raise ValueError
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not set(METRICS_KEYS) <= data.keys():
+            raise ValueError
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError too
+        raise ValueError(
+            f"--json {path}: the file exists and is not a metrics file that simulate wrote; "
+            "it would be overwritten (a trace or profile?): give another path, or remove it"
+        ) from None
 
 
 def chosen_line(timeline: Timeline, chosen: dict[str, dict[int, int]], most: int = 4) -> str:
