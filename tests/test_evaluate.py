@@ -310,6 +310,26 @@ def test_a_tie_on_one_scenario_is_said_as_one() -> None:
     assert _outcome(0, 0, 3) == "**The learned policy tied** on all 3 scenarios"
 
 
+def test_one_seed_is_no_test_not_a_tie() -> None:
+    """With one seed a 97% loss was said "tie (no significant difference)", and the headline
+    "The learned policy tied": no interval means no test."""
+    from batchpilot.training.policy_report import _outcome, learned_verdict
+
+    lost = {**_fake_scenario([100.0], [3.0]), "name": "U"}
+    text = learned_verdict({"controllers": ["alg1", "mpc"], "scenarios": [lost]}, "mpc")
+    head, line = text.split("\n")
+    assert head.startswith(
+        "**The learned policy was not tested** (one seed of the scenario: no interval) against"
+    )
+    assert line.startswith("- U: behind (one run: no interval, so no test), goodput -97.0%")
+    a = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])
+    text = learned_verdict({"controllers": ["alg1", "mpc"], "scenarios": [a, lost]}, "mpc")
+    assert text.startswith(
+        "**The learned policy won** on 1 of 1 scenarios, and not tested on 1 (one seed: no "
+    )
+    assert _outcome(0, 0, 2, 2).endswith("(one seed of each of the 2 scenarios: no interval)")
+
+
 def test_learned_verdict_counts_wins_and_gives_the_geometric_mean() -> None:
     from batchpilot.training.policy_report import learned_verdict
 

@@ -44,6 +44,8 @@ class Tally:
     """The per-seed goodputs behind `ratios`."""
     static_pairs: Pairs
     """The per-seed goodputs behind `static_ratios`."""
+    untested: int = 0
+    """Scenarios run on one seed: neither won, lost nor tied (no interval to test)."""
 
     @property
     def geomean(self) -> float:
@@ -53,7 +55,7 @@ class Tally:
 
 def tally(results: dict[str, Any], label: str) -> Tally:
     """Each scenario's outcome for the controller `label` against the best reference."""
-    lines, wins, losses, ratios, static = [], 0, 0, [], []
+    lines, wins, losses, untested, ratios, static = [], 0, 0, 0, [], []
     pairs: Pairs = []
     static_pairs: Pairs = []
     for sc in results["scenarios"]:
@@ -73,7 +75,11 @@ def tally(results: dict[str, Any], label: str) -> Tally:
         outcome = "tie (no significant difference)"
         if p.significant and not p.decisive:
             outcome = f"tie (significant but under {MIN_EFFECT:.0%})"
-        if p.decisive:
+        if p.n < 2:
+            untested += 1
+            outcome = "ahead" if p.diff > 0 else "behind" if p.diff < 0 else "equal"
+            outcome += " (one run: no interval, so no test)"
+        elif p.decisive:
             won = p.diff > 0
             wins, losses = wins + won, losses + (not won)
             outcome = "won" if won else "lost"
@@ -81,7 +87,7 @@ def tally(results: dict[str, Any], label: str) -> Tally:
         latency = latency_vs(sc, label, ref)
         line = f"- {sc['name']}: {outcome}, goodput {describe(p)} vs {ref} ({n}; {latency})"
         lines.append(line)
-    return Tally(lines, wins, losses, ratios, static, pairs, static_pairs)
+    return Tally(lines, wins, losses, ratios, static, pairs, static_pairs, untested)
 
 
 def ratio_text(ratio: float, pairs: Pairs) -> str:
@@ -96,7 +102,13 @@ def ratio_text(ratio: float, pairs: Pairs) -> str:
     return f"{ratio:.3f}x"
 
 
-def _outcome(wins: int, losses: int, n: int) -> str:
+def _outcome(wins: int, losses: int, n: int, untested: int = 0) -> str:
+    if untested >= n:
+        of = "the scenario" if n == 1 else f"each of the {n} scenarios"
+        return f"**The learned policy was not tested** (one seed of {of}: no interval)"
+    if untested:
+        tested = _outcome(wins, losses, n - untested)
+        return f"{tested}, and not tested on {untested} (one seed: no interval)"
     if wins and not losses:
         return f"**The learned policy won** on {wins} of {n} scenarios"
     if losses and not wins:
@@ -110,7 +122,7 @@ def learned_verdict(results: dict[str, Any], label: str) -> str:
     """The report's first lines: did the learned policy beat the best reference (tuned
     static, vLLM's default, the rules) on goodput, per scenario, paired over seeds."""
     t = tally(results, label)
-    head = _outcome(t.wins, t.losses, len(t.lines))
+    head = _outcome(t.wins, t.losses, len(t.lines), t.untested)
     head += " against the best reference (paired 95% intervals over seeds):"
     if len(t.ratios) > 1:
         above = sum(r > 1 for r in t.ratios)
@@ -173,10 +185,11 @@ def write_suites_report(
     for label in labels:
         tallies = [tally(s.results, label) for s in sections]
         wins, losses = sum(t.wins for t in tallies), sum(t.losses for t in tallies)
+        untested = sum(t.untested for t in tallies)
         ratios = [r for t in tallies for r in t.ratios]
         every = ratio_text(geometric_mean(ratios), [p for t in tallies for p in t.pairs])
         line = (
-            _outcome(wins, losses, len(ratios))
+            _outcome(wins, losses, len(ratios), untested)
             + f" over {n} suite{'s' * (n > 1)} against the best reference (the best of "
             f"{of_refs} per scenario; paired 95% intervals over seeds); its mean goodput is "
             f"{every} the best reference's (geometric mean over every scenario, with its "
