@@ -463,6 +463,12 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
          "defaults: 'slo' gives a value for 'llama2-7b-a100', a profile no scenario runs on"),
         ("controllers: [static:0]\nscenarios:\n  - {name: a, source: embedded:gsm8k, arrival: poisson:1}\n",
          "'controllers': static:0: N must be >= 1"),  # once without the file
+        # a name given per profile skipped the check: a newline reached the report, and a long
+        # name failed only after every run, writing its plot
+        ('scenarios:\n  - {name: {llama-7b-a100: "a\\nb"}, source: embedded:gsm8k, arrival: poisson:1}\n',
+         "scenario name 'a\\nb': need one printable line"),
+        ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: {}}\n",
+         "'arrival' is an empty mapping; give one value, or one per profile"),  # "for  but not"
     ]  # fmt: skip
     for i, (text, message) in enumerate(cases):
         path = tmp_path / f"bad{i}.yml"

@@ -142,11 +142,6 @@ def parse_suite(data: Any, path: Path) -> Suite:
         for key in ("name", "source"):
             if key not in merged:
                 raise SuiteError(f"{where}: missing key {key!r}")
-        if isinstance(merged["name"], str):  # titles a report's heading and its plots' files
-            try:
-                check_profile_name(merged["name"], "scenario name")
-            except ValueError as exc:
-                raise SuiteError(f"{where}: {exc}") from None
         on = _as_profiles(merged.pop("profiles", profiles), f"{where}: 'profiles'")
         for key, value in entry.items():  # (defaults may serve other scenarios' profiles too)
             strays = [k for k in value if k not in on] if isinstance(value, dict) else []
@@ -242,6 +237,10 @@ def _scenario(family: str, fields_: dict[str, Any], profile: str, where: str) ->
     kw: dict[str, Any] = {}
     for key, value in fields_.items():
         if isinstance(value, dict):
+            if not value:
+                raise SuiteError(
+                    f"{where}: {key!r} is an empty mapping; give one value, or one per profile"
+                )
             if profile not in value:
                 raise SuiteError(
                     f"{where}: {key!r} gives values for {', '.join(map(str, value))} but not "
@@ -249,6 +248,11 @@ def _scenario(family: str, fields_: dict[str, Any], profile: str, where: str) ->
                 )
             value = value[profile]
         kw[key] = _field(key, value, where)
+    if isinstance(kw["name"], str):  # titles a report's heading and its plots' files
+        try:
+            check_profile_name(kw["name"], "scenario name")
+        except ValueError as exc:
+            raise SuiteError(f"{where}: {exc}") from None
     kw["name"] = f"{family}/{kw['name']} on {profile}"
     try:
         sc = Scenario(profile=profile, family=family, **kw)
