@@ -151,6 +151,12 @@ def draw_weight(w: object, what: str) -> float:
     return float(w)
 
 
+def draw_probabilities(weights: list[float]) -> np.ndarray:
+    """Draw weights (each `draw_weight`) as probabilities; huge ones do not overflow a sum."""
+    relative = np.asarray(weights, dtype=np.float64) / max(weights)
+    return relative / relative.sum()
+
+
 def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, float]:
     """Profile name -> draw weight, from one name, a list (equal weights) or a mapping of
     names to positive weights."""
@@ -340,7 +346,7 @@ class BatchingEnv(gym.Env):
         self.engine_kind = engine
         weights = profile_weights(profile)
         self.profiles = list(weights)
-        self._profile_p = np.array(list(weights.values())) / sum(weights.values())
+        self._profile_p = draw_probabilities(list(weights.values()))
         self._profile_objs = [get_profile(p) for p in self.profiles]
         names = [p.name for p in self._profile_objs]
         if twice := sorted({n for n in names if names.count(n) > 1}):
@@ -458,8 +464,8 @@ class BatchingEnv(gym.Env):
         self._engine = self._make_engine(profile, slo)
         self.observer.set_slo(slo)
         specs = self._workloads_for(profile.name)
-        weights = np.array([s.weight for s in specs])
-        spec = specs[int(rng.choice(len(specs), p=weights / weights.sum()))]
+        p = draw_probabilities([s.weight for s in specs])
+        spec = specs[int(rng.choice(len(specs), p=p))]
         self.workload = spec.draw(rng, self._engine.max_model_len, rate_factor=1 / scales[0])
         self._offered_tps = offered_output_tps(self.workload)
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)

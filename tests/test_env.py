@@ -526,3 +526,21 @@ def test_episodes_draw_windows_across_a_whole_trace(tmp_path) -> None:
     # a trace holding fewer runs whole, as a suite's scenario takes it (it was an error here)
     more = WorkloadSpec.coerce({"source": str(trace), "num_requests": 900}).draw(rng, 4096)
     assert len(more) == 600 and trace_window(str(trace), 900, 0) == (None, None)
+
+
+def test_huge_draw_weights_draw_as_their_ratios() -> None:
+    """Profile weights of 1e308 each ended in numpy's "Probabilities do not sum to 1" (their
+    sum overflowed); mix: weights were already scaled by the largest."""
+    import gymnasium as gym
+
+    env = gym.make(
+        "batchpilot/Batching-v0",
+        profile={"llama-2-7b-a100": 1e308, "llama-3-8b-a100": 1e308},
+        workload=[{"source": "fixed:64:16", "arrival": "poisson:2", "num_requests": 10,
+                   "weight": w} for w in (1e308, 1e308)],
+    )  # fmt: skip
+    drawn = set()
+    for seed in range(12):
+        env.reset(seed=seed)
+        drawn.add(env.unwrapped.engine.profile.name)
+    assert drawn == {"llama-2-7b-a100", "llama-3-8b-a100"}
