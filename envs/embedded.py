@@ -82,16 +82,7 @@ def embedded_lengths(name: str) -> LengthTable:
     """The length table called `name`."""
     tables = _tables()
     if name not in tables:
-        base, at, arrival = name.partition("@")
-        hint = (
-            f"; in a config or suite, give source: embedded:{base} and arrival: {arrival} as two "
-            "keys (SOURCE@ARRIVAL is the command line's form)"
-            if at and base in tables
-            else ""
-        )
-        raise ValueError(
-            f"unknown embedded workload {name!r}; known: {', '.join(sorted(tables))}{hint}"
-        )
+        raise ValueError(f"unknown embedded workload {name!r}; known: {', '.join(sorted(tables))}")
     t = tables[name]
     return LengthTable(
         name=name,

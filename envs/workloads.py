@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +39,26 @@ DRAWN_REQUESTS = 1000
 def is_trace_file(source: str) -> bool:
     """Whether `source` names a trace file (not an embedded table, mix, shift or fixed)."""
     return not source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX))
+
+
+def arrival_suffix(source: str) -> str | None:
+    """Where `source` ends in ``@ARRIVAL`` (an arrival process the command line's
+    SOURCE@ARRIVAL form would split off) and names no file: a message saying to give source
+    and arrival as two keys; else None."""
+    base, at, tail = source.rpartition("@")
+    if not at or not base:
+        return None
+    try:
+        Arrival.parse(tail)
+        if is_trace_file(source) and Path(source).expanduser().exists():
+            return None
+    except (ValueError, OSError):
+        return None
+    return (
+        f"workload {source!r} ends in an arrival process (@{tail}); in a config or suite give "
+        f"source: {base} and arrival: {tail} as two keys (SOURCE@ARRIVAL is the command line's "
+        "form)"
+    )
 
 
 def trace_window(
@@ -87,6 +108,8 @@ def make_workload(
     """
     if num_requests is not None and (isinstance(num_requests, bool) or num_requests < 1):
         raise WorkloadError(f"num_requests is {num_requests!r}; need at least 1 (None: default)")
+    if problem := arrival_suffix(source):
+        raise WorkloadError(problem)
     if bad_rows not in BAD_ROWS:
         raise WorkloadError(f"bad_rows is {bad_rows!r}; one of {', '.join(BAD_ROWS)}")
     if isinstance(seed, bool) or not 0 <= seed < 2**32:

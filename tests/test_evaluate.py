@@ -469,6 +469,8 @@ def test_suites_load_and_bad_files_name_file_and_key(tmp_path: Path) -> None:
          "scenario name 'a\\nb': need one printable line"),
         ("scenarios:\n  - {name: a, source: embedded:gsm8k, arrival: {}}\n",
          "'arrival' is an empty mapping; give one value, or one per profile"),  # "for  but not"
+        ("scenarios:\n  - {name: a, source: 'traces/conv.csv@replay'}\n",  # was "no trace file"
+         "give source: traces/conv.csv and arrival: replay as two keys"),
     ]  # fmt: skip
     for i, (text, message) in enumerate(cases):
         path = tmp_path / f"bad{i}.yml"

@@ -289,10 +289,12 @@ def _check(sc: Scenario) -> None:
     under the scenario's arrival process (a replay needs the trace's times)."""
     from batchpilot.envs.controller import ControlInterval
     from batchpilot.envs.metrics import SLO, goodput_slo
-    from batchpilot.envs.workloads import make_workload
+    from batchpilot.envs.workloads import arrival_suffix, make_workload
 
     goodput_slo(SLO.parse(sc.slo), "'slo'")
     ControlInterval.parse(sc.interval)
+    if problem := arrival_suffix(sc.source):
+        raise ValueError(problem)
     if not sc.is_trace_file:
         make_workload(sc.source, sc.arrival, num_requests=2, seed=0)
     elif not regular_file(user_path(sc.source), "a trace file"):
