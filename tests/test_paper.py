@@ -159,6 +159,9 @@ def test_bad_schedulers_are_named_before_anything_runs(
     [
         (["--out", "{file}"], "--out {file}: is a file, not a directory"),
         (["--capacity-slo", "x"], "capacity SLO 'x'"),
+        # its advice was "--interval 500ms", a flag paper has not
+        (["--controllers-extra", "alg1,policy:training/reports/learned/policy.onnx"],
+         "policy:training/reports/learned/policy.onnx is a learned policy, which decides at"),
     ],
 )
 def test_a_bad_out_or_capacity_slo_is_named_before_table_one_runs(

@@ -182,6 +182,13 @@ def main(args: argparse.Namespace) -> int:
         extra = split_specs(args.controllers_extra) if args.controllers_extra.strip() else []
     except ValueError as exc:
         raise ValueError(f"--controllers-extra {args.controllers_extra!r}: {exc}") from None
+    if learned := [c for c in extra if "policy:" in c]:
+        raise ValueError(
+            f"--controllers-extra: {learned[0]} is a learned policy, which decides at the "
+            "interval it trained at; the paper's tables decide every engine step. Compare it "
+            "with batchpilot compare --controllers ... --interval INTERVAL, or batchpilot "
+            "evaluate"
+        )
 
     def controllers(base: str) -> list[str]:
         names = base.split(",")
