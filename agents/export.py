@@ -178,7 +178,11 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
         raise PolicyFileError(f"{run_dir} is not a training run (no run.json){hint}")
     ckpt = run_dir / checkpoint
     if not (ckpt / STATE).is_file():
-        raise PolicyFileError(f"{ckpt}/{STATE} does not exist (checkpoints: best, final)")
+        kept = [c for c in ("best", "final") if (run_dir / c / STATE).is_file()]
+        has = f"the run keeps {' and '.join(kept)}" if kept else "the run keeps no checkpoint yet"
+        if kept == ["final"]:
+            has += " (best only where the config has an eval: block): --checkpoint final"
+        raise PolicyFileError(f"{ckpt}/{STATE} does not exist; {has}")
     meta = read_json_object(meta_path, "the run description", PolicyFileError)
     missing = [k for k in ("action_mode", "env_kwargs", "control_interval") if k not in meta]
     if missing:

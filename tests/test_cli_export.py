@@ -665,3 +665,15 @@ def test_an_out_the_file_system_refuses_is_named_by_its_option(tmp_path: Path, c
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--out /proc/batchpilot-run" in err and "Traceback" not in err
+
+
+def test_a_run_without_a_best_checkpoint_says_which_it_keeps(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """A run without an eval: block keeps no best checkpoint, and the message listed it as
+    there ("checkpoints: best, final")."""
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "p.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "best/checkpoint.json does not exist; the run keeps final (best only where" in err
+    assert err.rstrip().endswith("--checkpoint final")
+    assert main(["export", str(run_dir), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]) == 0
