@@ -62,7 +62,8 @@ class LengthTable:
         """(rate, CV) of the trace's arrivals; raises for a length-only trace."""
         if self.rate is None or self.cv is None:
             raise ArrivalSpecError(
-                f"embedded:{self.name} has no timestamps; use poisson:RATE or gamma:RATE:CV"
+                f"embedded:{self.name} has no timestamps to replay (replay is the arrival "
+                "where none is given); use poisson:RATE or gamma:RATE:CV"
             )
         return self.rate, self.cv
 

@@ -36,6 +36,12 @@ DRAWN_REQUESTS = 1000
 """Requests drawn from an embedded table, mix, shift or fixed source when no number is given."""
 
 
+NO_REPLAY = (
+    "replay (replay is the arrival where none is given); use poisson:RATE or gamma:RATE:CV"
+)
+"""How a message goes on where a source has no timestamps to replay."""
+
+
 def is_trace_file(source: str) -> bool:
     """Whether `source` names a trace file (not an embedded table, mix, shift or fixed)."""
     return not source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX))
@@ -132,14 +138,14 @@ def make_workload(
         pick = rng.choice(len(names), size=n, p=weights)
         prompt, output = _lengths_by_table(names, pick, rng)
         if process.kind == "replay":
-            raise WorkloadError(f"workload {source!r}: a mix has no timestamps to replay")
+            raise WorkloadError(f"workload {source!r}: a mix has no timestamps to {NO_REPLAY}")
         times = process.times(n, rng)
         label = f"{source.removeprefix(MIX_PREFIX)} ({process_label(process)})"
     elif source.startswith(SHIFT_PREFIX):
         n = num_requests or DRAWN_REQUESTS
         names, starts, period = shift_phases(source)
         if process.kind == "replay":
-            raise WorkloadError(f"workload {source!r}: a shift has no timestamps to replay")
+            raise WorkloadError(f"workload {source!r}: a shift has no timestamps to {NO_REPLAY}")
         times = process.times(n, rng)
         phase = np.searchsorted(starts, times % period if period else times, side="right") - 1
         prompt, output = _lengths_by_table(names, phase, rng)
@@ -166,9 +172,8 @@ def make_workload(
             )
         if process.kind == "replay" and trace.arrival_s is None:
             raise WorkloadError(
-                f"{source}: a {trace.format} length table has no timestamps to replay: use "
-                "poisson:RATE or gamma:RATE:CV (replay reads Azure, BurstGPT, Vidur, Mooncake "
-                "and Bailian traces' times)"
+                f"{source}: a {trace.format} length table has no timestamps to {NO_REPLAY} "
+                "(replay reads Azure, BurstGPT, Vidur, Mooncake and Bailian traces' times)"
             )
         window = ""
         if window_start is None:

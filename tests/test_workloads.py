@@ -679,6 +679,10 @@ def test_make_workload_is_deterministic_per_seed() -> None:
     assert list(a.requests) == list(b.requests) and list(a.requests) != list(c.requests)
     with pytest.raises(ArrivalSpecError, match="no timestamps"):
         make_workload("embedded:gsm8k", "replay")
+    # where no arrival is given, the error never said that replay was the default
+    for source in ("embedded:gsm8k", "mix:sharegpt=1", "shift:gsm8k@0,sharegpt@20"):
+        with pytest.raises(ValueError, match=r"\(replay is the arrival where none is given\)"):
+            make_workload(source)
     with pytest.raises(ValueError, match="unknown embedded workload") as caught:
         make_workload("embedded:nope")
     assert "two keys" not in str(caught.value)
