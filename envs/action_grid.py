@@ -67,7 +67,11 @@ class ActionGrid:
     def apply(self, action: np.ndarray) -> Limits:
         """The limits for `action`; in ``step`` mode relative to the previous ones."""
         a = np.asarray(action).reshape(-1).tolist()  # plain floats: a decision is hot
-        if len(a) != 2 or not (math.isfinite(a[0]) and math.isfinite(a[1])):
+        try:
+            finite = len(a) == 2 and math.isfinite(a[0]) and math.isfinite(a[1])
+        except TypeError:  # complex, str or object entries
+            finite = False
+        if not finite:
             raise ValueError(f"action must be 2 finite entries, got {action!r}")
         i, j = int(a[0]), int(a[1])
         n, m = self.nvec

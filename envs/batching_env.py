@@ -341,8 +341,10 @@ class BatchingEnv(gym.Env):
         else:
             check_interval_iters(control_interval_iters, "control_interval_iters")
         for name, w in (("w_lost", w_lost), ("w_recompute", w_recompute)):
-            if not 0 <= w < np.inf:
-                raise ValueError(f"{name} must be >= 0, got {w}")
+            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < np.inf:
+                raise ValueError(f"{name} must be a number >= 0, got {w!r}")
+        if not isinstance(slo, str):
+            raise ValueError(f"slo must be a string such as 'ttft:2000,tpot:50', got {slo!r}")
         self.engine_kind = engine
         weights = profile_weights(profile)
         self.profiles = list(weights)

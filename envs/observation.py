@@ -66,6 +66,8 @@ def checked_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
     one (None: all of them); otherwise a ValueError naming the problem."""
     if fields is None:
         return OBSERVATION_FIELDS
+    if isinstance(fields, str):
+        raise ValueError(f"observation fields must be a list of entry names, got {fields!r}")
     if not fields:
         raise ValueError("observation fields name none; name at least one")
     unknown = [f for f in fields if f not in OBSERVATION_FIELDS]

@@ -86,7 +86,8 @@ def test_actions_set_both_knobs_on_log_grids() -> None:
 
 @pytest.mark.parametrize(
     ("mode", "action"),
-    [("grid", [100, 100]), ("grid", [-1, 0]), ("grid", [3.9, 2.2]), ("step", [3, 1]), ("grid", [np.nan, 0])],
+    [("grid", [100, 100]), ("grid", [-1, 0]), ("grid", [3.9, 2.2]), ("step", [3, 1]), ("grid", [np.nan, 0]),
+     ("grid", [1j, 0]), ("step", ["a", 0])],  # a bare TypeError
 )
 def test_an_action_outside_the_space_is_refused(mode: str, action: list) -> None:
     """Out of range or fractional: an agent meant for another space (they were clamped and
@@ -338,7 +339,7 @@ def test_a_profile_file_may_not_take_a_shipped_profiles_name(tmp_path) -> None:
         ({"engine": "vllm", "model": "no/such/dir"}, "no/such/dir: not a model directory"),
         ({"action_mode": "jump"}, "action_mode must be"),
         ({"w_recompute": -1}, "w_recompute must be"),
-        ({"w_lost": -1}, "w_lost must be >= 0, got -1"),
+        ({"w_lost": -1}, "w_lost must be a number >= 0, got -1"),
         ({"control_interval_s": 0.5, "control_interval_iters": 4}, r"set one of control_interval_s \(0.5\) and control_interval_iters \(4\), not both"),
         ({"control_interval_s": 0}, "control_interval_s must be a number of seconds in \\[0.001, 3600\\], got 0"),
         ({"control_interval_s": -1}, "control_interval_s must be a number of seconds in \\[0.001, 3600\\], got -1"),
@@ -356,6 +357,10 @@ def test_a_profile_file_may_not_take_a_shipped_profiles_name(tmp_path) -> None:
         ({"workload": {"source": "embedded:gsm8k", "rate": 3}}, r"unknown key\(s\) \['rate'\]"),
         ({"workload": {"source": "embedded:gsm8k", "weight": 0}}, "weight must be a number > 0, got 0"),
         ({"workload": {"source": "embedded:gsm8k", "weight": "2x"}}, "weight must be a number > 0, got '2x'"),
+        # raw TypeErrors, and a string's letters taken for entry names
+        ({"slo": 5}, "slo must be a string such as 'ttft:2000,tpot:50', got 5"),
+        ({"w_lost": "1"}, "w_lost must be a number >= 0, got '1'"),
+        ({"observation_fields": "running"}, "must be a list of entry names, got 'running'"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict, message: str) -> None:
