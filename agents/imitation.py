@@ -107,6 +107,12 @@ class ImitationSpec:
     simulator's step model (module doc; needs a teacher that reports its sweeps)."""
 
     def __post_init__(self) -> None:
+        if "policy:" in str(self.teacher):
+            raise ValueError(
+                f"teacher {self.teacher!r}: a learned policy does not teach here; give a rule "
+                "or the lookahead oracle (static, alg1, alg2, alg1+alg2, mpc: batchpilot compare "
+                "--help lists them)"
+            )
         for key in ("rounds", "episodes", "epochs", "batch_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")

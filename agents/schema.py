@@ -30,10 +30,15 @@ def number(low: float, high: float, *, integer: bool = False, low_open: bool = F
         if isinstance(value, bool) or not isinstance(value, kind):
             return f"{value!r} is not {'a whole number' if integer else 'a number'}"
         if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
-            return f"{value!r} is outside {'(' if low_open else '['}{low:g}, {high:g}]"
+            return f"{value!r} is outside {'(' if low_open else '['}{_bound(low)}, {_bound(high)}]"
         return None
 
     return check
+
+
+def _bound(x: float) -> str:
+    """A bound as written: whole ones below 1e10 in full (4294967295, not 4.29497e+09)."""
+    return f"{int(x)}" if abs(x) < 1e10 and x == int(x) else f"{x:g}"
 
 
 def _name(annotation: Any) -> str:

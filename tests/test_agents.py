@@ -476,6 +476,8 @@ def test_imitation_stakes_errors_name_the_problem(
     assert ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"]).sweeps
     with pytest.raises(ValueError, match="regret_knobs and stakes_knobs both name 'budget'"):
         ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"], stakes_knobs=["budget"])
+    with pytest.raises(ValueError, match="a learned policy does not teach here"):
+        ImitationSpec(teacher="policy:training/reports/learned/policy.onnx")  # "unknown controller"
     with pytest.raises(ValueError, match="seq_tie_break needs a teacher that reports"):
         ImitationSpec(teacher="static:48:1024", seq_tie_break="knee")
     with pytest.raises(ValueError, match="seq_tie_break must be one of"):

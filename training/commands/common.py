@@ -175,8 +175,9 @@ WORKLOAD_HELP = (
     "embedded:NAME (azure-conv, azure-code, sharegpt, gsm8k: length tables shipped with "
     "batchpilot), mix:NAME=W,..., shift:NAME@0,NAME@T1,...[/PERIOD] or fixed:PROMPT:OUTPUT, "
     "@ an arrival process: all-at-once, poisson:RATE, gamma:RATE:CV, steps:R0@0,R1@T1,..., "
-    "ramp:R0:R1[:S] or replay[:SCALE] (a trace's own timestamps at SCALE x its rate; on an "
-    "embedded table, its fitted Gamma process)"
+    "ramp:R0:R1[:S] or replay[:SCALE] (a trace's own timestamps at SCALE x its rate; on "
+    "embedded:azure-conv or azure-code, the fitted Gamma process of the trace's times; the "
+    "length tables have no times)"
 )
 """``--workload``'s help (`simulate`, `compare`)."""
 
