@@ -1231,6 +1231,9 @@ def test_train_report_step_says_first_whether_the_policy_won(
         ({"--suite": "steady", "--suite ": "steady"}, "two suites share a name (steady, steady)"),
         ({"--policy ": "{policy}"}, "a policy is given twice"),
         ({"--policy": "runs/a+b/policy.onnx"}, "policy path runs/a+b/policy.onnx: ',' separates"),
+        # "policy file policy:... does not exist", and "given twice in" a list never typed
+        ({"--policy": "policy:{policy}"}, "give the file's path alone; 'policy:' begins a"),
+        ({"--references": "alg1,policy:{policy}"}, "--references names policy:"),
     ],
 )
 def test_evaluate_refuses_bad_input_before_any_run(tmp_path: Path, capsys, change, message) -> None:

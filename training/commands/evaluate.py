@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from batchpilot.agents.specs import policy_spec
+from batchpilot.agents.specs import policy_spec, spec_key
 from batchpilot.baselines.specs import split_specs
 from batchpilot.training.commands.common import (
     FIRST_SEED,
@@ -86,6 +86,11 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.training.suite import suite_names
 
     check_output(args.out, "--out", directory=True)
+    if spec := next((p for p in args.policy if str(p).startswith("policy:")), None):
+        raise ValueError(
+            f"--policy {spec}: give the file's path alone; 'policy:' begins a controller spec "
+            "(--references takes those)"
+        )
     labels = [policy_spec(p) for p in args.policy]
     # a missing or mismatched file fails before any run
     intervals = {str(p): read_sidecar(p)["control_interval"] for p in args.policy}
@@ -95,9 +100,15 @@ def main(args: argparse.Namespace) -> int:
         given = ", ".join(f"{p} ({i})" for p, i in intervals.items())
         raise ValueError(f"--policy: the policies' control intervals differ: {given}")
     try:
-        split_specs(args.references)
+        references = split_specs(args.references)
     except ValueError as exc:
         raise ValueError(f"--references {args.references!r}: {exc}") from None
+    candidates = {spec_key(label) for label in labels}
+    if twice := next((r for r in references if spec_key(r) in candidates), None):
+        raise ValueError(
+            f"--references names {twice}, a --policy under evaluation: each runs once, as a "
+            "candidate; leave it out of --references"
+        )
     names = [n for s in args.suite for n in (suite_names() if s == "all" else [s])]
     suites = [(suite, suite_description(suite)) for suite in names]
     stems = [Path(suite).stem for suite, _ in suites]
