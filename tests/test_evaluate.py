@@ -328,6 +328,21 @@ def test_one_seed_is_no_test_not_a_tie() -> None:
         "**The learned policy won** on 1 of 1 scenarios, and not tested on 1 (one seed: no "
     )
     assert _outcome(0, 0, 2, 2).endswith("(one seed of each of the 2 scenarios: no interval)")
+    assert _outcome(2, 0, 3, 1) == (
+        "**The learned policy won** on 2 of 2 scenarios, and not tested on 1 (one seed: no interval)"
+    )
+    assert _outcome(1, 0, 1, 0) == "**The learned policy won** on 1 of 1 scenarios"  # not "not tested"
+    close = {**_fake_scenario([100.0], [100.001]), "name": "V"}  # as report.verdict: under 1%
+    text = learned_verdict({"controllers": ["alg1", "mpc"], "scenarios": [close]}, "mpc")
+    assert "- V: within 1% (one run: no interval, so no test)" in text
+    # a scenario nothing in which depends on the seed ran once on purpose: that run is exact
+    exact = {**lost, "seed_note": "nothing in this workload depends on the seed"}
+    text = learned_verdict({"controllers": ["alg1", "mpc"], "scenarios": [exact]}, "mpc")
+    assert text.startswith("**The learned policy lost** on 1 of 1 scenarios")
+    assert "- U: lost (one exact run), goodput -97.0%" in text
+    assert "- V: tie (under 1%; one exact run)" in learned_verdict(
+        {"controllers": ["alg1", "mpc"], "scenarios": [{**close, "seed_note": "x"}]}, "mpc"
+    )
 
 
 def test_learned_verdict_counts_wins_and_gives_the_geometric_mean() -> None:
@@ -390,7 +405,7 @@ def test_a_suites_geometric_mean_has_a_paired_bootstrap_interval() -> None:
     assert ratio_text(1.111, [([100.0], [90.0])]) == "1.111x"
     zeros = [([5.0, 5.0, 5.0, 5.0], [0.0, 0.0, 0.0, 4.0])]  # some resamples: mean 0
     assert geomean_interval(zeros) is None
-    assert ratio_text(5.0, zeros) == "5.000x (no interval: the reference's goodput is 0 on too many seeds)"
+    assert ratio_text(5.0, zeros) == "5.000x (no interval: resampled seeds leave the reference no goodput)"
     with pytest.raises(ValueError, match="the same seeds"):
         geomean_interval([([1.0, 2.0], [1.0])])
 

@@ -75,10 +75,18 @@ def tally(results: dict[str, Any], label: str) -> Tally:
         outcome = "tie (no significant difference)"
         if p.significant and not p.decisive:
             outcome = f"tie (significant but under {MIN_EFFECT:.0%})"
-        if p.n < 2:
+        small = p.rel is not None and abs(p.rel) < MIN_EFFECT
+        if p.n < 2 and not sc.get("seed_note"):
             untested += 1
-            outcome = "ahead" if p.diff > 0 else "behind" if p.diff < 0 else "equal"
-            outcome += " (one run: no interval, so no test)"
+            lead = "ahead" if p.diff > 0 else "behind"
+            lead = f"within {MIN_EFFECT:.0%}" if small or not p.diff else lead
+            outcome = f"{lead} (one run: no interval, so no test)"
+        elif p.n < 2:  # nothing depends on the seed: the one run is exact
+            outcome = f"tie (under {MIN_EFFECT:.0%}; one exact run)"
+            if not small and p.diff:
+                won = p.diff > 0
+                wins, losses = wins + won, losses + (not won)
+                outcome = f"{'won' if won else 'lost'} (one exact run)"
         elif p.decisive:
             won = p.diff > 0
             wins, losses = wins + won, losses + (not won)
@@ -98,12 +106,12 @@ def ratio_text(ratio: float, pairs: Pairs) -> str:
     if interval:
         return f"{ratio:.3f}x ({interval[0]:.3f}-{interval[1]:.3f})"
     if any(len(a) > 1 for a, _ in pairs):
-        return f"{ratio:.3f}x (no interval: the reference's goodput is 0 on too many seeds)"
+        return f"{ratio:.3f}x (no interval: resampled seeds leave the reference no goodput)"
     return f"{ratio:.3f}x"
 
 
 def _outcome(wins: int, losses: int, n: int, untested: int = 0) -> str:
-    if untested >= n:
+    if untested and untested >= n:
         of = "the scenario" if n == 1 else f"each of the {n} scenarios"
         return f"**The learned policy was not tested** (one seed of {of}: no interval)"
     if untested:
@@ -186,10 +194,11 @@ def write_suites_report(
         tallies = [tally(s.results, label) for s in sections]
         wins, losses = sum(t.wins for t in tallies), sum(t.losses for t in tallies)
         untested = sum(t.untested for t in tallies)
+        scenarios = sum(len(t.lines) for t in tallies)
         ratios = [r for t in tallies for r in t.ratios]
         every = ratio_text(geometric_mean(ratios), [p for t in tallies for p in t.pairs])
         line = (
-            _outcome(wins, losses, len(ratios), untested)
+            _outcome(wins, losses, scenarios, untested)
             + f" over {n} suite{'s' * (n > 1)} against the best reference (the best of "
             f"{of_refs} per scenario; paired 95% intervals over seeds); its mean goodput is "
             f"{every} the best reference's (geometric mean over every scenario, with its "
@@ -201,7 +210,7 @@ def write_suites_report(
             if t.static_ratios:
                 static = ratio_text(geometric_mean(t.static_ratios), t.static_pairs)
             name = [f"`{label}`"] if len(labels) > 1 else []
-            counts = [str(len(t.ratios)), str(t.wins), str(t.losses)]
+            counts = [str(len(t.lines)), str(t.wins), str(t.losses)]
             above = str(sum(r > 1 for r in t.ratios))
             ratio = ratio_text(t.geomean, t.pairs)
             rows.append([f"[{s.name}](#{s.name})", *name, *counts, ratio, static, above])
