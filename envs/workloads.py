@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
+from batchpilot.envs.input_files import user_path
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS, MAX_TOKENS, load_trace
 from batchpilot.envs.workload import (
@@ -47,18 +47,40 @@ def is_trace_file(source: str) -> bool:
     return not source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX))
 
 
+ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
+"""The arrival processes' names, as ``SOURCE@ARRIVAL`` is split (`split_arrival`)."""
+
+
+def _is_file(text: str) -> bool:
+    """Whether `text` names an existing file (``~`` expanded); a name no path can be (an
+    unknown user's ``~``, too long) is none."""
+    try:
+        return user_path(text).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def split_arrival(text: str) -> tuple[str, str] | None:
+    """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
+    arrival process (``steps:`` has ``@`` of its own), or at a later one where the text
+    before it is an existing file (a trace named ``x@poisson.csv``); None where none does."""
+    splits = [m for m in re.finditer(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text) if m.start()]
+    files = [m for m in splits if _is_file(text[: m.start()])]
+    match = (files or splits or [None])[0]
+    return None if match is None else (text[: match.start()], text[match.end() :])
+
+
 def arrival_suffix(source: str) -> str | None:
-    """Where `source` ends in ``@ARRIVAL`` (an arrival process the command line's
-    SOURCE@ARRIVAL form would split off) and names no file: a message saying to give source
-    and arrival as two keys; else None."""
-    base, at, tail = source.rpartition("@")
-    if not at or not base:
+    """Where `source` is the command line's ``SOURCE@ARRIVAL`` (`split_arrival`, a valid
+    arrival process) and names no file: a message saying to give source and arrival as two
+    keys; else None."""
+    split = None if _is_file(source) else split_arrival(source)
+    if split is None:
         return None
+    base, tail = split
     try:
         Arrival.parse(tail)
-        if is_trace_file(source) and Path(source).expanduser().exists():
-            return None
-    except (ValueError, OSError):
+    except ValueError:
         return None
     return (
         f"workload {source!r} ends in an arrival process (@{tail}); in a config or suite give "

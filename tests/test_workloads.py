@@ -692,7 +692,7 @@ def test_make_workload_is_deterministic_per_seed() -> None:
     # so for every source: the others were "use fixed:PROMPT:OUTPUT", "is not NAME=WEIGHT" and
     # "no trace file"
     for source, arrival in (("fixed:64:16", "poisson:2"), ("mix:sharegpt=1,gsm8k=1", "gamma:2:3"),
-                            ("traces/conv.csv", "replay:2")):  # fmt: skip
+                            ("traces/conv.csv", "replay:2"), ("embedded:gsm8k", "steps:1@0,2@10")):  # fmt: skip
         with pytest.raises(ValueError, match=f"give source: {source} and arrival: {arrival} as"):
             make_workload(f"{source}@{arrival}")
     shift = make_workload("shift:gsm8k@0,sharegpt@20/40", "poisson:2", num_requests=5)

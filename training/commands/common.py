@@ -6,21 +6,19 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from batchpilot.envs.input_files import user_path
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
-from batchpilot.envs.workloads import DRAWN_REQUESTS, is_trace_file
+from batchpilot.envs.workloads import ARRIVAL_KINDS, DRAWN_REQUESTS, is_trace_file, split_arrival
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
@@ -165,7 +163,6 @@ BAD_ROWS_HELP = (
 """``--bad-rows``' help."""
 
 
-ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
 DEFAULT_WORKLOAD = "embedded:azure-conv@replay:0.7"
 """The workload of `simulate` and `compare` when none is given: Azure conversation lengths at
 0.7x the trace's rate, near the 7B profile's capacity, where the limit matters."""
@@ -182,24 +179,11 @@ WORKLOAD_HELP = (
 """``--workload``'s help (`simulate`, `compare`)."""
 
 
-def _is_file(text: str) -> bool:
-    """Whether `text` names an existing file (``~`` expanded); a name no path can be (an
-    unknown user's ``~``, too long) is none."""
-    try:
-        return user_path(text).is_file()
-    except (OSError, ValueError):
-        return False
-
-
 def parse_workload(text: str) -> tuple[str, str]:
-    """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
-    arrival process (``steps:`` has ``@`` of its own), or at a later one where the text
-    before it is an existing file (a trace named ``x@poisson.csv``)."""
-    splits = [m for m in re.finditer(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text) if m.start()]
-    files = [m for m in splits if _is_file(text[: m.start()])]
-    match = (files or splits or [None])[0]
-    if match is not None:
-        return text[: match.start()], text[match.end() :]
+    """``SOURCE@ARRIVAL`` -> (source, arrival) (`split_arrival`), or a ValueError saying
+    what is missing."""
+    if split := split_arrival(text):
+        return split
     source, at, arrival = text.partition("@")
     if source and at:
         raise ValueError(
