@@ -142,6 +142,13 @@ class ImitationSpec:
                 raise ValueError(f"{key}: {unknown[0]!r} is not one of {KNOBS}")
             if len(set(knobs)) < len(knobs):
                 raise ValueError(f"{key}: a knob given twice in {knobs}; give each once")
+        if "max_num_seqs" in self.regret_knobs and (
+            self.seq_stakes_tbt or self.seq_tie_break != "teacher"
+        ):
+            raise ValueError(
+                "regret_knobs names max_num_seqs, whose labels seq_stakes_tbt and "
+                "seq_tie_break shape; a regret label weighs every choice already: give one"
+            )
         for key in ("stakes_knobs", "tie_sets"):
             both = sorted(set(self.regret_knobs) & set(getattr(self, key)))
             if both:
@@ -217,8 +224,9 @@ def knob_stakes(sweep: dict[int, float], grid: tuple[int, ...]) -> float:
 def grid_regrets(sweep: dict[int, float], grid: tuple[int, ...]) -> np.ndarray:
     """Each grid choice's regret in a teacher's sweep (`grid_scores`): how far its score
     trails the best, relative to the best (+1), as `knob_stakes` measures leads. A choice the
-    sweep lacks (past the engine's cap, which holds it there) takes the nearest scored one's;
-    an empty sweep regrets nothing."""
+    sweep lacks takes the nearest scored one's: past the engine's cap, which holds it there,
+    that is its own; a teacher whose grid skips choices leaves them its neighbours'. An empty
+    sweep regrets nothing."""
     best = grid_scores(sweep, grid)
     out = np.zeros(len(grid))
     if not best:

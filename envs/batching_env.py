@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -341,7 +342,7 @@ class BatchingEnv(gym.Env):
         else:
             check_interval_iters(control_interval_iters, "control_interval_iters")
         for name, w in (("w_lost", w_lost), ("w_recompute", w_recompute)):
-            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < np.inf:
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0 <= w < np.inf:
                 raise ValueError(f"{name} must be a number >= 0, got {w!r}")
         if not isinstance(slo, str):
             raise ValueError(f"slo must be a string such as 'ttft:2000,tpot:50', got {slo!r}")

@@ -62,10 +62,15 @@ class LengthTable:
         """(rate, CV) of the trace's arrivals; raises for a length-only trace."""
         if self.rate is None or self.cv is None:
             raise ArrivalSpecError(
-                f"embedded:{self.name} has no timestamps to replay (replay is the arrival "
-                "where none is given); use poisson:RATE or gamma:RATE:CV"
+                f"embedded:{self.name} has no timestamps to {NO_REPLAY}"
             )
         return self.rate, self.cv
+
+
+NO_REPLAY = (
+    "replay (replay is the arrival where none is given); use poisson:RATE or gamma:RATE:CV"
+)
+"""How a message goes on where a source has no timestamps to replay."""
 
 
 @cache

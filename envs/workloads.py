@@ -7,7 +7,12 @@ import re
 import numpy as np
 
 from batchpilot.envs.arrivals import Arrival
-from batchpilot.envs.embedded import EMBEDDED_PREFIX, embedded_lengths, embedded_names
+from batchpilot.envs.embedded import (
+    EMBEDDED_PREFIX,
+    NO_REPLAY,
+    embedded_lengths,
+    embedded_names,
+)
 from batchpilot.envs.input_files import user_path
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS, MAX_TOKENS, load_trace
@@ -34,12 +39,6 @@ MAX_REQUESTS = 10_000_000
 not)."""
 DRAWN_REQUESTS = 1000
 """Requests drawn from an embedded table, mix, shift or fixed source when no number is given."""
-
-
-NO_REPLAY = (
-    "replay (replay is the arrival where none is given); use poisson:RATE or gamma:RATE:CV"
-)
-"""How a message goes on where a source has no timestamps to replay."""
 
 
 def is_trace_file(source: str) -> bool:

@@ -474,6 +474,8 @@ def test_imitation_stakes_errors_name_the_problem(
     with pytest.raises(ValueError, match=problem):
         ImitationSpec(teacher=teacher, regret_knobs=knobs)
     assert ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"]).sweeps
+    with pytest.raises(ValueError, match="regret_knobs names max_num_seqs, whose labels"):
+        ImitationSpec(teacher="mpc", regret_knobs=["max_num_seqs"], seq_stakes_tbt=0.8)
     with pytest.raises(ValueError, match="regret_knobs and stakes_knobs both name 'budget'"):
         ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"], stakes_knobs=["budget"])
     with pytest.raises(ValueError, match="a learned policy does not teach here"):

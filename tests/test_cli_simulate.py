@@ -434,5 +434,10 @@ def test_simulate_json_replaces_only_a_metrics_file_it_wrote(
     assert "exists and is not a metrics file that simulate wrote" in capsys.readouterr().err
     assert trace.read_text() == before
     out = tmp_path / "m.json"
+    out.write_text("")  # as mktemp leaves it
     assert main([*argv, str(out)]) == 0 and main([*argv, str(out)]) == 0  # a rerun replaces
+    nested = tmp_path / "n.json"
+    nested.write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError in json
+    assert main([*argv, str(nested)]) == 2
+    assert "is not a metrics file that simulate wrote" in capsys.readouterr().err
     assert json.loads(out.read_text())["metrics"]["completed"] == 40

@@ -549,3 +549,9 @@ def test_huge_draw_weights_draw_as_their_ratios() -> None:
         env.reset(seed=seed)
         drawn.add(env.unwrapped.engine.profile.name)
     assert drawn == {"llama-2-7b-a100", "llama-3-8b-a100"}
+
+
+def test_numpy_numbers_are_weights_too() -> None:
+    """The type check of w_lost and w_recompute let only int and float through."""
+    env = make(w_lost=np.float32(1.0), w_recompute=np.int64(0))
+    assert env.unwrapped.w_lost == 1.0

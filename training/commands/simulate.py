@@ -154,7 +154,7 @@ LARGEST_METRICS_FILE = 1 << 20
 def check_metrics_file(path: Path) -> None:
     """Raise ValueError if `path` exists and is not a metrics file `--json` wrote (a trace,
     a profile or a policy the same command reads would be overwritten)."""
-    if not path.is_file():
+    if not path.is_file() or not path.stat().st_size:  # an empty file (mktemp's) holds nothing
         return
     try:
         if path.stat().st_size > LARGEST_METRICS_FILE:
@@ -162,7 +162,9 @@ def check_metrics_file(path: Path) -> None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not set(METRICS_KEYS) <= data.keys():
             raise ValueError
-    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError too
+    except OSError as exc:
+        raise ValueError(f"--json {path}: cannot read the existing file: {exc.strerror}") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError too
         raise ValueError(
             f"--json {path}: the file exists and is not a metrics file that simulate wrote; "
             "it would be overwritten (a trace or profile?): give another path, or remove it"
