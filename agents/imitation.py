@@ -482,11 +482,12 @@ def fit(
                 1,
             )
             nll = -(w[idx] * knobs).sum(1).mean()
+            loss = nll  # the expected costs join the loss; the logged nll stays comparable
             for d, c in zip(dist, cost_t, strict=True):
                 if c is not None:
-                    nll = nll + (d.probs * c[idx]).sum(1).mean()
+                    loss = loss + (d.probs * c[idx]).sum(1).mean()
             opt.zero_grad()
-            nll.backward()
+            loss.backward()
             opt.step()
     value_loss = th.zeros(())
     for _ in range(spec.value_epochs):
