@@ -160,8 +160,9 @@ class ImitationSpec:
             from batchpilot.baselines.specs import make_controller
 
             if not hasattr(make_controller(self.teacher), "sweeps"):
-                used = ("stakes_knobs", "tie_sets", "regret_knobs", "seq_stakes_tbt")
-                used += ("seq_tie_break",)
+                used = (
+                    "stakes_knobs", "tie_sets", "regret_knobs", "seq_stakes_tbt", "seq_tie_break"
+                )  # fmt: skip
                 key = next(k for k in used if getattr(self, k) and getattr(self, k) != "teacher")
                 raise ValueError(
                     f"{key} needs a teacher that reports how much each "
@@ -170,7 +171,8 @@ class ImitationSpec:
 
     @property
     def sweeps(self) -> bool:
-        """Whether labelling reads the teacher's sweeps (for stakes, tie sets or the knee)."""
+        """Whether labelling reads the teacher's sweeps (for stakes, tie sets, regrets or
+        the knee)."""
         return (
             bool(self.stakes_knobs or self.tie_sets or self.regret_knobs or self.seq_stakes_tbt)
             or self.seq_tie_break != "teacher"
@@ -223,19 +225,19 @@ def knob_stakes(sweep: dict[int, float], grid: tuple[int, ...]) -> float:
 
 def grid_regrets(sweep: dict[int, float], grid: tuple[int, ...]) -> np.ndarray:
     """Each grid choice's regret in a teacher's sweep (`grid_scores`): how far its score
-    trails the best, relative to the best (+1), as `knob_stakes` measures leads. A choice the
-    sweep lacks takes the nearest scored one's: past the engine's cap, which holds it there,
-    that is its own; a teacher whose grid skips choices leaves them its neighbours'. An empty
-    sweep regrets nothing."""
+    trails the best, relative to the best (+1), as `knob_stakes` measures leads. A choice
+    above the largest scored one takes its regret (the engine's cap holds the limit there);
+    another the sweep lacks (a teacher grid that skips it) takes the sweep's worst, as no
+    choice the teacher vouched for. An empty sweep regrets nothing."""
     best = grid_scores(sweep, grid)
     out = np.zeros(len(grid))
     if not best:
         return out
     top = max(best.values())
-    scored = sorted(best)
+    regret = {i: (top - score) / (abs(top) + 1.0) for i, score in best.items()}
+    largest, worst = max(regret), max(regret.values())
     for i in range(len(grid)):
-        j = min(scored, key=lambda k: (abs(k - i), -k))
-        out[i] = (top - best[j]) / (abs(top) + 1.0)
+        out[i] = regret.get(i, regret[largest] if i > largest else worst)
     return out
 
 

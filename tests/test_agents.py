@@ -428,14 +428,46 @@ def test_grid_regrets_fill_unscored_choices_from_the_nearest_scored() -> None:
     from batchpilot.agents.imitation import grid_regrets, regret_costs
 
     sweep = {256: 99.0, 1024: 100.0, 2048: 80.0}  # a 2,048 cap: the grid's top unscored
+    assert 512 in BUDGET_GRID  # skipped by this teacher's grid
     r = grid_regrets(sweep, BUDGET_GRID)
     assert r[BUDGET_GRID.index(1024)] == 0 and r[BUDGET_GRID.index(256)] == pytest.approx(1 / 101)
     assert r[-1] == r[BUDGET_GRID.index(2048)] == pytest.approx(20 / 101)
-    assert r[0] == r[BUDGET_GRID.index(256)]
+    assert r[0] == r[BUDGET_GRID.index(512)] == r.max()  # never scored: the sweep's worst
     assert not grid_regrets({}, BUDGET_GRID).any()
     costs = regret_costs(np.array([[0.0, 0.5, 9.0]]), np.array([0.0, 0.1, 0.3]))
     np.testing.assert_allclose(costs, [[0.0, 2.5, 10.0]])  # over the median stakes, capped
     assert not regret_costs(np.ones((2, 3)), np.zeros(2)).any()
+
+
+def test_dagger_fits_the_regret_knob_to_its_costs_and_the_other_to_its_labels(monkeypatch) -> None:
+    """The budget's regrets reach `fit` as costs over the median stakes, its labels at the
+    floor's weight; max_num_seqs keeps plain labels and no costs."""
+    from types import SimpleNamespace
+
+    import batchpilot.agents.imitation as imitation
+
+    n = 4
+    regrets = [np.zeros((n, len(SEQ_GRID))), np.tile(np.linspace(0, 0.7, len(BUDGET_GRID)), (n, 1))]
+    episode = imitation.Episode(
+        np.zeros((n, 3), np.float32), np.zeros((n, 2), np.int64),
+        np.array([[0.5, 0.1], [0.5, 0.2], [0.5, 0.3], [0.5, 0.0]]),
+        [np.eye(len(g), dtype=bool)[[0] * n] for g in (SEQ_GRID, BUDGET_GRID)],
+        np.zeros(n), {"output_goodput": 1.0, "num_preemptions": 0.0}, np.zeros(n), regrets,
+    )  # fmt: skip
+    seen = {}
+
+    def fake_fit(policy, obs, accepted, weights, returns, spec, rng, costs=None):
+        seen.update(weights=weights, costs=costs)
+        return {}
+
+    monkeypatch.setattr(imitation, "fit", fake_fit)
+    collector = SimpleNamespace(collect=lambda seeds, policy, beta: [episode])
+    spec = imitation.ImitationSpec(teacher="mpc", rounds=1, episodes=1, regret_knobs=["budget"])
+    imitation.dagger(SimpleNamespace(policy=None), collector, spec, seed=0, gamma=0.9)
+    assert seen["costs"][0] is None
+    np.testing.assert_allclose(seen["costs"][1], np.minimum(regrets[1] / 0.2, imitation.STAKES_CAP))
+    np.testing.assert_allclose(seen["weights"][:, 1], imitation.STAKES_FLOOR)
+    np.testing.assert_allclose(seen["weights"][:, 0], 1.0)
 
 
 def test_mpc_teacher_regret_labels_cost_nothing_at_the_teachers_choice() -> None:
