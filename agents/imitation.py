@@ -102,7 +102,10 @@ class ImitationSpec:
     regret_knobs: list[str] = field(default_factory=list)
     """Knobs (`KNOBS`) whose labels are the teacher's regrets of every grid choice, fitted to
     the least expected regret (module doc; needs a teacher that reports its sweeps: ``mpc``);
-    not also in ``stakes_knobs`` or ``tie_sets``."""
+    not also in ``tie_sets``. The teacher's own choice keeps a floor's pull, or, for a knob
+    also in ``stakes_knobs``, its stakes' weight: then the regrets are a nudge beside it."""
+    regret_weight: float = 1.0
+    """What the expected regret (`regret_costs`) counts for against the labels' term."""
     seq_tie_break: str = "teacher"
     """Which of the teacher's near-ties a ``max_num_seqs`` label takes (`SEQ_TIE_BREAKS`):
     ``teacher``, its own choice (the current limit, else the larger); ``knee`` and
@@ -149,13 +152,13 @@ class ImitationSpec:
                 "regret_knobs names max_num_seqs, whose labels seq_stakes_tbt and "
                 "seq_tie_break shape; a regret label weighs every choice already: give one"
             )
-        for key in ("stakes_knobs", "tie_sets"):
-            both = sorted(set(self.regret_knobs) & set(getattr(self, key)))
-            if both:
-                raise ValueError(
-                    f"regret_knobs and {key} both name {both[0]!r}: a regret label already "
-                    "weighs each choice by how much it mattered; give the knob in one"
-                )
+        if both := sorted(set(self.regret_knobs) & set(self.tie_sets)):
+            raise ValueError(
+                f"regret_knobs and tie_sets both name {both[0]!r}: a regret label already "
+                "accepts each choice by how much it trails; give the knob in one"
+            )
+        if not 0 < self.regret_weight < math.inf:
+            raise ValueError(f"regret_weight must be a number > 0, got {self.regret_weight}")
         if self.sweeps:
             from batchpilot.baselines.specs import make_controller
 
@@ -633,11 +636,12 @@ def dagger(
         near = np.concatenate(tbt_all) >= spec.seq_stakes_tbt if spec.seq_stakes_tbt else None
         weights = label_weights(all_stakes, spec.stakes_knobs, near)
         costs: list[np.ndarray | None] = [None] * len(KNOBS)
-        for name in spec.regret_knobs:  # the label keeps a floor's pull; the regrets lead
+        for name in spec.regret_knobs:  # the label keeps its stakes' weight, or a floor's
             k = KNOBS.index(name)
             regrets = np.concatenate([r[k] for r in regrets_all])
-            costs[k] = regret_costs(regrets, all_stakes[:, k])
-            weights[:, k] = STAKES_FLOOR
+            costs[k] = spec.regret_weight * regret_costs(regrets, all_stakes[:, k])
+            if name not in spec.stakes_knobs:
+                weights[:, k] = STAKES_FLOOR
         stats = fit(
             model.policy,
             np.concatenate(obs_all),

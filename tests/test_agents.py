@@ -468,6 +468,13 @@ def test_dagger_fits_the_regret_knob_to_its_costs_and_the_other_to_its_labels(mo
     np.testing.assert_allclose(seen["costs"][1], np.minimum(regrets[1] / 0.2, imitation.STAKES_CAP))
     np.testing.assert_allclose(seen["weights"][:, 1], imitation.STAKES_FLOOR)
     np.testing.assert_allclose(seen["weights"][:, 0], 1.0)
+    # beside stakes: the labels keep their stakes' weights, the costs scaled by regret_weight
+    spec = imitation.ImitationSpec(teacher="mpc", rounds=1, episodes=1, regret_knobs=["budget"],
+                                   stakes_knobs=["budget"], regret_weight=0.25)  # fmt: skip
+    imitation.dagger(SimpleNamespace(policy=None), collector, spec, seed=0, gamma=0.9)
+    np.testing.assert_allclose(seen["costs"][1], 0.25 * np.minimum(regrets[1] / 0.2, 10.0))
+    stakes = imitation.label_weights(episode.stakes, ["budget"])
+    np.testing.assert_allclose(seen["weights"], stakes)
 
 
 def test_mpc_teacher_regret_labels_cost_nothing_at_the_teachers_choice() -> None:
@@ -508,8 +515,10 @@ def test_imitation_stakes_errors_name_the_problem(
     assert ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"]).sweeps
     with pytest.raises(ValueError, match="regret_knobs names max_num_seqs, whose labels"):
         ImitationSpec(teacher="mpc", regret_knobs=["max_num_seqs"], seq_stakes_tbt=0.8)
-    with pytest.raises(ValueError, match="regret_knobs and stakes_knobs both name 'budget'"):
-        ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"], stakes_knobs=["budget"])
+    with pytest.raises(ValueError, match="regret_knobs and tie_sets both name 'budget'"):
+        ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"], tie_sets=["budget"])
+    with pytest.raises(ValueError, match="regret_weight must be a number > 0, got 0"):
+        ImitationSpec(teacher="mpc:horizon_s=4", regret_knobs=["budget"], regret_weight=0)
     with pytest.raises(ValueError, match="a learned policy does not teach here"):
         ImitationSpec(teacher="policy:training/reports/learned/policy.onnx")  # "unknown controller"
     with pytest.raises(ValueError, match="seq_tie_break needs a teacher that reports"):
