@@ -31,7 +31,8 @@ another has a burst that only large budgets drain, the clone learns the choice t
 on average over the states it sees alike, not the tie's incumbent. It has not shipped: fitted
 so (``regret_knobs: [budget]``), the committed recipe carried large budgets into the 7B's
 sustained overload, where the labels' mode had held them down (0.375x the tuned pair against
-0.998x; training/reports/learned/README.md, C47).
+0.998x; training/reports/learned/README.md, C47), and beside the stakes-weighed labels at
+``regret_weight: 0.25`` still 0.851x (C48).
 The policy is SB3's own policy object (`ActorCriticPolicy`), so PPO continues from exactly
 what was cloned. The ``imitation`` library would fit, but pins gymnasium 0.29 and
 stable-baselines3 2.2; this loop is the few lines it needs.
