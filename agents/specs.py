@@ -44,6 +44,9 @@ def make_controller(spec: str) -> Controller:
 
         if isinstance(exc, PolicyFileError) and baseline_specs.COMBINE.search(spec):
             raise PolicyFileError(f"{exc} (if the path holds a '+': {SEPARATORS})") from None
+        cut = spec.startswith("policy:") and not spec.endswith(".onnx")
+        if isinstance(exc, PolicyFileError) and cut and "does not exist" in str(exc):
+            raise PolicyFileError(f"{exc} (if the path holds a ',': {SEPARATORS})") from None
         raise
 
 

@@ -847,6 +847,12 @@ def test_a_policy_path_is_found_under_home_and_not_split(
     assert make_controller(f"policy:~/p/{exported.name}").control_interval is not None
     with pytest.raises(PolicyFileError, match=r"does not exist: .*if the path holds a '\+'"):
         make_controller(f"policy:{tmp_path}/a+b/{exported.name}")
+    # a ',' split it before make_controller saw it: "policy:DIR/a" of "policy:DIR/a,b/p.onnx"
+    with pytest.raises(PolicyFileError, match=r"does not exist: .*if the path holds a ','"):
+        make_controller(f"policy:{tmp_path}/a")
+    with pytest.raises(PolicyFileError) as missing:
+        make_controller(f"policy:{tmp_path}/none.onnx")  # a whole .onnx name: no hint
+    assert "holds a" not in str(missing.value)
 
 
 def another_member(run: Path, dst: Path, **run_json) -> Path:
