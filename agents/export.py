@@ -181,7 +181,8 @@ def load_run(run_dir: Path, checkpoint: str) -> tuple[dict[str, Any], Path]:
         kept = [c for c in ("best", "final") if (run_dir / c / STATE).is_file()]
         has = f"the run keeps {' and '.join(kept)}" if kept else "the run keeps no checkpoint yet"
         if kept == ["final"]:
-            has += " (best only where the config has an eval: block): --checkpoint final"
+            has += " (best once an evaluation ran, where the config has an eval: block): "
+            has += "--checkpoint final"
         raise PolicyFileError(f"{ckpt}/{STATE} does not exist; {has}")
     meta = read_json_object(meta_path, "the run description", PolicyFileError)
     missing = [k for k in ("action_mode", "env_kwargs", "control_interval") if k not in meta]

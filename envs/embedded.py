@@ -68,7 +68,7 @@ class LengthTable:
 
 
 NO_REPLAY = (
-    "replay (replay is the arrival where none is given); use poisson:RATE or gamma:RATE:CV"
+    "replay (replay is also the arrival where none is given); use poisson:RATE or gamma:RATE:CV"
 )
 """How a message goes on where a source has no timestamps to replay."""
 

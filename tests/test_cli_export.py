@@ -674,6 +674,6 @@ def test_a_run_without_a_best_checkpoint_says_which_it_keeps(
     there ("checkpoints: best, final")."""
     assert main(["export", str(run_dir), "--out", str(tmp_path / "p.onnx")]) == 2
     err = capsys.readouterr().err
-    assert "best/checkpoint.json does not exist; the run keeps final (best only where" in err
+    assert "best/checkpoint.json does not exist; the run keeps final (best once an evaluation ran" in err
     assert err.rstrip().endswith("--checkpoint final")
     assert main(["export", str(run_dir), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]) == 0

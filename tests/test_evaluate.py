@@ -345,6 +345,21 @@ def test_one_seed_is_no_test_not_a_tie() -> None:
     )
 
 
+def test_the_suites_table_says_how_many_scenarios_went_untested(tmp_path: Path) -> None:
+    """The headline said "not tested on 1" while the table's row read as a tie."""
+    from batchpilot.training.policy_report import SuiteSection, write_suites_report
+
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "report.md").write_text("# S\n\nbody\n")
+    won = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])
+    once = {**_fake_scenario([100.0], [3.0]), "name": "U"}
+    results = {"controllers": ["alg1", "mpc"], "scenarios": [won, once]}
+    section = SuiteSection("s", "a suite", results, tmp_path / "s")
+    text = write_suites_report([section], ["mpc"], tmp_path, title="T", command="c").read_text()
+    assert "| [s](#s) | 2 (1 not tested) | 1 | 0 |" in text
+    assert "won** on 1 of 1 scenarios, and not tested on 1 (one seed: no interval) over 1 suite" in text
+
+
 def test_learned_verdict_counts_wins_and_gives_the_geometric_mean() -> None:
     from batchpilot.training.policy_report import learned_verdict
 

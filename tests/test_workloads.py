@@ -681,7 +681,7 @@ def test_make_workload_is_deterministic_per_seed() -> None:
         make_workload("embedded:gsm8k", "replay")
     # where no arrival is given, the error never said that replay was the default
     for source in ("embedded:gsm8k", "mix:sharegpt=1", "shift:gsm8k@0,sharegpt@20"):
-        with pytest.raises(ValueError, match=r"\(replay is the arrival where none is given\)"):
+        with pytest.raises(ValueError, match=r"\(replay is also the arrival where none is given\)"):
             make_workload(source)
     with pytest.raises(ValueError, match="unknown embedded workload") as caught:
         make_workload("embedded:nope")

@@ -210,7 +210,8 @@ def write_suites_report(
             if t.static_ratios:
                 static = ratio_text(geometric_mean(t.static_ratios), t.static_pairs)
             name = [f"`{label}`"] if len(labels) > 1 else []
-            counts = [str(len(t.lines)), str(t.wins), str(t.losses)]
+            once = f" ({t.untested} not tested)" if t.untested else ""
+            counts = [f"{len(t.lines)}{once}", str(t.wins), str(t.losses)]
             above = str(sum(r > 1 for r in t.ratios))
             ratio = ratio_text(t.geomean, t.pairs)
             rows.append([f"[{s.name}](#{s.name})", *name, *counts, ratio, static, above])
