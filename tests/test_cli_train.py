@@ -108,7 +108,7 @@ BASE = {
         ({"env_kwargs": {"engine_kwargs": {"scheduler": "v9"}}}, "env_kwargs: engine_kwargs: scheduler must be one of"),
         ({"imitation": {"teacher": "foo"}}, "imitation.teacher: unknown controller 'foo'"),
         ({"imitation": {"teacher": "mpc:horizon=8"}}, "imitation.teacher: mpc: bad argument 'horizon=8'"),
-        ({"report": {"suites": ["nonexistent-suite"]}}, "report.suites: unknown suite .*nonexistent-suite"),
+        ({"report": {"suites": ["nonexistent-suite"]}}, "report.suites: unknown suite .*nonexistent-suite.* taken from the config's folder"),
         ({"report": {"suites": ["steady", "missing.yml"]}}, "report.suites: .*missing.yml: no such suite file"),
         ({"report": {"suites": ["steady", "other/steady.yml"]}}, r"report.suites: two suites share a name \(steady, steady\)"),
         ({"report": {"seeds": 3}}, "report.suites: needs at least one suite"),

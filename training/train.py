@@ -455,7 +455,16 @@ def _check_report(report: dict[str, Any], path: Path) -> None:
         if len(set(stems)) < len(stems):
             raise ValueError(f"two suites share a name ({', '.join(stems)})")
         for suite in suites:
-            suite_description(_suite_path(suite, path))
+            where = _suite_path(suite, path)
+            try:
+                suite_description(where)
+            except (ValueError, OSError) as exc:
+                if where == suite:  # a shipped suite's name
+                    raise
+                raise ValueError(
+                    f"{exc} (a suite that is no shipped name is a file, taken from the "
+                    "config's folder; trace paths inside it, from the working directory)"
+                ) from None
     except (ValueError, OSError) as exc:
         raise ValueError(f"{path}: report.suites: {exc}") from None
     try:
