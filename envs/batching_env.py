@@ -23,6 +23,7 @@ from batchpilot.envs.workload import Workload, scale_range
 from batchpilot.envs.workloads import (
     DEFAULT_SOURCE,
     MAX_REQUESTS,
+    draw_probabilities,
     make_workload,
     trace_window,
 )
@@ -150,12 +151,6 @@ def draw_weight(w: object, what: str) -> float:
     if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
         raise ValueError(f"{what}: weight must be a number > 0, got {w!r}")
     return float(w)
-
-
-def draw_probabilities(weights: list[float]) -> np.ndarray:
-    """Draw weights (each `draw_weight`) as probabilities; huge ones do not overflow a sum."""
-    relative = np.asarray(weights, dtype=np.float64) / max(weights)
-    return relative / relative.sum()
 
 
 def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, float]:

@@ -59,6 +59,13 @@ def _is_file(text: str) -> bool:
         return False
 
 
+def draw_probabilities(weights: list[float]) -> np.ndarray:
+    """Positive draw weights as probabilities, scaled by the largest first: a sum of huge
+    weights would overflow."""
+    relative = np.asarray(weights, dtype=np.float64) / max(weights)
+    return relative / relative.sum()
+
+
 def split_arrival(text: str) -> tuple[str, str] | None:
     """``SOURCE@ARRIVAL`` -> (source, arrival), split at the first ``@`` that starts an
     arrival process (``steps:`` has ``@`` of its own), or at a later one where the text
@@ -280,8 +287,7 @@ def mix_components(source: str) -> tuple[list[str], np.ndarray]:
             raise WorkloadError(f"workload {source!r}: {name!r} given twice; give it one weight")
         names.append(name)
         weights.append(weight)
-    relative = np.asarray(weights) / max(weights)  # a sum of huge weights would overflow
-    return names, relative / relative.sum()
+    return names, draw_probabilities(weights)
 
 
 def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:

@@ -293,13 +293,12 @@ def _check(sc: Scenario) -> None:
 
     goodput_slo(SLO.parse(sc.slo), "'slo'")
     ControlInterval.parse(sc.interval)
-    if problem := arrival_suffix(sc.source):
-        raise ValueError(problem)
     if not sc.is_trace_file:
         make_workload(sc.source, sc.arrival, num_requests=2, seed=0)
     elif not regular_file(user_path(sc.source), "a trace file"):
         raise ValueError(
-            f"no trace file {sc.source!r} (a relative path is taken from the working "
+            arrival_suffix(sc.source)  # make_workload says so where it runs
+            or f"no trace file {sc.source!r} (a relative path is taken from the working "
             f"directory, {Path.cwd()})"
         )
     else:

@@ -338,15 +338,7 @@ def load_config(path: Path) -> TrainConfig:
     (a missing file, a directory or a pipe too)."""
     if not regular_file(path, "a YAML config"):
         raise ValueError(f"config {path} does not exist")
-    data = load_yaml(path)
-    if not isinstance(data, dict) or len(data) != 1:
-        raise ValueError(f"{path}: expected one top-level key, the env id ({ENV_ID})")
-    ((env_id, body),) = data.items()
-    if env_id != ENV_ID:
-        raise ValueError(f"{path}: env id {env_id!r}; batchpilot trains on {ENV_ID}")
-    if not isinstance(body, dict):
-        raise ValueError(f"{path}: {env_id} must map to a dict of settings")
-    body = whole_counts(body)
+    body = whole_counts(_body(path))
     problems = config_problems(body)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
@@ -357,7 +349,7 @@ def load_config(path: Path) -> TrainConfig:
             run["imitation"] = ImitationSpec(**run["imitation"])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{path}: imitation: {exc}") from None
-    cfg = TrainConfig(env_id=env_id, hyperparams=hyper, **run)
+    cfg = TrainConfig(env_id=ENV_ID, hyperparams=hyper, **run)
     _check_values(cfg, path)
     return cfg
 
@@ -709,11 +701,16 @@ def _check_same_config(config_path: Path, kept: Path) -> None:
 
 
 def _body(path: Path) -> dict[str, Any]:
-    """The settings under a config file's one top-level key (the env id)."""
+    """The settings under a config file's one top-level key, the env id; an error naming the
+    file where it holds anything else."""
     data = load_yaml(path)
-    body = next(iter(data.values()), None) if isinstance(data, dict) and len(data) == 1 else None
-    if not isinstance(body, dict):
+    if not isinstance(data, dict) or len(data) != 1:
         raise ValueError(f"{path}: expected one top-level key, the env id ({ENV_ID})")
+    ((env_id, body),) = data.items()
+    if env_id != ENV_ID:
+        raise ValueError(f"{path}: env id {env_id!r}; batchpilot trains on {ENV_ID}")
+    if not isinstance(body, dict):
+        raise ValueError(f"{path}: {env_id} must map to a dict of settings")
     return body
 
 
