@@ -312,8 +312,7 @@ def label_weights(
         weighed.append((KNOBS.index("max_num_seqs"), seq_rows))
     for k, rows in weighed:
         column = stakes[rows, k]
-        if (column > 0).any():
-            scale = np.median(column[column > 0])
+        if (scale := _typical_stakes(column)) is not None:
             w[rows, k] = np.minimum(column / scale, STAKES_CAP) + STAKES_FLOOR
     return w / w.mean(axis=0, keepdims=True)
 
@@ -381,10 +380,8 @@ def collect_episode(
             else:
                 mask = np.arange(len(grid)) == label[k]
             accepted[k].append(mask)
-            regret = np.zeros(len(grid))
             if name in regret_knobs:
-                regret = grid_regrets(teacher.sweeps[k], grid)
-            regrets[k].append(regret)
+                regrets[k].append(grid_regrets(teacher.sweeps[k], grid))
         action = label
         if policy is not None and rng.random() >= beta:
             action = policy.predict(obs, deterministic=True)[0]
@@ -402,7 +399,7 @@ def collect_episode(
         np.asarray(rewards, np.float64),
         metrics,
         np.asarray(tbt_over_tpot, np.float64),
-        [np.asarray(r, np.float64).reshape(-1, len(grid)) for r, grid in
+        [np.asarray(r, np.float64) if r else np.zeros((len(labels), len(grid))) for r, grid in
          zip(regrets, (SEQ_GRID, BUDGET_GRID), strict=True)],
     )
 
@@ -441,10 +438,14 @@ def regret_costs(regrets: np.ndarray, stakes: np.ndarray) -> np.ndarray:
     """A knob's regrets (labels x grid, `grid_regrets`) over the median of its labels'
     non-zero stakes (a typical decisive state's runner-up costs 1), capped at `STAKES_CAP`;
     all 0 where no label had stakes."""
+    scale = _typical_stakes(stakes)
+    return np.zeros_like(regrets) if scale is None else np.minimum(regrets / scale, STAKES_CAP)
+
+
+def _typical_stakes(stakes: np.ndarray) -> float | None:
+    """The median of a knob's non-zero stakes (a typical decisive label's), None if none."""
     decisive = stakes[stakes > 0]
-    if not len(decisive):
-        return np.zeros_like(regrets)
-    return np.minimum(regrets / np.median(decisive), STAKES_CAP)
+    return float(np.median(decisive)) if len(decisive) else None
 
 
 def fit(

@@ -80,8 +80,8 @@ def arrival_suffix(source: str) -> str | None:
     """Where `source` is the command line's ``SOURCE@ARRIVAL`` (`split_arrival`, a valid
     arrival process) and names no file: a message saying to give source and arrival as two
     keys; else None."""
-    split = None if _is_file(source) else split_arrival(source)
-    if split is None:
+    split = split_arrival(source)  # no '@ARRIVAL' (most sources): no file to look for
+    if split is None or _is_file(source):
         return None
     base, tail = split
     try:
