@@ -9,15 +9,22 @@ chunk, and a chunk beside decodes. Attention is torch's scaled-dot-product atten
 captured in a CUDA graph and replayed, so the figure is GPU time, as vLLM's graphs run
 decode; the median of ``--repeats`` replays (CUDA events) is kept.
 
+``--tp N`` times one GPU's shard of a tensor-parallel engine (query and KV heads, the MLP's
+intermediate size, the embedding and the LM head's vocabulary split N ways; KV heads replicated
+where fewer than N, as vLLM does) with no all-reduce: one GPU cannot time NCCL across N.
+
 ``compare`` (CPU) reads that file and prints, per case, the measured ms, the profile's
 ``step.time`` less ``step_overhead_s + seq_overhead_s x requests`` (its CPU part, which a
-GPU measurement does not contain), and their ratio.
+GPU measurement does not contain) and, for a shard, less the profile's all-reduce (Vidur's
+measured NCCL table, two per layer), and their ratio.
 
     python tests/benchmarks/gpu_step_times.py measure --model llama-2-7b --out h100.json
     python tests/benchmarks/gpu_step_times.py compare h100.json --profile llama-2-7b-h100
     python tests/benchmarks/gpu_step_times.py measure --model codellama-34b --out cl34-h100.json
     batchpilot profiles build --model codellama-34b --gpu h100 --tp 1 --out cl34.json
     python tests/benchmarks/gpu_step_times.py compare cl34-h100.json --profile cl34.json
+    python tests/benchmarks/gpu_step_times.py measure --model llama-2-70b --tp 4 --out 70b-tp4.json
+    python tests/benchmarks/gpu_step_times.py compare 70b-tp4.json --profile llama-2-70b-h100x4
 """
 
 from __future__ import annotations
@@ -28,8 +35,16 @@ import json
 import statistics
 from pathlib import Path
 
-from batchpilot.envs.profiles import ARCHITECTURES, Architecture, architecture, get_profile
-from batchpilot.envs.step_models import StepModel
+from batchpilot.envs.profile_tables import load_tables
+from batchpilot.envs.profiles import (
+    ARCHITECTURES,
+    GPUS,
+    Architecture,
+    EngineProfile,
+    _interp,
+    architecture,
+    get_profile,
+)
 
 DECODE_BATCHES = (1, 4, 16, 32, 64, 128, 256)
 DECODE_CONTEXTS = (512, 2048)
@@ -45,15 +60,20 @@ def cases() -> list[tuple[int, int, int]]:
     return out + list(MIXED)
 
 
-def measure(arch: Architecture, repeats: int) -> dict:
-    """Time every case on the current CUDA device (see the module docstring)."""
+def measure(arch: Architecture, repeats: int, tp: int = 1) -> dict:
+    """Time every case on the current CUDA device, one GPU's shard of `tp` (see the module
+    docstring)."""
     import torch
     import torch.nn.functional as F
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     h, d = arch.hidden, arch.head_dim
-    nq, nkv, inter = arch.heads, arch.kv_heads, arch.intermediate
+    for what, n in (("heads", arch.heads), ("intermediate", arch.intermediate)):
+        if n % tp:
+            raise SystemExit(f"{arch.title}'s {what} ({n}) do not split {tp} ways")
+    nq, inter, vocab = arch.heads // tp, arch.intermediate // tp, -(-arch.vocab // tp)
+    nkv = max(1, arch.kv_heads // tp)
 
     def weight(rows: int, cols: int) -> torch.Tensor:
         return torch.randn(rows, cols, device=dev, dtype=dt) / cols**0.5
@@ -69,7 +89,7 @@ def measure(arch: Architecture, repeats: int) -> dict:
         }
         for _ in range(arch.layers)
     ]
-    embed, lm_head = weight(arch.vocab, h), weight(arch.vocab, h)
+    embed, lm_head = weight(vocab, h), weight(vocab, h)
     most_kv = max(b * c for _, b, c in cases())
     # one KV store read by every layer: the bytes each layer reads are real, the footprint is
     # one layer's (all layers' KV at B=256, L=2,048 would not fit)
@@ -103,7 +123,7 @@ def measure(arch: Architecture, repeats: int) -> dict:
 
     results = []
     for p, b, c in cases():
-        ids = torch.randint(0, arch.vocab, (p + b,), device=dev)
+        ids = torch.randint(0, vocab, (p + b,), device=dev)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.no_grad():
@@ -134,23 +154,45 @@ def measure(arch: Architecture, repeats: int) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "model": arch.title,
+        "tp": tp,
         "dtype": "bfloat16",
         "repeats": repeats,
         "method": "whole forward (embedding, layers, LM head on one row per request) in a "
         "CUDA graph; median of replays timed with CUDA events; SDPA attention over "
-        "contiguous KV",
+        "contiguous KV" + (f"; one GPU's shard of TP {tp}, no all-reduce" if tp > 1 else ""),
         "cases": results,
     }
 
 
-def compare(data: dict, step: StepModel) -> list[dict]:
-    """Per case: measured ms, the step model's GPU part (ms) and model / measured."""
+def all_reduce_s(profile: EngineProfile, tokens: int) -> float:
+    """The profile's all-reduce time in a step of `tokens` tokens: two per layer of tokens x
+    hidden x 2 bytes, read off Vidur's NCCL table of its GPU and TP (0 at TP 1)."""
+    tp = profile.tensor_parallel_size
+    if tp == 1:
+        return 0.0
+    arch = architecture(next(k for k, a in ARCHITECTURES.items() if a.title == profile.model))
+    gpu = next(g for g in GPUS.values() if g.title == profile.gpu)
+    net = load_tables()["all_reduce"][gpu.vidur_network][str(tp)]
+    message = tokens * arch.hidden * arch.dtype_bytes
+    return arch.layers * 2 * _interp(message, net["bytes"], net["ms"]) * 1e-3
+
+
+def compare(data: dict, profile: EngineProfile) -> list[dict]:
+    """Per case: measured ms, the profile's GPU part (ms; a shard's less the all-reduce)
+    and model / measured."""
+    tp = data.get("tp", 1)
+    if tp != profile.tensor_parallel_size:
+        raise SystemExit(
+            f"the measurement is of TP {tp}, {profile.name} of TP {profile.tensor_parallel_size}"
+        )
+    step = profile.step
     cpu = getattr(step, "step_overhead_s", 0.0), getattr(step, "seq_overhead_s", 0.0)
     rows = []
     for case in data["cases"]:
         p, b, c = case["prefill_tokens"], case["decode_seqs"], case["decode_context"]
         seqs = (1 if p else 0) + b
         model_s = step.time(1 if p else 0, p, p, p * p, b, b * c) - cpu[0] - cpu[1] * seqs
+        model_s -= all_reduce_s(profile, p + b)
         rows.append(case | {"model_ms": model_s * 1e3, "ratio": model_s * 1e3 / case["ms"]})
     return rows
 
@@ -165,18 +207,20 @@ def main() -> None:
         help=f"{' | '.join(ARCHITECTURES)}, or a Hugging Face config.json. Default: %(default)s",
     )
     m.add_argument("--repeats", type=int, default=50)
+    m.add_argument("--tp", type=int, default=1, help="time one GPU's shard of this TP size")
     m.add_argument("--out", type=Path, required=True)
     c = sub.add_parser("compare", help="a measurement beside a profile's step model")
     c.add_argument("measured", type=Path)
     c.add_argument("--profile", required=True)
     args = parser.parse_args()
     if args.command == "measure":
-        data = measure(architecture(args.model), args.repeats)
+        data = measure(architecture(args.model), args.repeats, args.tp)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         return
     data = json.loads(args.measured.read_text())
-    rows = compare(data, get_profile(args.profile).step)
-    print(f"{data['model']} on {data['device']} (torch {data['torch']}) vs {args.profile}")
+    rows = compare(data, get_profile(args.profile))
+    shard = f", one shard of TP {data['tp']}" if data.get("tp", 1) > 1 else ""
+    print(f"{data['model']} on {data['device']}{shard} (torch {data['torch']}) vs {args.profile}")
     print(f"{'P':>5} {'B':>4} {'L':>5} {'measured ms':>12} {'model ms':>9} {'model/meas':>10}")
     for r in rows:
         print(
