@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -160,15 +159,14 @@ def _check_float32_normalisation(
     below its smallest normal number (0 in float32: NaN actions)."""
     f32 = np.finfo(np.float32)
     std = np.hypot(np.sqrt(var), math.sqrt(epsilon))  # var + epsilon could overflow
-    for name, bad in (
-        ("obs_mean", np.abs(mean) > f32.max),
-        ("sqrt(obs_var + epsilon)", (std > f32.max) | (std < f32.tiny)),
+    for name, values, bad in (
+        ("obs_mean", mean, np.abs(mean) > f32.max),
+        ("sqrt(obs_var + epsilon)", std, (std > f32.max) | (std < f32.tiny)),
     ):
         if bad.any():
             i = int(np.argmax(bad))
-            value = mean[i] if name == "obs_mean" else std[i]
             raise CheckpointError(
-                f"{path}: entry {i}'s {name} is {value:.3g}, outside float32's range "
+                f"{path}: entry {i}'s {name} is {values[i]:.3g}, outside float32's range "
                 f"[{f32.tiny:.3g}, {f32.max:.3g}]: the exported normalisation would overflow or "
                 "divide by 0 (NaN actions)"
             )
@@ -272,7 +270,7 @@ def save_checkpoint(model: Any, directory: Path) -> None:
     # and `latest_checkpoint` passes the directory over
     partial = directory / f".{STATE}.partial"
     partial.write_text(json.dumps(state, indent=1) + "\n")
-    os.replace(partial, directory / STATE)
+    partial.replace(directory / STATE)
 
 
 def _action_bounds(space: Any) -> dict[str, Any]:

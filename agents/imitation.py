@@ -52,6 +52,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from batchpilot.agents.specs import is_learned
 from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID, nearest
 from batchpilot.envs.step_models import StepModel
 from batchpilot.envs.telemetry import Telemetry
@@ -114,7 +115,7 @@ class ImitationSpec:
     simulator's step model (module doc; needs a teacher that reports its sweeps)."""
 
     def __post_init__(self) -> None:
-        if "policy:" in str(self.teacher):
+        if is_learned(str(self.teacher)):
             raise ValueError(
                 f"teacher {self.teacher!r}: a learned policy does not teach here; give a rule "
                 "or the lookahead oracle (static, alg1, alg2, alg1+alg2, mpc: batchpilot compare "

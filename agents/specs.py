@@ -45,7 +45,7 @@ def make_controller(spec: str) -> Controller:
         if isinstance(exc, PolicyFileError) and baseline_specs.COMBINE.search(spec):
             raise PolicyFileError(f"{exc} (if the path holds a '+': {SEPARATORS})") from None
         cut = spec.startswith("policy:") and not spec.endswith(".onnx")
-        if isinstance(exc, PolicyFileError) and cut and "does not exist" in str(exc):
+        if isinstance(exc, PolicyFileError) and cut and not _exists(spec.removeprefix("policy:")):
             raise PolicyFileError(f"{exc} (if the path holds a ',': {SEPARATORS})") from None
         raise
 
@@ -57,6 +57,15 @@ def policy_spec(path: Path) -> str:
     if "," in spec or baseline_specs.COMBINE.search(spec):
         raise ValueError(f"policy path {path}: {SEPARATORS}")
     return spec
+
+
+def _exists(path: str) -> bool:
+    return Path(path).expanduser().exists()  # False for a NUL byte too
+
+
+def is_learned(spec: str) -> bool:
+    """Whether a spec names a learned policy (``policy:PATH``, alone or in ``A+B``)."""
+    return any(p.partition(":")[0] == "policy" for p in baseline_specs.spec_parts(spec))
 
 
 def spec_key(spec: str) -> str:

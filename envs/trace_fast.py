@@ -97,7 +97,8 @@ def read_columns(
                 return None
             parts.append(chunk[0])
             skipped = _add(skipped, chunk[1], line)
-            zoned |= {chunk[2]} - {None}
+            if chunk[2] is not None:
+                zoned.add(chunk[2])
             if skip:  # lines are counted for a left-out row's line number
                 line += int(np.count_nonzero(np.frombuffer(data, np.uint8, cut) == ord("\n")))
     if rest:  # a last line without a newline
@@ -106,7 +107,8 @@ def read_columns(
             return None
         parts.append(chunk[0])
         skipped = _add(skipped, chunk[1], line)
-        zoned |= {chunk[2]} - {None}
+        if chunk[2] is not None:
+            zoned.add(chunk[2])
     columns = _concatenate(parts)
     return None if columns is None or len(zoned) > 1 else (columns, skipped)
 

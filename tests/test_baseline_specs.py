@@ -258,3 +258,19 @@ def test_one_policy_by_two_paths_is_one_controller(tmp_path) -> None:
     loop = f"policy:{tmp_path / 'loop' / 'p.onnx'}"
     assert given_twice([loop, "alg1"], key=spec_key) == ""
     assert given_twice([loop, loop], key=spec_key) == loop
+
+
+@pytest.mark.parametrize(
+    "spec, learned",
+    [
+        ("policy:p.onnx", True),
+        ("alg1 + policy:p.onnx", True),
+        ("mpc:horizon_s=16", False),
+        ("static:8:2048", False),
+        ("alg2:sla_ms=5e+1", False),
+    ],
+)
+def test_a_learned_policy_is_found_in_any_part_of_a_spec(spec: str, learned: bool) -> None:
+    from batchpilot.agents.specs import is_learned
+
+    assert is_learned(spec) is learned

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from batchpilot.agents.specs import is_learned
 from batchpilot.baselines.specs import split_specs
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import SKIP_HINT, load_trace
@@ -182,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
         extra = split_specs(args.controllers_extra) if args.controllers_extra.strip() else []
     except ValueError as exc:
         raise ValueError(f"--controllers-extra {args.controllers_extra!r}: {exc}") from None
-    if learned := [c for c in extra if "policy:" in c]:
+    if learned := [c for c in extra if is_learned(c)]:
         raise ValueError(
             f"--controllers-extra: {learned[0]} is a learned policy, which decides at the "
             "interval it trained at; the paper's tables decide every engine step. Compare it "
