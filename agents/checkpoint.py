@@ -191,10 +191,11 @@ def read_vecnormalize(path: Path, n_obs: int) -> dict[str, Any]:
         raise CheckpointError(f"{path}: obs_var has negative entries")
     if out["gamma"] > 1.0:
         raise CheckpointError(f"{path}: gamma {out['gamma']} is over 1")
-    if out["norm_obs"] and out["clip_obs"] < MIN_CLIP_OBS:
+    if out["norm_obs"] and not MIN_CLIP_OBS <= out["clip_obs"] <= np.finfo(np.float32).max:
         raise CheckpointError(
-            f"{path}: clip_obs is {out['clip_obs']:g} with norm_obs on: every normalised "
-            f"observation would be about 0 (need at least {MIN_CLIP_OBS:g} standard deviations)"
+            f"{path}: clip_obs is {out['clip_obs']:g} with norm_obs on; need {MIN_CLIP_OBS:g} "
+            f"to {np.finfo(np.float32).max:.3g} standard deviations (below, every normalised "
+            "observation would be about 0; above, the exported float32 graph cannot hold it)"
         )
     if out["norm_obs"]:
         _check_float32_normalisation(path, out["obs_mean"], out["obs_var"], out["epsilon"])
@@ -227,7 +228,7 @@ def normalisation(directory: Path, n_obs: int) -> tuple[np.ndarray, np.ndarray, 
     """(mean, var, epsilon, clip) of a checkpoint's observation normalisation (identity
     without ``vecnormalize.json`` or with ``norm_obs`` off)."""
     path = directory / VECNORMALIZE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return np.zeros(n_obs), np.ones(n_obs), 0.0, math.inf
     s = read_vecnormalize(path, n_obs)
     if not s["norm_obs"]:
@@ -381,13 +382,31 @@ def load_checkpoint(model: Any, directory: Path) -> None:
 
 def policy_kwargs_problems(kwargs: dict[str, Any]) -> list[str]:
     """Unknown keys and wrong types in `kwargs` (``policy_kwargs``), against the signature of
-    SB3's MlpPolicy (the spaces and learning-rate schedule are PPO's to pass)."""
+    SB3's MlpPolicy (the spaces and learning-rate schedule are PPO's to pass); a ``net_arch``
+    with keys other than pi and vf or layers outside [1, `MAX_LAYER`]; and an unshared
+    features extractor, which the export does not read."""
     from stable_baselines3 import PPO
 
     hints = signature_hints(PPO.policy_aliases["MlpPolicy"].__init__)
     for k in ("observation_space", "action_space", "lr_schedule"):
         hints.pop(k)
-    return mapping_problems(kwargs, hints, prefix="policy_kwargs.", what="a policy keyword")
+    problems = mapping_problems(kwargs, hints, prefix="policy_kwargs.", what="a policy keyword")
+    net_arch = kwargs.get("net_arch")
+    if isinstance(net_arch, dict) and set(net_arch) - {"pi", "vf"}:
+        stray = sorted(map(str, set(net_arch) - {"pi", "vf"}))
+        problems.append(
+            f"policy_kwargs.net_arch: unknown key(s) {stray}; PPO reads pi (the policy's layers) "
+            "and vf (the value function's)"
+        )
+    if wide := [v for v in ints(net_arch) if not 1 <= v <= MAX_LAYER]:
+        problems.append(f"policy_kwargs.net_arch: layer sizes {wide[:3]} outside [1, {MAX_LAYER}]")
+    if kwargs.get("share_features_extractor") is False:
+        problems.append(
+            "policy_kwargs.share_features_extractor: false is not supported (the export reads "
+            "one features extractor; an MlpPolicy's only flattens the observation, so sharing it "
+            "changes nothing): leave it out"
+        )
+    return problems
 
 
 def load_policy_module(directory: Path) -> Any:
@@ -416,14 +435,13 @@ def load_policy_module(directory: Path) -> Any:
     if problems := policy_kwargs_problems(state["policy_kwargs"]):
         raise CheckpointError(f"{path}: {'; '.join(problems)}")
     net_arch = state["policy_kwargs"].get("net_arch")
-    too_big = [v for v in ints(net_arch) if not 1 <= v <= MAX_LAYER]
     n_obs = bounds["observation_low"].size
     # the action head's width: one logit per choice of each knob, or one output per dimension
     outputs = bounds["action_nvec"].sum() if "action_nvec" in bounds else bounds["action_low"].size
-    if too_big or n_obs > MAX_LAYER or not outputs <= MAX_LAYER:
+    if n_obs > MAX_LAYER or not outputs <= MAX_LAYER:
         raise CheckpointError(
-            f"{path}: policy sizes over {MAX_LAYER:,} (layers {too_big[:3]}, {n_obs} "
-            f"observations, {outputs:g} action outputs)"
+            f"{path}: policy sizes over {MAX_LAYER:,} ({n_obs} observations, {outputs:g} "
+            "action outputs)"
         )
     if problem := policy_size_problem(net_arch, n_obs, int(outputs)):
         raise CheckpointError(f"{path}: policy_kwargs.net_arch: {problem}")

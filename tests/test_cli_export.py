@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pickle
 import re
@@ -226,6 +227,14 @@ def test_an_old_pickle_only_run_is_refused_by_name(tmp_path: Path, capsys) -> No
     assert not marker.exists()
 
 
+def test_a_normalisation_file_that_is_a_directory_is_named_so(tmp_path: Path) -> None:
+    """It was taken for no normalisation at all."""
+    (tmp_path / "vecnormalize.json").mkdir()
+    with pytest.raises(CheckpointError, match=r"vecnormalize\.json: a directory, not a file of"):
+        normalisation(tmp_path, 3)
+    assert normalisation(tmp_path / "none", 3)[3] == math.inf  # a missing file: none
+
+
 def test_a_checkpoint_file_that_is_a_directory_is_named_so(tmp_path: Path) -> None:
     """It was reported as missing ("does not exist")."""
     from batchpilot.agents.checkpoint import CheckpointError, read_state
@@ -245,6 +254,8 @@ def test_a_checkpoint_file_that_is_a_directory_is_named_so(tmp_path: Path) -> No
         ({"norm_obs": True, "clip_obs": 0}, "clip_obs is 0 with norm_obs on"),
         # exported, a policy that saw one constant observation (one action for every state)
         ({"norm_obs": True, "clip_obs": 1e-300}, "clip_obs is 1e-300 with norm_obs on"),
+        # past float32's range: the export's clamp was a torch traceback
+        ({"norm_obs": True, "clip_obs": 1e300}, "clip_obs is 1e\\+300 with norm_obs on; need 0.001 to 3.4e\\+38"),
         # exported, weights the loader then named in a temporary file ('std' is NaN or inf)
         ({"norm_obs": True, "epsilon": 1e300}, r"entry 0's sqrt\(obs_var \+ epsilon\) is 1e\+150, outside float32's range"),
         ({"norm_obs": True, "obs_mean": [1e308] * 23}, "entry 0's obs_mean is 1e\\+308, outside float32's range"),
@@ -292,7 +303,12 @@ def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> Non
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        ({"action_nvec": [10**9, 8]}, "policy sizes over 65,536 (layers [], "),
+        ({"action_nvec": [10**9, 8]}, "policy sizes over 65,536 (23 observations, 1e+09 action outputs)"),
+        # was "over 65,536" of a layer of 0; a stray key was accepted as the config refuses it
+        ({"policy_kwargs": {"net_arch": [0]}}, "policy_kwargs.net_arch: layer sizes [0] outside [1, 65536]"),
+        ({"policy_kwargs": {"net_arch": {"pi": [8], "vf": [8], "x": [1]}}}, "policy_kwargs.net_arch: unknown key(s) ['x']"),
+        # an unshared extractor was a traceback in the export's forward (a (pi, vf) tuple)
+        ({"policy_kwargs": {"share_features_extractor": False}}, "policy_kwargs.share_features_extractor: false is not supported"),
         ({"policy": "CnnPolicy"}, "policy 'CnnPolicy'; batchpilot's observations need MlpPolicy"),
         ({"policy": "MultiInputPolicy"}, "policy 'MultiInputPolicy'; batchpilot's observations"),
         ({"policy": "Nope"}, "policy 'Nope'; batchpilot's observations need MlpPolicy"),

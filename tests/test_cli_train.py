@@ -514,6 +514,16 @@ def test_huge_layers_are_refused(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_an_unshared_features_extractor_is_refused_before_training(tmp_path: Path) -> None:
+    """The export's forward read one extractor: a run trained so was a traceback at export
+    (and at the config's report)."""
+    path = tmp_path / "unshared.yml"
+    kwargs = {"net_arch": [8], "share_features_extractor": False}
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"policy_kwargs": kwargs}}))
+    with pytest.raises(ValueError, match="share_features_extractor: false is not supported"):
+        load_config(path)
+
+
 @pytest.mark.parametrize(
     ("net_arch", "count"),
     [

@@ -194,7 +194,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     """Every unknown key, wrong type and out-of-range value of a config's settings."""
     from stable_baselines3 import PPO
 
-    from batchpilot.agents.checkpoint import MAX_LAYER, ints, policy_kwargs_problems
+    from batchpilot.agents.checkpoint import policy_kwargs_problems
 
     run_hints, ppo_hints = setting_hints()
     problems = []
@@ -253,16 +253,6 @@ def config_problems(body: dict[str, Any]) -> list[str]:
     )
     policy_kwargs = body.get("policy_kwargs") or {}
     problems += policy_kwargs_problems(policy_kwargs)
-    net_arch = policy_kwargs.get("net_arch")
-    if isinstance(net_arch, dict) and set(net_arch) - {"pi", "vf"}:
-        stray = sorted(map(str, set(net_arch) - {"pi", "vf"}))
-        problems.append(
-            f"policy_kwargs.net_arch: unknown key(s) {stray}; PPO reads pi (the policy's layers) "
-            "and vf (the value function's)"
-        )
-    wide = [v for v in ints(net_arch) if not 1 <= v <= MAX_LAYER]
-    if wide:
-        problems.append(f"policy_kwargs.net_arch: layer sizes {wide[:3]} outside [1, {MAX_LAYER}]")
     if body.get("policy", "MlpPolicy") != "MlpPolicy":
         problems.append(f"policy: {body['policy']!r}; batchpilot's observations need MlpPolicy")
     if body.get("algo", "ppo") not in ALGOS:
