@@ -15,8 +15,6 @@ before vLLM starts.
 from __future__ import annotations
 
 import math
-import sys
-import threading
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -37,6 +35,9 @@ DEFAULT_SLO = str(metrics.DEFAULT_SLO)
 DEFAULT_BUDGET_MS = 5.0
 DEADLINE_BUDGETS = 10
 """The default decision deadline, in decision budgets (50 ms at the default 5 ms budget)."""
+MS_RANGE = (1e-3, 60_000.0)
+"""The decision budget's and deadline's range in ms: 1 us (a rule decides in tens) to a
+minute (an engine waiting longer on one decision has stalled)."""
 
 
 class EngineSettings(NamedTuple):
@@ -68,23 +69,23 @@ def engine_settings(environ: Mapping[str, str]) -> EngineSettings:
         raise ValueError(f"{SLO_ENV}={text!r}: {exc}") from None
     goodput_slo(slo, f"{SLO_ENV}={text!r}:")
     budget_ms = milliseconds(environ, BUDGET_ENV, DEFAULT_BUDGET_MS)
-    default_ms = min(DEADLINE_BUDGETS * budget_ms, sys.float_info.max)  # finite past a huge budget
+    default_ms = min(DEADLINE_BUDGETS * budget_ms, MS_RANGE[1])
     deadline_ms = milliseconds(environ, DEADLINE_ENV, default_ms)
     if deadline_ms < budget_ms:
         raise ValueError(
             f"{DEADLINE_ENV}={environ[DEADLINE_ENV]!r}: below the {budget_ms:g} ms decision budget"
         )
-    # a wait past Python's longest (about 292 years) overflows: wait that long instead
-    return EngineSettings(slo, budget_ms / 1e3, min(deadline_ms / 1e3, threading.TIMEOUT_MAX))
+    return EngineSettings(slo, budget_ms / 1e3, deadline_ms / 1e3)
 
 
 def milliseconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    """The finite positive number of milliseconds `environ` sets `name` to, else `default`."""
+    """The milliseconds (within `MS_RANGE`) `environ` sets `name` to, else `default`."""
     text = environ.get(name, str(default))
     try:
         ms = plain_float(text)
     except ValueError:
         ms = math.nan
-    if not 0 < ms < math.inf:
-        raise ValueError(f"{name}={text!r}: need a finite number of milliseconds > 0")
+    low, high = MS_RANGE
+    if not low <= ms <= high:
+        raise ValueError(f"{name}={text!r}: need a number of milliseconds in [{low:g}, {high:g}]")
     return ms

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess
@@ -317,17 +316,26 @@ def test_serve_keeps_its_scheduler_class(tmp_path, capsys, flags: list[str]) -> 
 
 def test_serve_leaves_the_default_deadline_to_the_engine() -> None:
     """Without --decision-deadline-ms the engine's own default applies (`engine_settings`,
-    finite for any budget): serve once computed an infinite one for a huge budget and
-    blamed the flag nobody gave."""
+    at most a minute for any budget): serve once computed an infinite one for a huge budget
+    and blamed the flag nobody gave."""
     from batchpilot.serving.config import DEADLINE_ENV, PARENT_ENV, engine_settings
     from batchpilot.training.cli import build_parser
     from batchpilot.training.commands.serve import split_arguments, vllm_command
 
     args = build_parser().parse_args(["serve", "m", "--controller", "static:3",
-                                      "--decision-budget-ms", "1e308"])  # fmt: skip
+                                      "--decision-budget-ms", "60000"])  # fmt: skip
     _, env = vllm_command(split_arguments(args))
     assert DEADLINE_ENV not in env and env[PARENT_ENV] == str(os.getpid())
-    assert math.isfinite(engine_settings(env).deadline_s)
+    assert engine_settings(env).deadline_s == 60.0
+
+
+@pytest.mark.parametrize("flags", [["--model", "other"], ["--model=other"]])
+def test_serve_refuses_a_second_model(tmp_path, capsys, flags: list[str]) -> None:
+    """vLLM serves the last --model it is given: one among vLLM's arguments replaced the
+    checked MODEL silently."""
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["serve", str(tmp_path), "--controller", "static:3", *flags]) == 2
+    assert f"--model among vLLM's arguments: MODEL ({tmp_path}) names the model" in capsys.readouterr().err
 
 
 def test_every_numeric_option_is_range_checked() -> None:

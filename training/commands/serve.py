@@ -86,15 +86,16 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
         type=positive,
         metavar="MS",
         default=DEFAULT_BUDGET_MS,
-        help="3 decisions in a row slower than this fall back to static. Default: %(default)s",
+        help="3 decisions in a row slower than this fall back to static (0.001 to 60,000). "
+        "Default: %(default)s",
     )
     parser.add_argument(
         "--decision-deadline-ms",
         action=once(),
         type=positive,
         metavar="MS",
-        help="the engine waits no longer for a decision: static limits until it returns. "
-        f"Default: {DEADLINE_BUDGETS}x the budget",
+        help="the engine waits no longer for a decision: static limits until it returns "
+        f"(0.001 to 60,000). Default: {DEADLINE_BUDGETS}x the budget, at most 60,000",
     )
 
 
@@ -177,8 +178,11 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
             message = message.replace(f"{env_name}=", f"{flag} ")
         raise ValueError(message) from None
     extra = list(args.vllm_args)
-    if any(a.split("=", 1)[0] in ("--scheduler-cls", "--scheduler_cls") for a in extra):
+    flags = {a.split("=", 1)[0].replace("_", "-") for a in extra if a.startswith("--")}
+    if "--scheduler-cls" in flags:
         raise ValueError("--scheduler-cls is batchpilot's; drop it")
+    if "--model" in flags:  # vLLM would serve the last --model, one never checked
+        raise ValueError(f"--model among vLLM's arguments: MODEL ({args.model}) names the model")
     if not any(a.startswith(("--async-scheduling", "--no-async-scheduling")) for a in extra):
         extra.append("--no-async-scheduling")  # outputs in step with the scheduler
     # vLLM's OpenAI server, with the vocabulary check put back (`batchpilot.serving.api_server`;
