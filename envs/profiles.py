@@ -395,6 +395,15 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
             f"{file}: a mixture-of-experts model ({moe}); only dense Llama-family models are "
             "modelled"
         )
+    quantized = data.get("quantization_config")
+    if quantized is not None:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else None
+        raise ValueError(
+            f"{file}: a quantized checkpoint (quantization_config"
+            + (f", quant_method {brief(method)}" if method is not None else "")
+            + "); only 16- and 32-bit weights are modelled (Vidur timed 16-bit GEMMs, and the "
+            "KV cache would get the memory the smaller weights leave)"
+        )
     tied = data.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise ValueError(
@@ -420,6 +429,18 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
         raise ValueError(
             f"{file}: a {shape['max_model_len']}-token context (max_position_embeddings); a "
             f"request needs at least {MIN_MODEL_LEN} tokens"
+        )
+    window = data.get("sliding_window")
+    if (
+        data.get("use_sliding_window", True) is not False  # Qwen2 lists a window it leaves off
+        and isinstance(window, int)
+        and not isinstance(window, bool)
+        and window < shape["max_model_len"]
+    ):
+        raise ValueError(
+            f"{file}: sliding-window attention (sliding_window {window:,}, under the "
+            f"{shape['max_model_len']:,}-token context); vLLM keeps a request's KV to the "
+            "window, and only full attention is modelled"
         )
     kv_heads = shape["heads"]
     if data.get("num_key_value_heads") is not None:

@@ -752,6 +752,16 @@ def _write(path: Path, data: object) -> Path:
         (lambda c: c.update(num_local_experts=8), r"mixture-of-experts model \(num_local_experts 8\)"),
         (lambda c: c.update(tie_word_embeddings="yes"), "tie_word_embeddings must be true or false"),
         (lambda c: c.update(_name_or_path="../../../../etc"), r"climbs out of compute/<gpu>/"),
+        # modelled as 16-bit weights and full attention, silently, before
+        (
+            lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 4}),
+            r"a quantized checkpoint \(quantization_config, quant_method 'awq'\)",
+        ),
+        (lambda c: c.update(quantization_config=[]), r"a quantized checkpoint \(quantization_config\)"),
+        (
+            lambda c: c.update(model_type="mistral", sliding_window=1024),
+            r"sliding-window attention \(sliding_window 1,024, under the 4,096-token context\)",
+        ),
     ],
 )
 def test_bad_hugging_face_configs_say_why(tmp_path: Path, edit, message) -> None:
@@ -761,6 +771,18 @@ def test_bad_hugging_face_configs_say_why(tmp_path: Path, edit, message) -> None
     with pytest.raises(ValueError, match=message) as info:
         architecture(str(path))
     assert str(path) in str(info.value)
+
+
+def test_a_sliding_window_that_is_off_or_spans_the_context_is_full_attention(tmp_path: Path) -> None:
+    """Qwen2 configs list a window they leave off; a window as long as the context, or null,
+    changes nothing."""
+    for extra in (
+        {"sliding_window": 1024, "use_sliding_window": False},
+        {"sliding_window": 4096},
+        {"sliding_window": None},
+    ):
+        path = _write(tmp_path / "config.json", dict(LLAMA_2_7B_CONFIG, **extra))
+        assert architecture(str(path)).max_model_len == 4096
 
 
 def test_tied_embeddings_hold_one_vocabulary_matrix(tmp_path: Path) -> None:
