@@ -988,4 +988,6 @@ def write_profile(profile: EngineProfile, path: Path) -> None:
     except ValueError as exc:
         raise ValueError(f"{exc}; nothing written") from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
+    partial = path.with_name(f".{path.name}.partial")  # renamed: never half a profile
+    partial.write_text(text + "\n")
+    partial.replace(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from itertools import pairwise, product
 from pathlib import Path
 
@@ -250,3 +251,34 @@ def test_fidelity_step_residuals_find_a_known_slowdown() -> None:
         {"1": 1.1, "2-3": 1.1, "4-7": 1.1, "8-15": 1.1, "16-63": 1.1, "64+": 1.1}
     )
     assert r["log_ratio_sd"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_calibrate_refuses_a_budget_below_max_num_seqs_before_measuring(tmp_path: Path, capsys) -> None:
+    """vLLM refused it once started, and the message blamed the model."""
+    argv = ["calibrate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "p.json"),
+            "--max-num-seqs", "64", "--max-num-batched-tokens", "16"]  # fmt: skip
+    assert cli(argv) == 2
+    assert "--max-num-batched-tokens: max_num_batched_tokens 16 is less than max_num_seqs 64" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("option", ["--out", "--samples"])
+def test_calibrate_overwrites_no_other_file(tmp_path: Path, capsys, option: str) -> None:
+    """A trace (or any file not of this command's kind) at --out or --samples was overwritten
+    once the calibration finished; a pipe blocked the write for ever."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,50\n")
+    paths = {"--out": tmp_path / "p.json", "--samples": tmp_path / "s.json", option: trace}
+    argv = ["calibrate", "--model", str(tmp_path / "none")]
+    for flag, path in paths.items():
+        argv += [flag, str(path)]
+    assert cli(argv) == 2
+    assert f"{option} {trace}: the file exists and is not " in capsys.readouterr().err
+    os.mkfifo(tmp_path / "fifo")
+    paths[option] = tmp_path / "fifo"
+    argv = ["calibrate", "--model", str(tmp_path / "none")]
+    for flag, path in paths.items():
+        argv += [flag, str(path)]
+    assert cli(argv) == 2
+    assert "is not a regular file (a pipe or device)" in capsys.readouterr().err

@@ -450,6 +450,24 @@ def test_profiles_build_from_the_vidur_directory(tmp_path: Path, capsys) -> None
     assert "name '': need one printable line" in capsys.readouterr().err and not named.exists()
 
 
+def test_profiles_build_replaces_only_a_profile(tmp_path: Path, capsys) -> None:
+    """--out replaced any file (a trace, a policy's sidecar) and blocked on a pipe; a profile
+    it wrote before is replaced, and the file appears whole (written beside, renamed)."""
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(VIDUR)]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,50\n")
+    assert cli([*args, "--out", str(trace)]) == 2
+    assert f"--out {trace}: the file exists and is not a profile" in capsys.readouterr().err
+    assert trace.read_text().startswith("arrived_at")
+    os.mkfifo(tmp_path / "fifo")
+    assert cli([*args, "--out", str(tmp_path / "fifo")]) == 2
+    assert "is not a regular file (a pipe or device)" in capsys.readouterr().err
+    out = tmp_path / "p.json"
+    assert cli([*args, "--out", str(out)]) == 0 and cli([*args, "--out", str(out)]) == 0
+    assert get_profile(str(out)).name == "p" and [f.name for f in tmp_path.iterdir()].count("p.json") == 1
+    assert not list(tmp_path.glob(".*partial"))
+
+
 def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: int = 14) -> Path:
     """A Vidur directory of Llama-2-7B on A100 at TP 1 (`tokens` token counts, 1 to 2^13) and
     the attention table; `cell` (file, column, value) overwrites that column's first row."""

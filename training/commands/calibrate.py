@@ -29,7 +29,15 @@ import sys
 from batchpilot.envs.calibration import FORMS
 from batchpilot.envs.profiles import INT_LIMITS, check_profile_name
 from batchpilot.envs.vllm_tracker import CLOCKS
-from batchpilot.training.commands.common import COUNT, check_output, path_arg, whole
+from batchpilot.training.commands.common import (
+    COUNT,
+    check_output,
+    check_replaceable,
+    is_profile_json,
+    path_arg,
+    whole,
+    write_json,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def is_samples_json(data: object) -> bool:
+    """Whether a JSON value is step samples as `--samples` writes them (rows of 7 numbers)."""
+    return isinstance(data, list) and all(isinstance(r, list) and len(r) == 7 for r in data)
+
+
 def main(args: argparse.Namespace) -> int:
-    import json
     import time
 
     from rich.progress import Progress
@@ -89,11 +101,12 @@ def main(args: argparse.Namespace) -> int:
         fit_step_model,
         group_repeats,
     )
-    from batchpilot.envs.profiles import PROFILES, EngineProfile, write_profile
+    from batchpilot.envs.profiles import PROFILES, EngineProfile, limits_problem, write_profile
     from batchpilot.envs.telemetry import Limits
     from batchpilot.envs.vllm_engine import VLLMEngine
 
-    check_output(args.out, "--out", directory=False)
+    check_output(args.out, "--out", directory=False, replaced=True)
+    check_replaceable(args.out, "--out", "a profile", is_profile_json)
     name = args.out.stem if args.name is None else args.name  # --name '' is refused, not the stem
     check_profile_name(name, "--name")  # before the measurement
     if name in PROFILES:  # a measured profile is another deployment than a shipped one
@@ -102,9 +115,12 @@ def main(args: argparse.Namespace) -> int:
             "(--name, or --out's file name)"
         )
     if args.samples:
-        check_output(args.samples, "--samples", directory=False)
+        check_output(args.samples, "--samples", directory=False, replaced=True)
+        check_replaceable(args.samples, "--samples", "step samples", is_samples_json)
         if args.samples.resolve() == args.out.resolve():
             raise ValueError(f"--samples {args.samples}: the same file as --out")
+    if problem := limits_problem(args.max_num_seqs, args.max_num_batched_tokens):
+        raise ValueError(f"--max-num-batched-tokens: {problem}")  # vLLM's own blamed the model
     grid = calibration_workloads(args.max_model_len, args.max_num_seqs)  # before the engine
     engine = VLLMEngine(
         args.model,
@@ -136,8 +152,7 @@ def main(args: argparse.Namespace) -> int:
                 bar.advance(task)
     samples = group_repeats(runs, len(grid))
     if args.samples:
-        args.samples.parent.mkdir(parents=True, exist_ok=True)
-        args.samples.write_text(json.dumps(samples) + "\n")
+        write_json(args.samples, samples)
     source = (
         f"batchpilot calibrate --model {args.model} --repeats {args.repeats} --clock {args.clock}"
     )

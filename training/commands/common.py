@@ -262,14 +262,43 @@ def check_output(path: Path, option: str, *, directory: bool, replaced: bool = F
         raise ValueError(f"{option} {path}: {existing} is not writable")
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write `data` to `path` as indented JSON; an `OSError` naming `path` if it cannot."""
+def is_profile_json(data: object) -> bool:
+    """Whether a JSON value has a profile's top-level keys (`EngineProfile.to_json`)."""
+    return isinstance(data, dict) and {"name", "step", "num_gpu_blocks"} <= data.keys()
+
+
+LARGEST_OWN_FILE = 1 << 20
+"""Bytes: a larger file is none that a command wrote (metrics, a profile, step samples)."""
+
+
+def check_replaceable(path: Path, option: str, what: str, ours: Callable[[Any], bool]) -> None:
+    """Raise ValueError naming `option` if `path` is a file, not empty, whose JSON `ours`
+    does not take for `what` (one this command wrote): a trace, a policy or a profile the
+    same command reads would be overwritten. An empty file (mktemp's) holds nothing."""
+    from batchpilot.envs.json_objects import read_json
+
+    if not path.is_file() or not path.stat().st_size:
+        return
+    try:
+        if path.stat().st_size > LARGEST_OWN_FILE or not ours(read_json(path, what, finite=False)):
+            raise ValueError
+    except ValueError:  # an unreadable file too: read_json's OSError
+        raise ValueError(
+            f"{option} {path}: the file exists and is not {what}; it would be overwritten (a "
+            "trace, a policy or a profile?): give another path, or remove it"
+        ) from None
+
+
+def write_json(path: Path, data: object) -> None:
+    """Write `data` to `path` as indented JSON, beside it first and renamed (a reader never
+    sees half a file); an `OSError` naming `path` if it cannot."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    except OSError as exc:
-        if exc.filename is not None:  # its message names the path already
-            raise
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        partial.replace(path)
+    except OSError as exc:  # named as the user gave it (not the partial file; a full disk
+        # names none)
         raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 

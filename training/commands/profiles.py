@@ -44,7 +44,9 @@ from batchpilot.envs.profiles import (
 from batchpilot.training.commands.common import (
     COUNT,
     check_output,
+    check_replaceable,
     fraction,
+    is_profile_json,
     non_negative,
     path_arg,
     positive,
@@ -227,7 +229,8 @@ def _build(args: argparse.Namespace) -> int:
             f"{args.vidur}: no compute/ directory, so not Vidur's data/profiling (--vidur); "
             "give the data/profiling directory of a github.com/microsoft/vidur checkout"
         )
-    check_output(args.out, "--out", directory=False)
+    check_output(args.out, "--out", directory=False, replaced=True)
+    check_replaceable(args.out, "--out", "a profile", is_profile_json)
     optional = {
         "gpu_memory_gib": args.gpu_memory_gib,
         "step_overhead_s": None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,

@@ -12,8 +12,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
@@ -21,6 +19,7 @@ from batchpilot.training.commands.common import (
     add_engine_arguments,
     add_workload_arguments,
     check_output,
+    check_replaceable,
     one_controller,
     parse_workload,
     path_arg,
@@ -76,8 +75,13 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.envs.workloads import make_workload
 
     if args.json is not None:
-        check_output(args.json, "--json", directory=False)
-        check_metrics_file(args.json)
+        check_output(args.json, "--json", directory=False, replaced=True)
+        check_replaceable(
+            args.json,
+            "--json",
+            "a metrics file that simulate wrote",
+            lambda data: isinstance(data, dict) and set(METRICS_KEYS) <= data.keys(),
+        )
     profile = get_profile(args.profile)
     source, arrival = parse_workload(args.workload)
     workload = make_workload(
@@ -147,28 +151,6 @@ def main(args: argparse.Namespace) -> int:
 
 METRICS_KEYS = ("controller", "metrics", "workload")
 """Keys of the object `--json` writes: an existing file without them is not replaced."""
-LARGEST_METRICS_FILE = 1 << 20
-"""Bytes: a file larger is no metrics file this command wrote."""
-
-
-def check_metrics_file(path: Path) -> None:
-    """Raise ValueError if `path` exists and is not a metrics file `--json` wrote (a trace,
-    a profile or a policy the same command reads would be overwritten)."""
-    if not path.is_file() or not path.stat().st_size:  # an empty file (mktemp's) holds nothing
-        return
-    try:
-        if path.stat().st_size > LARGEST_METRICS_FILE:
-            raise ValueError
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or not set(METRICS_KEYS) <= data.keys():
-            raise ValueError
-    except OSError as exc:
-        raise ValueError(f"--json {path}: cannot read the existing file: {exc.strerror}") from None
-    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError too
-        raise ValueError(
-            f"--json {path}: the file exists and is not a metrics file that simulate wrote; "
-            "it would be overwritten (a trace or profile?): give another path, or remove it"
-        ) from None
 
 
 def chosen_line(timeline: Timeline, chosen: dict[str, dict[int, int]], most: int = 4) -> str:
