@@ -267,6 +267,8 @@ class Lowering:
             return x  # the vectors are float32 already
         if op in ("Sub", "Add", "Div", "Mul") and isinstance(x, Dense):
             k = self.vector(args[1], self.dense(x))
+            if not np.isfinite(k).all():  # every observation NaN, or one constant action
+                raise GraphError("a NaN or infinite constant operand")
             if (k == (1 if op in ("Div", "Mul") else 0)).all():
                 return x  # exactly the identity
             if op == "Div" and not k.all():
@@ -279,6 +281,8 @@ class Lowering:
                 bound if b is None else float(self.vector(b, 1))
                 for b, bound in zip([*args[1:], None, None][:2], (-np.inf, np.inf), strict=True)
             )
+            if np.isnan(lo) or np.isnan(hi):
+                raise GraphError("a NaN bound (an infinite one leaves that side open)")
             if np.isfinite(lo):
                 x = self.in_place(np.maximum, np.array(lo, np.float32))
             return self.in_place(np.minimum, np.array(hi, np.float32)) if np.isfinite(hi) else x
@@ -364,6 +368,8 @@ class Lowering:
         c = args[1] if len(args) > 1 else None
         bias = np.zeros(len(w), np.float32) if c is None else self.vector(c, len(w))
         bias = np.float32(attrs.get("beta", 1.0)) * np.broadcast_to(bias, len(w))
+        if not (np.isfinite(w).all() and np.isfinite(bias).all()):
+            raise GraphError("alpha or beta makes its weights NaN or infinite")
         source, out = self.vectors[-1], np.ones(len(w) + 1, np.float32)
         self.vectors.append(out)
         k = diagonal_blocks(w)

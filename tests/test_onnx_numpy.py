@@ -270,6 +270,35 @@ def test_other_arrangements_are_refused(replacement: tuple, message: str) -> Non
         compile_graph(model_bytes(nodes, inits), 5)
 
 
+@pytest.mark.parametrize(
+    ("op", "value", "message"),
+    [
+        ("Div", np.inf, r"\(Div\): a NaN or infinite constant operand"),
+        ("Sub", np.nan, r"\(Sub\): a NaN or infinite constant operand"),
+        ("Clip", np.nan, r"\(Clip\): a NaN bound"),
+    ],
+)
+def test_a_non_finite_constant_node_is_refused_at_load(op: str, value: float, message: str) -> None:
+    """Initializers were checked, Constant nodes not: dividing by inf made every decision one
+    action, silently; a NaN failed only at the first decision, blamed on overflowing weights."""
+    nodes, inits = other_arrangement()
+    operand = {"Div": "std", "Sub": "mean", "Clip": "lo"}[op]
+    inits = [t for t in inits if t.name != operand]
+    kept = numpy_helper.from_array(np.array(value, np.float32), "k")
+    nodes.insert(0, helper.make_node("Constant", [], [operand], value=kept))
+    with pytest.raises(GraphError, match=message):
+        compile_graph(model_bytes(nodes, inits), 5)
+
+
+@pytest.mark.parametrize("attr", [{"alpha": float("nan")}, {"beta": float("inf")}, {"alpha": 3e38}])
+def test_a_gemm_scaled_past_float32_is_refused_at_load(attr: dict) -> None:
+    nodes, inits = other_arrangement()
+    gemm = next(n for n in nodes if n.op_type == "Gemm")
+    gemm.CopyFrom(helper.make_node("Gemm", list(gemm.input), list(gemm.output), **attr))
+    with pytest.raises(GraphError, match=r"\(Gemm\): alpha or beta makes its weights NaN or infinite"):
+        compile_graph(model_bytes(nodes, inits), 5)
+
+
 def test_a_nan_weight_is_refused() -> None:
     """Every argmax over NaN would pick an arbitrary action."""
     model = onnx.load(COMMITTED)
