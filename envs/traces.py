@@ -381,7 +381,8 @@ def _csv_header(
     (its stripped column names in `fieldnames`); a `TraceError` for a header of no format."""
     reader = csv.DictReader(_text_lines(path, handle))
     try:
-        header = [h.strip() for h in (reader.fieldnames or [])]
+        # byte order marks past the one decoding skips (a file saved twice) are no name's
+        header = [h.strip().lstrip("\ufeff").strip() for h in (reader.fieldnames or [])]
     except (TraceError, csv.Error) as exc:
         raise _csv_error(path, 1, exc) from None
     reader.fieldnames = header
@@ -401,6 +402,17 @@ def _csv_header(
             f"{path}: unknown trace format; header {header!r} has none of the known column "
             f"pairs ({', '.join(sorted({f'{f.prompt}/{f.output}' for f in _CSV_FORMATS}))})"
             + (_separator_hint(header) or _case_hint(header) or _jsonl_hint(path))
+        )
+    near = [
+        (h, f) for f in _CSV_FORMATS if f.time and (f.prompt, f.output) == (fmt.prompt, fmt.output)
+        for h in header if h.lower() == f.time.lower() and fmt.time is None
+    ]  # fmt: skip
+    if near:
+        column, timed = near[0]
+        raise TraceError(
+            f"{path}:1: column {column!r} is not {timed.time!r} but for case: the file is read as "
+            f"the {fmt.name} format (lengths alone), its arrival times left out; write "
+            f"{timed.time} to replay them (the {timed.name} format), or drop the column"
         )
     if fmt.time is not None and fmt.time not in header:
         raise TraceError(

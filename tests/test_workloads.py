@@ -821,6 +821,24 @@ def test_a_utf8_bom_is_accepted_in_every_format(tmp_path: Path, text: str, fmt: 
         assert trace.arrival_s.tolist() == pytest.approx([0.0, 1.0 if fmt in ("azure", "mooncake") else 2.0])
 
 
+def test_a_header_saved_with_two_byte_order_marks_is_read(tmp_path: Path) -> None:
+    """The second mark stuck to the first name: a timed Vidur trace was read as ShareGPT's
+    lengths, its arrival times left out."""
+    path = tmp_path / "t.csv"
+    path.write_bytes("\ufeff\ufeff".encode() + b"arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n2,11,6\n")
+    trace = load_trace(path)
+    assert trace.format == "vidur" and trace.arrival_s.tolist() == [0.0, 2.0]
+
+
+def test_a_time_column_named_but_for_case_is_named(tmp_path: Path) -> None:
+    """'Arrived_At' made the file ShareGPT's lengths alone: replay said it had no timestamps,
+    and poisson arrivals dropped the column silently."""
+    path = tmp_path / "t.csv"
+    path.write_text("Arrived_At,num_prefill_tokens,num_decode_tokens\n0,10,5\n2,11,6\n")
+    with pytest.raises(TraceError, match=r"t.csv:1: column 'Arrived_At' is not 'arrived_at' but for case"):
+        load_trace(path)
+
+
 def test_missing_trace_suggests_the_embedded_workloads(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"no such trace file.*embedded:azure-conv"):
         make_workload(str(tmp_path / "nope.csv"))
