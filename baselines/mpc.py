@@ -75,7 +75,10 @@ resampled from the gaps between the last `RECENT_ARRIVALS` arrivals, scaled to t
 rate; its first gap is one longer than the wait since the last arrival), the lengths as with
 ``sampled``. Unscaled, a few arrivals at one instant make a stream of millions; levelled by
 the arrivals since the oldest of them, the draw lags a rate that steps (on the training
-suite's math/chat shift it scored 406 tok/s against 479). With ``rate=lower`` a drawn future
+suite's math/chat shift it scored 406 tok/s against 479). With ``future=auto`` a re-plan
+draws a renewal future where the recent gaps' coefficient of variation passes `BURSTY_CV`
+(bursts to come), else a Poisson one as ``sampled`` does (a rate that steps, Poisson within
+each step). With ``rate=lower`` a drawn future
 runs at the lower of the short-window (5 s) and long-window (30 s) arrival rates: right after
 a burst the short window counts the burst as the rate to come; ``rate=bursty`` does so only
 where the recent gaps' coefficient of variation passes `BURSTY_CV`, so a rate that steps
@@ -108,7 +111,7 @@ from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.workload import Request
 
 SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-FUTURES = ("true", "sampled", "renewal")
+FUTURES = ("true", "sampled", "renewal", "auto")
 """Values of ``future``: the simulator's truth, or a draw (module doc)."""
 LENGTHS = ("true", "sampled")
 """Values of ``lengths``: the simulator's truth, or a draw (module doc)."""
@@ -174,8 +177,8 @@ MPC_ARGS = {
     "draws": int,
 }
 """Spec keywords: ``mpc:horizon_s=4:replan_s=1:seqs=8/32/128:tokens=512/2048:future=sampled``
-(and ``future=renewal``, ``recompute=0.5``, ``lengths=sampled``, ``pace=recoverable``,
-``ttft_ties=0.01``, ``rate=lower``, ``rate=bursty``, ``draws=3``)."""
+(and ``future=renewal``, ``future=auto``, ``recompute=0.5``, ``lengths=sampled``,
+``pace=recoverable``, ``ttft_ties=0.01``, ``rate=lower``, ``rate=bursty``, ``draws=3``)."""
 
 
 class MPCController:
@@ -237,7 +240,7 @@ class MPCController:
         if draws > 1 and self.future == "true":
             raise ValueError(
                 "draws must be 1 with future=true (one true future); draw several with "
-                "future=sampled or future=renewal"
+                "future=sampled, future=renewal or future=auto"
             )
         self.draws = draws
         self.name = "mpc"
@@ -297,7 +300,8 @@ class MPCController:
         lost = self._lost(telemetry)
         self._futures = [None]
         if self.future != "true":
-            draw = self._sampled_future if self.future == "sampled" else self._renewal_future
+            renew = self.future == "renewal" or (self.future == "auto" and self._bursty())
+            draw = self._renewal_future if renew else self._sampled_future
             self._futures = [draw(telemetry) for _ in range(self.draws)]
 
         peaks: dict[tuple[int, int], tuple[int, int]] = {}  # of each rollout's horizon
@@ -466,12 +470,15 @@ class MPCController:
         lower = min(telemetry.arrival_rate_short, telemetry.arrival_rate)
         if self.rate == "lower":
             return lower
-        if self.rate == "bursty":
-            recent = self._engine.arrived_requests(RECENT_ARRIVALS)  # type: ignore[union-attr]
-            gaps = np.diff([r.arrival_s for r in recent])
-            if len(gaps) > 2 and gaps.mean() > 0 and gaps.std() > BURSTY_CV * gaps.mean():
-                return lower
+        if self.rate == "bursty" and self._bursty():
+            return lower
         return telemetry.arrival_rate_short
+
+    def _bursty(self) -> bool:
+        """Whether the gaps between the recent arrivals vary more than `BURSTY_CV`."""
+        recent = self._engine.arrived_requests(RECENT_ARRIVALS)  # type: ignore[union-attr]
+        gaps = np.diff([r.arrival_s for r in recent])
+        return len(gaps) > 2 and gaps.mean() > 0 and gaps.std() > BURSTY_CV * gaps.mean()
 
     def _with_recent_lengths(self, times: Sequence[float], recent: list[Request]) -> list[Request]:
         """Requests arriving at `times`, each with the lengths of one of `recent`, drawn."""

@@ -472,6 +472,30 @@ def test_a_bursty_rate_takes_the_lower_rate_only_where_the_gaps_are_bursty() -> 
     assert rates["bursts", "bursty"] == rates["bursts", "lower"] < rates["bursts", "recent"]
 
 
+def test_an_auto_future_renews_bursts_and_draws_poisson_otherwise() -> None:
+    """``future=auto``: a re-plan on bursts of 20 at one instant (gaps' CV far above
+    `BURSTY_CV`) draws the renewal future, one on evenly spaced arrivals at a rate that steps
+    the Poisson one (each the same draw as that future's own planner, from the same seed)."""
+    steps = [Request(f"s{i}", 0.5 * i, 64, 32) for i in range(60)]
+    steps += [Request(f"f{i}", 30.0 + 0.1 * i, 64, 32) for i in range(80)]
+    bursts = [Request(f"b{i}", 20.0 * (i // 20) + 1e-3 * (i % 20), 64, 32) for i in range(200)]
+    for name, requests, at, alike in (
+        ("steps", steps, 38.0, "sampled"),
+        ("bursts", bursts, 80.5, "renewal"),
+    ):
+        engine = tight_engine()
+        engine.reset(Workload.from_requests(name, requests), Limits(64))
+        telemetry = engine.advance(until_s=at)
+        futures = {}
+        for future in ("auto", "sampled", "renewal"):
+            mpc = make_controller(f"mpc:horizon_s=16:future={future}")
+            mpc.reset(engine.fork())
+            mpc.decide(telemetry)
+            futures[future] = [r.arrival_s for r in mpc._futures[0]]
+        other = "renewal" if alike == "sampled" else "sampled"
+        assert futures["auto"] == futures[alike] != futures[other], name
+
+
 def test_several_drawn_futures_score_a_pair_by_their_mean() -> None:
     """``draws=K`` scores each candidate over K futures drawn once a re-plan and shared by
     every candidate: its score is the mean of the K single-future scores, and the futures
