@@ -59,6 +59,10 @@ class PolicyFileError(ValueError):
     """A policy file that is missing, corrupt, tampered with or made for another layout."""
 
 
+class PolicyFileMissing(PolicyFileError):
+    """A policy's .onnx file that does not exist."""
+
+
 def sidecar_path(onnx_path: Path) -> Path:
     return onnx_path.with_suffix(onnx_path.suffix + ".json")
 
@@ -221,7 +225,7 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             else "a JSON sidecar"
         )
         if not regular_file(p, a_file, PolicyFileError):
-            raise PolicyFileError(
+            raise (PolicyFileMissing if p == onnx_path else PolicyFileError)(
                 f"{what} {p} does not exist: a policy is the .onnx file and its sidecar that "
                 "`batchpilot export` writes side by side"
             )

@@ -40,12 +40,12 @@ def make_controller(spec: str) -> Controller:
     try:
         return baseline_specs.make_controller(spec, FACTORIES)
     except ValueError as exc:
-        from batchpilot.agents.policy import PolicyFileError
+        from batchpilot.agents.policy import PolicyFileError, PolicyFileMissing
 
         if isinstance(exc, PolicyFileError) and baseline_specs.COMBINE.search(spec):
             raise PolicyFileError(f"{exc} (if the path holds a '+': {SEPARATORS})") from None
         cut = spec.startswith("policy:") and not spec.endswith(".onnx")
-        if isinstance(exc, PolicyFileError) and cut and not _exists(spec.removeprefix("policy:")):
+        if isinstance(exc, PolicyFileMissing) and cut:
             raise PolicyFileError(f"{exc} (if the path holds a ',': {SEPARATORS})") from None
         raise
 
@@ -57,10 +57,6 @@ def policy_spec(path: Path) -> str:
     if "," in spec or baseline_specs.COMBINE.search(spec):
         raise ValueError(f"policy path {path}: {SEPARATORS}")
     return spec
-
-
-def _exists(path: str) -> bool:
-    return Path(path).expanduser().exists()  # False for a NUL byte too
 
 
 def is_learned(spec: str) -> bool:

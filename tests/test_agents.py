@@ -853,6 +853,9 @@ def test_a_policy_path_is_found_under_home_and_not_split(
     with pytest.raises(PolicyFileError) as missing:
         make_controller(f"policy:{tmp_path}/none.onnx")  # a whole .onnx name: no hint
     assert "holds a" not in str(missing.value)
+    # a home that cannot be expanded: the loader's error, not a traceback from the hint
+    with pytest.raises(PolicyFileError, match="no home directory"):
+        make_controller("policy:~no_such_user_here/x")
 
 
 def another_member(run: Path, dst: Path, **run_json) -> Path:
