@@ -38,6 +38,7 @@ import numpy as np
 from batchpilot.envs.input_files import regular_file, user_path
 from batchpilot.envs.json_objects import read_json, read_json_object
 from batchpilot.envs.names import did_you_mean
+from batchpilot.envs.output_files import replace_file
 from batchpilot.envs.profile_tables import load_tables
 from batchpilot.envs.step_models import (
     LinearStepModel,
@@ -987,7 +988,4 @@ def write_profile(profile: EngineProfile, path: Path) -> None:
         check_own_name(EngineProfile.from_dict(json.loads(text), origin=str(path)), str(path))
     except ValueError as exc:
         raise ValueError(f"{exc}; nothing written") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")  # renamed: never half a profile
-    partial.write_text(text + "\n")
-    partial.replace(path)
+    replace_file(path, text + "\n")

@@ -383,22 +383,14 @@ def test_simulate_checks_json_before_the_run(
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
-def test_a_json_file_that_cannot_be_written_is_named(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A write that fails names the file as given (a full disk names none; the file is
-    written beside it first); a device is refused before the run."""
-    from batchpilot.training.commands.common import write_json
-
-    argv = ["simulate", "--no-progress", "--num-requests", "10", "--json", "/dev/full"]
-    assert main(argv) == 2
-    assert "--json /dev/full: is not a regular file (a pipe or device)" in capsys.readouterr().err
-    def full(*_: object, **__: object) -> None:
-        raise OSError(28, "No space left on device")  # as a full disk: no file named
-
-    monkeypatch.setattr(Path, "write_text", full)
-    with pytest.raises(OSError, match=f"cannot write {tmp_path / 'm.json'}: No space left on device"):
-        write_json(tmp_path / "m.json", {})
+def test_a_json_file_that_cannot_be_written_is_named(capfd: pytest.CaptureFixture[str]) -> None:
+    """A write that fails without naming its file (a full disk) names it all the same; a
+    device is written in place (``--json /dev/stdout`` prints the metrics)."""
+    argv = ["simulate", "--no-progress", "--num-requests", "10", "--json"]
+    assert main([*argv, "/dev/full"]) == 2
+    assert "error: cannot write /dev/full: No space left on device" in capfd.readouterr().err
+    assert main([*argv, "/dev/stdout"]) == 0
+    assert '"metrics": {' in capfd.readouterr().out
 
 
 def test_a_policy_whose_network_overflows_is_a_clear_error(

@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
                 bar.advance(task)
     samples = group_repeats(runs, len(grid))
     if args.samples:
-        write_json(args.samples, samples)
+        write_json(args.samples, samples, indent=None)
     source = (
         f"batchpilot calibrate --model {args.model} --repeats {args.repeats} --clock {args.clock}"
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.envs.metrics import SLO, goodput_slo
+from batchpilot.envs.output_files import replace_file
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
@@ -244,9 +245,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, unset: bool = False
 
 def check_output(path: Path, option: str, *, directory: bool, replaced: bool = False) -> None:
     """Raise ValueError naming `option` if `path` cannot be written as a directory (or, not
-    `directory`, a file): it exists as the other kind, or as a pipe or device where the file
-    is `replaced` whole (written beside it and renamed), or its nearest existing parent is
-    not a writable directory. Commands call it before any run."""
+    `directory`, a file): it exists as the other kind, or its nearest existing parent (or
+    itself) is not a writable directory (file). With `replaced` (a file that must be one, such
+    as a profile) a pipe or device is refused, and the directory must be writable whatever the
+    file is (it is written beside and renamed, `replace_file`). Commands call it before any run."""
     want, other = ("a directory", "a file") if directory else ("a file", "a directory")
     if path.exists() and path.is_dir() != directory:
         raise ValueError(f"{option} {path}: is {other}, not {want}")
@@ -255,7 +257,8 @@ def check_output(path: Path, option: str, *, directory: bool, replaced: bool = F
             f"{option} {path}: is not a regular file (a pipe or device), which the written "
             "file would replace"
         )
-    existing = next(p for p in (path, *path.parents) if p.exists())
+    # a file written beside and renamed needs a writable directory, not a writable file
+    existing = next(p for p in (*([] if replaced else [path]), *path.parents) if p.exists())
     if existing != path and not existing.is_dir():
         raise ValueError(f"{option} {path}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK):
@@ -277,29 +280,24 @@ def check_replaceable(path: Path, option: str, what: str, ours: Callable[[Any], 
     same command reads would be overwritten. An empty file (mktemp's) holds nothing."""
     from batchpilot.envs.json_objects import read_json
 
-    if not path.is_file() or not path.stat().st_size:
+    size = path.stat().st_size if path.is_file() else 0
+    if not size:
         return
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{option} {path}: cannot read the existing file to see what it holds")
     try:
-        if path.stat().st_size > LARGEST_OWN_FILE or not ours(read_json(path, what, finite=False)):
+        if size > LARGEST_OWN_FILE or not ours(read_json(path, what, finite=False)):
             raise ValueError
-    except ValueError:  # an unreadable file too: read_json's OSError
+    except ValueError:
         raise ValueError(
             f"{option} {path}: the file exists and is not {what}; it would be overwritten (a "
             "trace, a policy or a profile?): give another path, or remove it"
         ) from None
 
 
-def write_json(path: Path, data: object) -> None:
-    """Write `data` to `path` as indented JSON, beside it first and renamed (a reader never
-    sees half a file); an `OSError` naming `path` if it cannot."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        partial.replace(path)
-    except OSError as exc:  # named as the user gave it (not the partial file; a full disk
-        # names none)
-        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+def write_json(path: Path, data: object, indent: int | None = 2) -> None:
+    """Write `data` to `path` as JSON (`replace_file`: whole, or an `OSError` naming `path`)."""
+    replace_file(path, json.dumps(data, indent=indent, sort_keys=True) + "\n")
 
 
 def command_line() -> str:

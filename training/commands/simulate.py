@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.envs.workloads import make_workload
 
     if args.json is not None:
-        check_output(args.json, "--json", directory=False, replaced=True)
+        check_output(args.json, "--json", directory=False)
         check_replaceable(
             args.json,
             "--json",
