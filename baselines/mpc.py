@@ -78,7 +78,10 @@ the arrivals since the oldest of them, the draw lags a rate that steps (on the t
 suite's math/chat shift it scored 406 tok/s against 479). With ``future=auto`` a re-plan
 draws a renewal future where the recent gaps' coefficient of variation passes `BURSTY_CV`
 (bursts to come), else a Poisson one as ``sampled`` does (a rate that steps, Poisson within
-each step). With ``rate=lower`` a drawn future
+each step). It scored as ``sampled`` does: 1.001x its goodput over 25 scenarios of the learned
+report's suites (seeds 373-375; held-out 1.015, training 1.005, users' SLOs 0.996, unseen
+0.994), up on bursty conversation at TTFT 500 ms on the 7B (1.034), down on the math/chat shift
+(0.931), whose rate steps mix two rates in the recent gaps. With ``rate=lower`` a drawn future
 runs at the lower of the short-window (5 s) and long-window (30 s) arrival rates: right after
 a burst the short window counts the burst as the rate to come; ``rate=bursty`` does so only
 where the recent gaps' coefficient of variation passes `BURSTY_CV`, so a rate that steps
