@@ -322,8 +322,8 @@ def _raw_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[tuple[i
 
 
 def _text_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[str]:
-    """The file's lines as text (UTF-8, a BOM skipped); a `TraceError` names the first line
-    that is binary or not UTF-8."""
+    """The file's lines as text (UTF-8, byte order marks skipped); a `TraceError` names the
+    first line that is binary or not UTF-8."""
     for number, raw in _raw_lines(path, handle):
         if number == 1:
             if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -333,7 +333,8 @@ def _text_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[str]:
                     raise TraceError(f"{path}:1: the file is {what}")
             if raw[257:262] == b"ustar" and b"\x00" in raw[:257]:  # a tar header (or .tar.gz's)
                 raise TraceError(f"{path}:1: the file is a tar archive (extract the trace first)")
-            raw = raw.removeprefix(b"\xef\xbb\xbf")
+            while raw.startswith(b"\xef\xbb\xbf"):  # a file saved twice has two
+                raw = raw[3:]
         if b"\x00" in raw:
             raise TraceError(f"{path}:{number}: binary data (NUL bytes), not a text trace")
         try:
@@ -381,8 +382,7 @@ def _csv_header(
     (its stripped column names in `fieldnames`); a `TraceError` for a header of no format."""
     reader = csv.DictReader(_text_lines(path, handle))
     try:
-        # byte order marks past the one decoding skips (a file saved twice) are no name's
-        header = [h.strip().lstrip("\ufeff").strip() for h in (reader.fieldnames or [])]
+        header = [h.strip() for h in (reader.fieldnames or [])]
     except (TraceError, csv.Error) as exc:
         raise _csv_error(path, 1, exc) from None
     reader.fieldnames = header

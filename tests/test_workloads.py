@@ -828,6 +828,9 @@ def test_a_header_saved_with_two_byte_order_marks_is_read(tmp_path: Path) -> Non
     path.write_bytes("\ufeff\ufeff".encode() + b"arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n2,11,6\n")
     trace = load_trace(path)
     assert trace.format == "vidur" and trace.arrival_s.tolist() == [0.0, 2.0]
+    jsonl = tmp_path / "t.jsonl"  # read as CSV, the first line not seen as JSON
+    jsonl.write_bytes("\ufeff\ufeff".encode() + (MOONCAKE_ROW + '{"timestamp": 1000, "input_length": 11, "output_length": 6}\n').encode())
+    assert load_trace(jsonl).format == "mooncake"
 
 
 def test_a_time_column_named_but_for_case_is_named(tmp_path: Path) -> None:
