@@ -224,11 +224,18 @@ def load_vecnormalize(path: Path, venv: Any) -> Any:
     return vn
 
 
+def has_vecnormalize(directory: Path) -> bool:
+    """Whether a checkpoint holds ``vecnormalize.json``; a directory or pipe there is a
+    `CheckpointError` naming it (not a checkpoint without normalisation)."""
+    what = "a file of the VecNormalize statistics"
+    return regular_file(directory / VECNORMALIZE, what, CheckpointError)
+
+
 def normalisation(directory: Path, n_obs: int) -> tuple[np.ndarray, np.ndarray, float, float]:
     """(mean, var, epsilon, clip) of a checkpoint's observation normalisation (identity
     without ``vecnormalize.json`` or with ``norm_obs`` off)."""
     path = directory / VECNORMALIZE
-    if not path.exists() and not path.is_symlink():
+    if not has_vecnormalize(directory):
         return np.zeros(n_obs), np.ones(n_obs), 0.0, math.inf
     s = read_vecnormalize(path, n_obs)
     if not s["norm_obs"]:

@@ -740,7 +740,12 @@ def _learn(run: _Run, progress: bool) -> Path:
     from stable_baselines3.common.callbacks import CallbackList
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from batchpilot.agents.checkpoint import VECNORMALIZE, load_vecnormalize, save_checkpoint
+    from batchpilot.agents.checkpoint import (
+        VECNORMALIZE,
+        has_vecnormalize,
+        load_vecnormalize,
+        save_checkpoint,
+    )
 
     cfg, model, previous = run.cfg, run.model, run.previous
     if previous is not None and model.num_timesteps >= cfg.n_timesteps:
@@ -753,7 +758,7 @@ def _learn(run: _Run, progress: bool) -> Path:
     seed = cfg.seed if previous is None else (cfg.seed + model.num_timesteps) % 2**32
     venv = make_vec_env(cfg, seed)
     try:
-        if previous is not None and (previous / VECNORMALIZE).is_file():
+        if previous is not None and has_vecnormalize(previous):
             venv = load_vecnormalize(previous / VECNORMALIZE, venv)
         elif previous is None and cfg.normalize:  # rewards only: the observation has fixed
             venv = VecNormalize(  # scales (`Observer`)
