@@ -452,3 +452,15 @@ def test_simulate_json_replaces_only_a_metrics_file_it_wrote(
     assert main([*argv, str(nested)]) == 2
     assert "is not a metrics file that simulate wrote" in capsys.readouterr().err
     assert json.loads(out.read_text())["metrics"]["completed"] == 40
+
+
+@pytest.mark.parametrize("flags", [[], ["--async-scheduling"], ["--async_scheduling"], ["--no_async_scheduling"]])
+def test_serve_leaves_a_users_async_scheduling_alone(flags: list[str]) -> None:
+    """batchpilot turns vLLM's async scheduling off unless the user chose, in either spelling:
+    ``--async_scheduling`` was overridden by the '--no-async-scheduling' added after it."""
+    from batchpilot.training.cli import build_parser
+    from batchpilot.training.commands.serve import split_arguments, vllm_command
+
+    args = build_parser().parse_args(["serve", "m", "--controller", "static:3", *flags])
+    cmd, _ = vllm_command(split_arguments(args))
+    assert cmd.count("--no-async-scheduling") == (0 if flags else 1)

