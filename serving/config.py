@@ -35,9 +35,11 @@ DEFAULT_SLO = str(metrics.DEFAULT_SLO)
 DEFAULT_BUDGET_MS = 5.0
 DEADLINE_BUDGETS = 10
 """The default decision deadline, in decision budgets (50 ms at the default 5 ms budget)."""
-MS_RANGE = (1e-3, 60_000.0)
-"""The decision budget's and deadline's range in ms: 1 us (a rule decides in tens) to a
-minute (an engine waiting longer on one decision has stalled)."""
+STUCK_S = 30.0
+"""A late decision still out after this many seconds is a failure: static limits for good."""
+MS_RANGE = (1e-3, STUCK_S * 1e3)
+"""The decision budget's and deadline's range in ms: 1 us (a rule decides in tens) to
+`STUCK_S` (a decision out longer has failed)."""
 
 
 class EngineSettings(NamedTuple):

@@ -49,6 +49,7 @@ from batchpilot.envs.vllm_scheduler import TrackingScheduler
 from batchpilot.serving.config import (
     CONTROLLER_ENV,
     DEFAULT_SLO,
+    STUCK_S,
     engine_settings,
     serving_controller,
 )
@@ -77,8 +78,6 @@ def log_through_vllm() -> None:
 
 SLOW_CALLS = 3
 """Consecutive over-budget decisions that count as a failure."""
-STUCK_S = 30.0
-"""A late decision still out after this many seconds is a failure: static limits for good."""
 LATE_LOG_S = 60.0
 """Late decisions are logged once per this many seconds at most (a controller late on
 every other decision is never 3 in a row, and would log two lines per decision for good)."""

@@ -323,10 +323,10 @@ def test_serve_leaves_the_default_deadline_to_the_engine() -> None:
     from batchpilot.training.commands.serve import split_arguments, vllm_command
 
     args = build_parser().parse_args(["serve", "m", "--controller", "static:3",
-                                      "--decision-budget-ms", "60000"])  # fmt: skip
+                                      "--decision-budget-ms", "30000"])  # fmt: skip
     _, env = vllm_command(split_arguments(args))
     assert DEADLINE_ENV not in env and env[PARENT_ENV] == str(os.getpid())
-    assert engine_settings(env).deadline_s == 60.0
+    assert engine_settings(env).deadline_s == 30.0
 
 
 @pytest.mark.parametrize("flags", [["--model", "other"], ["--model=other"]])

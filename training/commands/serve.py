@@ -39,7 +39,7 @@ from types import FrameType
 
 from batchpilot.envs.input_files import user_path
 from batchpilot.serving.api_server import SCHEDULER
-from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO
+from batchpilot.serving.config import DEADLINE_BUDGETS, DEFAULT_BUDGET_MS, DEFAULT_SLO, MS_RANGE
 from batchpilot.training.commands.common import GIVEN, once, one_controller, positive, slo_spec
 
 PROMETHEUS_DIR = "PROMETHEUS_MULTIPROC_DIR"
@@ -86,8 +86,8 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
         type=positive,
         metavar="MS",
         default=DEFAULT_BUDGET_MS,
-        help="3 decisions in a row slower than this fall back to static (0.001 to 60,000). "
-        "Default: %(default)s",
+        help="3 decisions in a row slower than this fall back to static "
+        f"({MS_RANGE[0]:g} to {MS_RANGE[1]:,g}). Default: %(default)s",
     )
     parser.add_argument(
         "--decision-deadline-ms",
@@ -95,7 +95,8 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
         type=positive,
         metavar="MS",
         help="the engine waits no longer for a decision: static limits until it returns "
-        f"(0.001 to 60,000). Default: {DEADLINE_BUDGETS}x the budget, at most 60,000",
+        f"({MS_RANGE[0]:g} to {MS_RANGE[1]:,g}). Default: {DEADLINE_BUDGETS}x the budget, "
+        f"at most {MS_RANGE[1]:,g}",
     )
 
 
