@@ -362,14 +362,16 @@ class Lowering:
             raise GraphError("expects constant float weights (2-D)")
         if attrs.get("transA", 0):
             raise GraphError("transA is not supported")
-        w = np.float32(attrs.get("alpha", 1.0)) * (w if attrs.get("transB", 0) else w.T)
+        with np.errstate(over="ignore"):  # an overflow is refused below, by name
+            w = np.float32(attrs.get("alpha", 1.0)) * (w if attrs.get("transB", 0) else w.T)
         if w.shape[1] != n:
             raise GraphError(f"weights of shape {w.shape} (out, in) do not take {n} inputs")
         c = args[1] if len(args) > 1 else None
         bias = np.zeros(len(w), np.float32) if c is None else self.vector(c, len(w))
-        bias = np.float32(attrs.get("beta", 1.0)) * np.broadcast_to(bias, len(w))
+        with np.errstate(over="ignore"):
+            bias = np.float32(attrs.get("beta", 1.0)) * np.broadcast_to(bias, len(w))
         if not (np.isfinite(w).all() and np.isfinite(bias).all()):
-            raise GraphError("alpha or beta makes its weights NaN or infinite")
+            raise GraphError("its weights (times alpha) or bias (times beta) are NaN or infinite")
         source, out = self.vectors[-1], np.ones(len(w) + 1, np.float32)
         self.vectors.append(out)
         k = diagonal_blocks(w)

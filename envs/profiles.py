@@ -376,6 +376,11 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_interme
 """config.json keys of mixture-of-experts models, which are not modelled."""
 
 
+QUANTIZATION_KEYS = ("quantization_config", "compression_config")
+"""config.json keys of quantized checkpoints (vLLM reads the second where the first is
+absent: compressed-tensors), which are not modelled."""
+
+
 def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Architecture:
     """A model's shape from its Hugging Face ``config.json`` (the file or its directory), read
     as a dense Llama-family decoder (`LLAMA_FAMILY`: gated MLP; a mixture of experts or
@@ -396,11 +401,12 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
             f"{file}: a mixture-of-experts model ({moe}); only dense Llama-family models are "
             "modelled"
         )
-    quantized = data.get("quantization_config")
-    if quantized is not None:
+    key = next((k for k in QUANTIZATION_KEYS if data.get(k) is not None), None)
+    if key is not None:
+        quantized = data[key]
         method = quantized.get("quant_method") if isinstance(quantized, dict) else None
         raise ValueError(
-            f"{file}: a quantized checkpoint (quantization_config"
+            f"{file}: a quantized checkpoint ({key}"
             + (f", quant_method {brief(method)}" if method is not None else "")
             + "); only 16- and 32-bit weights are modelled (Vidur timed 16-bit GEMMs, and the "
             "KV cache would get the memory the smaller weights leave)"

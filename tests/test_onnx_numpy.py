@@ -295,7 +295,7 @@ def test_a_gemm_scaled_past_float32_is_refused_at_load(attr: dict) -> None:
     nodes, inits = other_arrangement()
     gemm = next(n for n in nodes if n.op_type == "Gemm")
     gemm.CopyFrom(helper.make_node("Gemm", list(gemm.input), list(gemm.output), **attr))
-    with pytest.raises(GraphError, match=r"\(Gemm\): alpha or beta makes its weights NaN or infinite"):
+    with pytest.raises(GraphError, match=r"\(Gemm\): its weights \(times alpha\) or bias \(times beta\) are NaN or infinite"):
         compile_graph(model_bytes(nodes, inits), 5)
 
 

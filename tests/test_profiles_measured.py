@@ -777,6 +777,10 @@ def _write(path: Path, data: object) -> Path:
         ),
         (lambda c: c.update(quantization_config=[]), r"a quantized checkpoint \(quantization_config\)"),
         (
+            lambda c: c.update(compression_config={"quant_method": "compressed-tensors"}),
+            r"a quantized checkpoint \(compression_config, quant_method 'compressed-tensors'\)",
+        ),
+        (
             lambda c: c.update(model_type="mistral", sliding_window=1024),
             r"sliding-window attention \(sliding_window 1,024, under the 4,096-token context\)",
         ),
