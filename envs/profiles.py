@@ -599,6 +599,12 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
     return float(np.interp(x, xs, ys))
 
 
+def all_reduce_layer_ms(arch: Architecture, net: dict[str, list[float]], tokens: float) -> float:
+    """One layer's all-reduces in a step of `tokens` tokens (ms): two, of tokens x hidden x
+    dtype bytes each, read off a Vidur NCCL table `net` (``bytes`` -> ``ms``)."""
+    return 2 * _interp(tokens * arch.hidden * arch.dtype_bytes, net["bytes"], net["ms"])
+
+
 def activation_peak_bytes(
     arch: Architecture, tp: int, max_num_batched_tokens: int, max_num_seqs: int
 ) -> float:
@@ -699,10 +705,7 @@ def measured_profile(
         }
     token_ms = []
     for x, layer, emb in zip(xs, linear["layer_ms"], linear["emb_ms"], strict=True):
-        ar = 0.0
-        if all_reduce is not None:
-            message = x * arch.hidden * arch.dtype_bytes
-            ar = 2 * _interp(message, all_reduce["bytes"], all_reduce["ms"])
+        ar = 0.0 if all_reduce is None else all_reduce_layer_ms(arch, all_reduce, x)
         token_ms.append(arch.layers * (layer + ar) + emb)
     lm_head = arch.vocab / (2 * arch.intermediate)  # LM head vs gate/up: same input, more columns
     seq_ms = [lm_head * up for up in linear["up_proj_ms"]]

@@ -282,3 +282,16 @@ def test_calibrate_overwrites_no_other_file(tmp_path: Path, capsys, option: str)
         argv += [flag, str(path)]
     assert cli(argv) == 2
     assert "is not a regular file (a pipe or device)" in capsys.readouterr().err
+
+
+def test_what_calibrate_and_profiles_write_is_taken_for_their_own_on_a_rerun() -> None:
+    """A rerun replaces its own output (`check_replaceable`): every shipped profile's JSON is
+    a profile, and step samples as calibrate writes them are samples."""
+    from batchpilot.envs.profiles import PROFILES
+    from batchpilot.training.commands.calibrate import is_samples_json
+    from batchpilot.training.commands.common import is_profile_json
+
+    assert all(is_profile_json(json.loads(p.to_json())) for p in PROFILES.values())
+    samples = group_repeats([[(1, 16, 16, 256, 4, 400, 0.01)] * 2] * 2, 1)
+    assert is_samples_json(json.loads(json.dumps(samples)))
+    assert not is_samples_json({"name": "x"}) and not is_profile_json([[1] * 7])

@@ -41,7 +41,7 @@ from batchpilot.envs.profiles import (
     GPUS,
     Architecture,
     EngineProfile,
-    _interp,
+    all_reduce_layer_ms,
     architecture,
     get_profile,
 )
@@ -70,10 +70,12 @@ def measure(arch: Architecture, repeats: int, tp: int = 1) -> dict:
     torch.manual_seed(0)
     h, d = arch.hidden, arch.head_dim
     for what, n in (("heads", arch.heads), ("intermediate", arch.intermediate)):
-        if n % tp:
+        if tp < 1 or n % tp:
             raise SystemExit(f"{arch.title}'s {what} ({n}) do not split {tp} ways")
+    if arch.kv_heads % tp and tp % arch.kv_heads:  # vLLM splits or replicates them evenly
+        raise SystemExit(f"{arch.title}'s {arch.kv_heads} KV heads do not split {tp} ways")
     nq, inter, vocab = arch.heads // tp, arch.intermediate // tp, -(-arch.vocab // tp)
-    nkv = max(1, arch.kv_heads // tp)
+    nkv = int(arch.kv_heads_per_gpu(tp))
 
     def weight(rows: int, cols: int) -> torch.Tensor:
         return torch.randn(rows, cols, device=dev, dtype=dt) / cols**0.5
@@ -170,11 +172,15 @@ def all_reduce_s(profile: EngineProfile, tokens: int) -> float:
     tp = profile.tensor_parallel_size
     if tp == 1:
         return 0.0
-    arch = architecture(next(k for k, a in ARCHITECTURES.items() if a.title == profile.model))
-    gpu = next(g for g in GPUS.values() if g.title == profile.gpu)
+    arch = next((a for a in ARCHITECTURES.values() if a.title == profile.model), None)
+    gpu = next((g for g in GPUS.values() if g.title == profile.gpu), None)
+    if arch is None or gpu is None or gpu.vidur_network is None:
+        raise SystemExit(
+            f"{profile.name}: a shard is compared with the shipped tables' all-reduce, for a "
+            f"known model and an NVLink GPU ({profile.model} on {profile.gpu} is not)"
+        )
     net = load_tables()["all_reduce"][gpu.vidur_network][str(tp)]
-    message = tokens * arch.hidden * arch.dtype_bytes
-    return arch.layers * 2 * _interp(message, net["bytes"], net["ms"]) * 1e-3
+    return arch.layers * all_reduce_layer_ms(arch, net, tokens) * 1e-3
 
 
 def compare(data: dict, profile: EngineProfile) -> list[dict]:
