@@ -100,6 +100,8 @@ class EvalScenario:
     slo: str
     interval: str
     seeds: list[int] = field(default_factory=lambda: [1000, 1001])
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """`SimEngine` keywords of the engine trained on (``scheduler``, ...), for every run."""
 
     @property
     def profiles(self) -> list[str]:
@@ -152,7 +154,7 @@ class EvalScenario:
             for seed in self.seeds:
                 w = self._workload(spec, seed, profile.max_model_len)
                 controller: Controller = make()
-                engine = SimEngine(profile, slo=SLO.parse(self.slo))
+                engine = SimEngine(profile, slo=SLO.parse(self.slo), **self.engine_kwargs)
                 m = run(w, engine, controller, ControlInterval.parse(self.interval)).metrics()
                 rows.append([m["output_goodput"], m["output_throughput"], m["num_preemptions"]])
             by_run.append(np.mean(rows, axis=0))

@@ -121,6 +121,9 @@ class WorkloadSpec:
 
 CONTROL_INTERVAL_S = 0.5
 """One env step's length (s) unless `control_interval_s` or `control_interval_iters` is given."""
+MAX_WEIGHT = 1000.0
+"""The largest `w_lost` and `w_recompute`: output tokens debited per token lost or recomputed
+(larger ones only scale the reward, and past float64 they made it -inf)."""
 
 ScaleRanges = tuple[float, float] | dict[str, tuple[float, float]]
 """A (lo, hi) range of scale factors, or a mapping of profile names to such ranges."""
@@ -337,8 +340,8 @@ class BatchingEnv(gym.Env):
         else:
             check_interval_iters(control_interval_iters, "control_interval_iters")
         for name, w in (("w_lost", w_lost), ("w_recompute", w_recompute)):
-            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0 <= w < np.inf:
-                raise ValueError(f"{name} must be a number >= 0, got {w!r}")
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0 <= w <= MAX_WEIGHT:
+                raise ValueError(f"{name} must be a number in [0, {MAX_WEIGHT:g}], got {w!r}")
         if not isinstance(slo, str):
             raise ValueError(f"slo must be a string such as 'ttft:2000,tpot:50', got {slo!r}")
         self.engine_kind = engine

@@ -32,6 +32,7 @@ token's inter-token latency are still accounted exactly.
 from __future__ import annotations
 
 import copy
+import math
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -106,6 +107,20 @@ class _Req:
 _REQ_STATE = attrgetter(*_Req.__slots__)
 
 
+def length_prior_problem(prior: object) -> str | None:
+    """None if `prior` is 4 finite numbers (prompt mean > 0, its variance >= 0, output mean
+    > 0, its variance >= 0), else what is wrong."""
+    if not isinstance(prior, list | tuple) or len(prior) != 4:
+        return "need 4 numbers (prompt mean, prompt variance, output mean, output variance)"
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in prior):
+        return "need 4 numbers (prompt mean, prompt variance, output mean, output variance)"
+    prompt_mean, prompt_var, output_mean, output_var = (float(v) for v in prior)
+    finite = all(math.isfinite(v) for v in (prompt_mean, prompt_var, output_mean, output_var))
+    if not finite or min(prompt_mean, output_mean) <= 0 or min(prompt_var, output_var) < 0:
+        return "the means must be finite and > 0, the variances finite and >= 0"
+    return None
+
+
 class SimEngine:
     """Simulated vLLM V1 engine for an `EngineProfile`.
 
@@ -126,6 +141,11 @@ class SimEngine:
     ) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+        for name, flag in (("fast_forward", fast_forward), ("keep_records", keep_records)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be true or false, got {flag!r}")
+        if problem := length_prior_problem(length_prior):
+            raise ValueError(f"length_prior {length_prior!r}: {problem}")
         self.profile = profile
         self.slo = slo or SLO()
         self.length_prior = length_prior

@@ -106,6 +106,15 @@ BASE = {
         ({"eval": {"profile": "llama-7b-a100", "workload": {"source": "embedded:azure-conv"}, "seeds": [True]}}, "eval.seeds: an entry: True is not of type int"),
         ({"env_kwargs": {"engine_kwargs": {"foo": 1}}}, "env_kwargs: engine_kwargs: .*unexpected keyword argument 'foo'"),
         ({"env_kwargs": {"engine_kwargs": {"scheduler": "v9"}}}, "env_kwargs: engine_kwargs: scheduler must be one of"),
+        # an unpacking error once training had begun; the others were taken silently
+        ({"env_kwargs": {"engine_kwargs": {"length_prior": [1, 2]}}}, r"length_prior \[1, 2\]: need 4 numbers"),
+        ({"env_kwargs": {"engine_kwargs": {"length_prior": [1, 1, -5, 1]}}}, "the means must be finite and > 0"),
+        ({"env_kwargs": {"engine_kwargs": {"fast_forward": "no"}}}, "fast_forward must be true or false, got 'no'"),
+        # a traceback in the first fit, after the teacher's episodes were collected
+        (
+            {"env_kwargs": {"action_mode": "step"}, "imitation": {"teacher": "alg1", "rounds": 1}},
+            "imitation clones a teacher's grid choices: it needs action_mode grid, not 'step'",
+        ),
         ({"imitation": {"teacher": "foo"}}, "imitation.teacher: unknown controller 'foo'"),
         ({"imitation": {"teacher": "mpc:horizon=8"}}, "imitation.teacher: mpc: bad argument 'horizon=8'"),
         ({"report": {"suites": ["nonexistent-suite"]}}, "report.suites: unknown suite .*nonexistent-suite.* taken from the config's folder"),
@@ -650,3 +659,37 @@ def test_a_union_names_the_problem_of_the_member_of_the_values_kind(
     from batchpilot.agents.schema import type_problem
 
     assert type_problem(value, annotation) == problem
+
+
+def test_the_evaluation_runs_on_the_engine_trained_on(tmp_path: Path) -> None:
+    """`eval:` scored every run on the default (V1) scheduler whatever engine_kwargs trained
+    on: the best checkpoint was chosen, and its goodput reported, on another engine."""
+    from batchpilot.baselines.specs import make_controller
+    from batchpilot.envs.controller import ControlInterval
+    from batchpilot.envs.metrics import SLO
+    from batchpilot.envs.profiles import get_profile
+    from batchpilot.envs.run import run
+    from batchpilot.envs.sim_engine import SimEngine
+    from batchpilot.training.train import _eval_scenario
+
+    workload = {"source": "embedded:azure-conv", "arrival": "poisson:20", "num_requests": 60}
+    body = BASE | {
+        "env_kwargs": BASE["env_kwargs"] | {"engine_kwargs": {"scheduler": "v0"}},
+        "eval": {"profile": "llama-7b-a100", "workload": workload, "seeds": [1000]},
+    }
+    path = tmp_path / "v0.yml"
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body}))
+    ev = _eval_scenario(load_config(path), "ttft:2000,tpot:50")
+    assert ev.engine_kwargs == {"scheduler": "v0"}
+    scored = ev.score(lambda: make_controller("static:64"))["output_goodput"]
+    profile = get_profile("llama-7b-a100")
+    direct = {
+        scheduler: run(
+            ev._workload(workload, 1000, profile.max_model_len),
+            SimEngine(profile, slo=SLO.parse("ttft:2000,tpot:50"), scheduler=scheduler),
+            make_controller("static:64"),
+            ControlInterval.parse(ev.interval),
+        ).metrics()["output_goodput"]
+        for scheduler in ("v0", "v1")
+    }
+    assert direct["v0"] != direct["v1"] and scored == pytest.approx(direct["v0"])

@@ -339,7 +339,8 @@ def test_a_profile_file_may_not_take_a_shipped_profiles_name(tmp_path) -> None:
         ({"engine": "vllm", "model": "no/such/dir"}, "no/such/dir: not a model directory"),
         ({"action_mode": "jump"}, "action_mode must be"),
         ({"w_recompute": -1}, "w_recompute must be"),
-        ({"w_lost": -1}, "w_lost must be a number >= 0, got -1"),
+        ({"w_lost": -1}, r"w_lost must be a number in \[0, 1000\], got -1"),
+        ({"w_lost": 1e308}, r"w_lost must be a number in \[0, 1000\], got 1e\+308"),  # rewards -inf
         ({"control_interval_s": 0.5, "control_interval_iters": 4}, r"set one of control_interval_s \(0.5\) and control_interval_iters \(4\), not both"),
         ({"control_interval_s": 0}, "control_interval_s must be a number of seconds in \\[0.001, 3600\\], got 0"),
         ({"control_interval_s": -1}, "control_interval_s must be a number of seconds in \\[0.001, 3600\\], got -1"),
@@ -359,7 +360,7 @@ def test_a_profile_file_may_not_take_a_shipped_profiles_name(tmp_path) -> None:
         ({"workload": {"source": "embedded:gsm8k", "weight": "2x"}}, "weight must be a number > 0, got '2x'"),
         # raw TypeErrors, and a string's letters taken for entry names
         ({"slo": 5}, "slo must be a string such as 'ttft:2000,tpot:50', got 5"),
-        ({"w_lost": "1"}, "w_lost must be a number >= 0, got '1'"),
+        ({"w_lost": "1"}, r"w_lost must be a number in \[0, 1000\], got '1'"),
         ({"observation_fields": "running"}, "must be a list of entry names, got 'running'"),
     ],
 )

@@ -187,7 +187,7 @@ def _eval_hints() -> dict[str, Any]:
     from batchpilot.agents.callbacks import EvalScenario
 
     hints = dataclass_hints(EvalScenario) | {"freq": int}
-    return {k: v for k, v in hints.items() if k not in ("slo", "interval")}
+    return {k: v for k, v in hints.items() if k not in ("slo", "interval", "engine_kwargs")}
 
 
 def config_problems(body: dict[str, Any]) -> list[str]:
@@ -366,6 +366,12 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
     if cfg.imitation is not None:
         from batchpilot.baselines.specs import make_controller  # as the imitation phase does
 
+        if env.grid.mode != "grid":
+            raise ValueError(
+                f"{path}: imitation clones a teacher's grid choices: it needs action_mode grid, "
+                f"not {env.grid.mode!r} (or leave imitation out)"
+            )
+
         try:
             make_controller(cfg.imitation.teacher)
         except ValueError as exc:
@@ -420,7 +426,10 @@ def _eval_scenario(cfg: TrainConfig, slo: str) -> Any:
 
     given = {k: v for k, v in (cfg.eval or {}).items() if k != "freq"}
     scenario = {"profile": [], "workload": []} | given
-    return EvalScenario(slo=slo, interval=cfg.control_interval, **scenario)
+    engine_kwargs = cfg.env_kwargs.get("engine_kwargs") or {}  # the engine trained on
+    return EvalScenario(
+        slo=slo, interval=cfg.control_interval, engine_kwargs=engine_kwargs, **scenario
+    )
 
 
 def _check_report(report: dict[str, Any], path: Path) -> None:
