@@ -1302,6 +1302,40 @@ def test_evaluate_refuses_bad_input_before_any_run(tmp_path: Path, capsys, chang
     assert not list(tmp_path.rglob("results.json"))
 
 
+def test_evaluate_checks_every_suite_before_the_first_runs(tmp_path: Path, capsys) -> None:
+    """A scenario's own interval was overridden by the policy's without a word (every
+    controller runs at the policy's here), and a later suite's seeds reaching the tuning seeds
+    failed after the earlier suites had run."""
+    from importlib.resources import files
+
+    from batchpilot.training.cli import main
+
+    policy = files("batchpilot.training") / "reports" / "learned" / "policy.onnx"
+    one = {"description": "one", "seeds": 1, "profiles": ["llama-2-7b-a100"],
+           "defaults": {"num_requests": 20},
+           "scenarios": [{"name": "p", "source": "embedded:azure-conv", "arrival": "poisson:3"}]}  # fmt: skip
+    (tmp_path / "a.yml").write_text(yaml.safe_dump(one))
+    (tmp_path / "b.yml").write_text(yaml.safe_dump(one | {"seeds": 5}))
+    timed = one | {"scenarios": [one["scenarios"][0] | {"interval": "2s"}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(timed))
+    base = ["evaluate", "--no-progress", "--policy", str(policy), "--references", "static:8"]
+    suites = ["--suite", str(tmp_path / "a.yml"), "--suite", str(tmp_path / "b.yml")]
+    assert main([*base, *suites, "--first-seed", "996", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"--suite {tmp_path / 'b.yml'}: --first-seed 996 with 5 seeds reaches seed 1000" in err
+    assert main([*base, "--suite", str(tmp_path / "t.yml"), "--out", str(tmp_path / "o")]) == 2
+    assert "scenario 't/p on llama-2-7b-a100' sets interval 2s; the policy decides every 500ms" in (
+        capsys.readouterr().err
+    )
+    assert not list(tmp_path.rglob("results.json"))
+    assert main([*base, "--suite", str(tmp_path / "a.yml"), "--out", str(tmp_path / "o")]) == 0
+    with pytest.raises(SystemExit):  # the second list replaced the first, silently
+        main([*base, "--references", "alg1", "--suite", "steady", "--out", str(tmp_path / "r")])
+    assert "--references: given more than once; give one comma-separated list" in (
+        capsys.readouterr().err
+    )
+
+
 def assert_suites_report(text: str, out: Path, suites: list[str], policies: list[Path]) -> None:
     """A combined report opens with each policy's verdict over its suites, a row per suite
     and policy, then each suite's own report with its plots linked in its directory."""

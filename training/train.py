@@ -377,7 +377,7 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
         except ValueError as exc:
             raise ValueError(f"{path}: imitation.teacher: {exc}") from None
     if cfg.report is not None:
-        _check_report(cfg.report, path)
+        _check_report(cfg.report, cfg.control_interval, path)
 
 
 def _check_eval(cfg: TrainConfig, path: Path) -> None:
@@ -432,11 +432,11 @@ def _eval_scenario(cfg: TrainConfig, slo: str) -> Any:
     )
 
 
-def _check_report(report: dict[str, Any], path: Path) -> None:
-    """`report`'s suites (each file parsed whole) and controller specs, as `write_report`
-    reads them."""
-    from batchpilot.training.commands.evaluate import REFERENCES, suite_description
-    from batchpilot.training.evaluate import check_controllers
+def _check_report(report: dict[str, Any], interval: str, path: Path) -> None:
+    """`report`'s suites (each file parsed whole, as `checked_suite` takes them at the
+    policy's `interval`) and controller specs, as `write_report` reads them."""
+    from batchpilot.training.commands.evaluate import REFERENCES, checked_suite
+    from batchpilot.training.evaluate import DEFAULT_SEEDS, check_controllers
 
     suites = report.get("suites", [])
     stems = [Path(suite).stem for suite in suites]
@@ -448,7 +448,7 @@ def _check_report(report: dict[str, Any], path: Path) -> None:
         for suite in suites:
             where = _suite_path(suite, path)
             try:
-                suite_description(where)
+                checked_suite(where, interval, report.get("seeds", DEFAULT_SEEDS))
             except (ValueError, OSError) as exc:
                 if where == suite:  # a shipped suite's name
                     raise
@@ -814,12 +814,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     from batchpilot.agents.export import export
     from batchpilot.agents.specs import policy_spec
     from batchpilot.training.commands.common import command_line
-    from batchpilot.training.commands.evaluate import (
-        REFERENCES,
-        TITLE,
-        run_suite,
-        suite_description,
-    )
+    from batchpilot.training.commands.evaluate import REFERENCES, TITLE, checked_suite, run_suite
     from batchpilot.training.evaluate import DEFAULT_SEEDS
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
 
@@ -839,7 +834,8 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
             seeds=cfg.report.get("seeds", DEFAULT_SEEDS),  # not the suite's: training's time
             progress=progress,
         )
-        sections.append(SuiteSection(dest.name, suite_description(path), results, dest))
+        description = checked_suite(path, cfg.control_interval, None).description
+        sections.append(SuiteSection(dest.name, description, results, dest))
     command = command_line()
     return write_suites_report(
         sections, [policy_spec(policy)], out / "report", title=TITLE, command=command

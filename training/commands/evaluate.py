@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchpilot.agents.specs import policy_spec, spec_key
 from batchpilot.baselines.specs import split_specs
@@ -28,10 +28,14 @@ from batchpilot.training.commands.common import (
     SEEDS,
     check_output,
     command_line,
+    once,
     path_arg,
     title_arg,
 )
-from batchpilot.training.evaluate import DEFAULT_SEEDS
+from batchpilot.training.evaluate import DEFAULT_SEEDS, TUNING_SEED_BASE
+
+if TYPE_CHECKING:
+    from batchpilot.training.suite import Suite
 
 REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
 """The controllers a policy is compared with by default: vLLM's default limits, the tuned
@@ -56,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--references",
+        action=once("give one comma-separated list"),
         default=REFERENCES,
         help="comma-separated controller specs the policy is compared with. Default: "
         "%(default)s",
@@ -110,7 +115,11 @@ def main(args: argparse.Namespace) -> int:
             "candidate; leave it out of --references"
         )
     names = [n for s in args.suite for n in (suite_names() if s == "all" else [s])]
-    suites = [(suite, suite_description(suite)) for suite in names]
+    interval = next(iter(intervals.values()))
+    suites = [
+        (suite, checked_suite(suite, interval, args.seeds, args.first_seed).description)
+        for suite in names
+    ]  # every suite before the first runs
     stems = [Path(suite).stem for suite, _ in suites]
     if len(set(stems)) < len(stems):
         raise ValueError(f"--suite: two suites share a name ({', '.join(stems)})")
@@ -122,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
             suite,
             args.out / stem,
             references=args.references,
-            interval=next(iter(intervals.values())),
+            interval=interval,
             seeds=args.seeds,
             first_seed=args.first_seed,
             progress=not args.no_progress,
@@ -134,11 +143,32 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def suite_description(suite: str) -> str:
-    """The suite's description, after parsing the whole file (bad suites fail up front)."""
+def checked_suite(suite: str, interval: str, seeds: int | None, first_seed: int = 0) -> Suite:
+    """The suite, parsed whole, as `run_suite` will run it: refused (ValueError naming it)
+    where a scenario sets another control interval than the policies' (every controller runs
+    at theirs), or its seeds (`seeds`, else the suite's) from `first_seed` reach the tuning
+    seeds. Commands call it for every suite before the first runs."""
+    from batchpilot.envs.controller import ControlInterval
     from batchpilot.training.suite import load_suite
 
-    return load_suite(suite).description
+    loaded = load_suite(suite)
+    for sc in loaded.scenarios:
+        if sc.name in loaded.timed and ControlInterval.parse(sc.interval) != ControlInterval.parse(
+            interval
+        ):
+            raise ValueError(
+                f"--suite {suite}: scenario {sc.name!r} sets interval {sc.interval}; the policy "
+                f"decides every {interval}, and every controller runs at that interval here: "
+                "leave the scenario's interval out"
+            )
+    n = seeds or loaded.seeds or DEFAULT_SEEDS
+    if first_seed + n > TUNING_SEED_BASE:
+        raise ValueError(
+            f"--suite {suite}: --first-seed {first_seed} with {n} seeds reaches seed "
+            f"{first_seed + n - 1}; evaluation seeds stay below {TUNING_SEED_BASE}, where the "
+            "tuning seeds start"
+        )
+    return loaded
 
 
 def run_suite(
