@@ -110,6 +110,16 @@ BASE = {
         ({"env_kwargs": {"engine_kwargs": {"length_prior": [1, 2]}}}, r"length_prior \[1, 2\]: need 4 numbers"),
         ({"env_kwargs": {"engine_kwargs": {"length_prior": [1, 1, -5, 1]}}}, "the means must be finite and > 0"),
         ({"env_kwargs": {"engine_kwargs": {"fast_forward": "no"}}}, "fast_forward must be true or false, got 'no'"),
+        # an empty list meant every profile; an empty source, the working directory
+        ({"env_kwargs": {"workload": {"source": "embedded:azure-conv", "profiles": []}}}, "workload spec: profiles is empty"),
+        ({"env_kwargs": {"workload": {"source": " "}}}, "workload spec: source is empty"),
+        (
+            {"eval": {"profile": "llama-7b-a100", "workload": [{"source": "embedded:sharegpt"}] * 2}},
+            "eval.workload: entries 0 and 1 are the same workload; it would count twice",
+        ),
+        # given and read by nothing
+        ({"imitation": {"teacher": "alg1", "regret_weight": 2.0}}, "imitation.regret_weight: it weighs the regret labels"),
+        ({"imitation": {"teacher": "alg1", "rounds": 1, "beta": 0.9}}, "imitation.beta: only DAgger rounds read it"),
         # a traceback in the first fit, after the teacher's episodes were collected
         (
             {"env_kwargs": {"action_mode": "step"}, "imitation": {"teacher": "alg1", "rounds": 1}},
@@ -693,3 +703,16 @@ def test_the_evaluation_runs_on_the_engine_trained_on(tmp_path: Path) -> None:
         for scheduler in ("v0", "v1")
     }
     assert direct["v0"] != direct["v1"] and scored == pytest.approx(direct["v0"])
+
+
+def test_a_reports_counts_and_all_are_read_as_the_command_line_reads_them(tmp_path: Path) -> None:
+    """``report.seeds: 1e1`` was refused as a float (other counts are read as ints when whole)
+    and ``report.suites: [all]`` as a file beside the config named 'all'."""
+    from batchpilot.training.suite import suite_names
+    from batchpilot.training.train import _report_suites
+
+    path = tmp_path / "r.yml"
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"report": {"suites": ["all"], "seeds": 1e1}}}))
+    cfg = load_config(path)
+    assert cfg.report["seeds"] == 10 and isinstance(cfg.report["seeds"], int)
+    assert _report_suites(cfg.report) == list(suite_names())

@@ -1165,3 +1165,15 @@ def test_a_name_with_a_bar_or_a_line_break_keeps_its_table_row() -> None:
     table = md_table(["controller", "goodput"], [["policy:a|b.onnx", "1"], ["two\nlines", "2"]])
     rows = table.splitlines()
     assert len(rows) == 4 and rows[2] == "| policy:a\\|b.onnx | 1 |" and rows[3] == "| two lines | 2 |"
+
+
+def test_a_suite_that_is_a_directory_or_device_is_named_so(tmp_path: Path) -> None:
+    """Both were an 'unknown suite' with the shipped names listed."""
+    from batchpilot.training.suite import SuiteError, load_suite
+
+    with pytest.raises(SuiteError, match=f"{tmp_path}: a directory, not a suite file"):
+        load_suite(tmp_path)
+    with pytest.raises(SuiteError, match="/dev/null: not a regular file"):
+        load_suite("/dev/null")
+    with pytest.raises(SuiteError, match="unknown suite 'nosuch'; known: bursty"):
+        load_suite("nosuch")

@@ -85,6 +85,12 @@ def suite_names() -> dict[str, str]:
     return {p.stem: load_suite(p).description for p in sorted(suite_dir().glob("*.yml"))}
 
 
+def expand_all(suites: list[str]) -> list[str]:
+    """`suites` with ``all`` standing for every shipped suite's name."""
+    shipped = [p.stem for p in sorted(suite_dir().glob("*.yml"))]
+    return [n for s in suites for n in (shipped if s == "all" else [s])]
+
+
 def shipped_suite(name: str) -> Path | None:
     """The shipped suite a bare name (no directory, no suffix) names, else None."""
     path = Path(name)
@@ -97,7 +103,8 @@ def shipped_suite(name: str) -> Path | None:
 def load_suite(name_or_path: str | Path) -> Suite:
     """A shipped suite by name, or a suite YAML file (with or without .yml)."""
     path = shipped_suite(str(name_or_path)) or Path(name_or_path)
-    if not path.suffix and not path.is_file():
+    blank = not str(name_or_path).strip()  # Path('') is '.', a directory
+    if blank or (not path.suffix and not path.exists()):  # a directory: regular_file says
         known = ", ".join(p.stem for p in sorted(suite_dir().glob("*.yml")))
         raise SuiteError(f"unknown suite {str(name_or_path)!r}; known: {known}, all")
     if not regular_file(path, "a suite file", SuiteError):

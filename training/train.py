@@ -212,13 +212,21 @@ def config_problems(body: dict[str, Any]) -> list[str]:
             problems.append(f"{key}: {unknown_key(key, known, what)}")
     if problems:
         return problems  # the nested checks below assume the right container types
+    imitation = body.get("imitation") or {}
     problems += mapping_problems(
-        body.get("imitation") or {},
-        dataclass_hints(ImitationSpec),
-        IMITATION_RANGES,
-        prefix="imitation.",
-        what="it",
+        imitation, dataclass_hints(ImitationSpec), IMITATION_RANGES, prefix="imitation.", what="it"
     )
+    # given, but read by nothing (a default cannot be told from a value given in the spec)
+    if "regret_weight" in imitation and not imitation.get("regret_knobs"):
+        problems.append(
+            "imitation.regret_weight: it weighs the regret labels of regret_knobs, which are "
+            "none here: give regret_knobs, or leave regret_weight out"
+        )
+    if "beta" in imitation and imitation.get("rounds", ImitationSpec.rounds) == 1:
+        problems.append(
+            "imitation.beta: only DAgger rounds read it (the rounds after the first), and "
+            "rounds is 1: give more rounds, or leave beta out"
+        )
     env_kwargs = body.get("env_kwargs", {})
     problems += mapping_problems(
         env_kwargs, _env_hints(), prefix="env_kwargs.", what=f"a keyword of {ENV_ID}"
@@ -298,8 +306,8 @@ def _whole(values: dict[str, Any], hints: dict[str, Any]) -> dict[str, Any]:
 
 def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
     """`body` with each whole-number float given for a count read as that int: a setting, a
-    PPO argument, a key of `imitation`, `eval` or `env_kwargs` of type int (or list of int:
-    `eval.seeds`), and a workload's `num_requests` there. rl-zoo3 writes ``n_timesteps:
+    PPO argument, a key of `imitation`, `eval`, `report` or `env_kwargs` of type int (or list
+    of int: `eval.seeds`), and a workload's `num_requests` there. rl-zoo3 writes ``n_timesteps:
     !!float 1e6``, and YAML reads ``1e6`` as a float. A fraction, or a float past 2^53, stays
     a float, which the count's check refuses."""
     run_hints, ppo_hints = setting_hints()
@@ -307,6 +315,7 @@ def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
     nested = {
         "imitation": dataclass_hints(ImitationSpec),
         "eval": _eval_hints(),
+        "report": REPORT_KEYS,
         "env_kwargs": _env_hints(),
     }
     for key, hints in nested.items():
@@ -396,6 +405,12 @@ def _check_eval(cfg: TrainConfig, path: Path) -> None:
         raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
     if len(set(ev.profiles)) < len(ev.profiles):
         raise ValueError(f"{path}: eval.profile: a profile named twice in {ev.profiles}")
+    keys = [json.dumps(w, sort_keys=True) for w in ev.workloads]
+    if twice := next((i for i, k in enumerate(keys) if k in keys[:i]), None):
+        raise ValueError(
+            f"{path}: eval.workload: entries {keys.index(keys[twice])} and {twice} are the same "
+            "workload; it would count twice in the evaluation's mean"
+        )
     for w in ev.workloads:
         if not set(w.get("profiles", ev.profiles)) & set(ev.profiles):
             raise ValueError(
@@ -438,7 +453,7 @@ def _check_report(report: dict[str, Any], interval: str, path: Path) -> None:
     from batchpilot.training.commands.evaluate import REFERENCES, checked_suite
     from batchpilot.training.evaluate import DEFAULT_SEEDS, check_controllers
 
-    suites = report.get("suites", [])
+    suites = _report_suites(report)
     stems = [Path(suite).stem for suite in suites]
     try:
         if not suites:
@@ -462,6 +477,13 @@ def _check_report(report: dict[str, Any], interval: str, path: Path) -> None:
         check_controllers(split_specs(report.get("controllers", REFERENCES)))
     except (ValueError, OSError) as exc:
         raise ValueError(f"{path}: report.controllers: {exc}") from None
+
+
+def _report_suites(report: dict[str, Any]) -> list[str]:
+    """``report.suites``, ``all`` standing for every shipped suite (as ``--suite all``)."""
+    from batchpilot.training.suite import expand_all
+
+    return expand_all(report.get("suites", []))
 
 
 def _suite_path(suite: str, config_path: Path) -> str:
@@ -822,7 +844,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     policy = out / "policy.onnx"
     export([out], policy, kept_checkpoint(out).name)
     sections = []
-    for suite in cfg.report.get("suites", []):
+    for suite in _report_suites(cfg.report):
         path = _suite_path(suite, config_path)
         dest = out / "report" / Path(suite).stem
         results = run_suite(

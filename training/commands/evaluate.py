@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.policy import read_sidecar
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
-    from batchpilot.training.suite import suite_names
+    from batchpilot.training.suite import expand_all
 
     check_output(args.out, "--out", directory=True)
     if spec := next((p for p in args.policy if str(p).startswith("policy:")), None):
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
             f"--references names {twice}, a --policy under evaluation: each runs once, as a "
             "candidate; leave it out of --references"
         )
-    names = [n for s in args.suite for n in (suite_names() if s == "all" else [s])]
+    names = expand_all(args.suite)
     interval = next(iter(intervals.values()))
     suites = [
         (suite, checked_suite(suite, interval, args.seeds, args.first_seed).description)
