@@ -32,7 +32,7 @@ from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.step_models import brief
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload
-from batchpilot.envs.workloads import make_workload, trace_window
+from batchpilot.envs.workloads import is_trace_file, make_workload, trace_window
 
 RANK_FLOOR = 1e-6
 """The least goodput a run counts with in a checkpoint's geometric mean (`geometric_mean`): a
@@ -118,14 +118,26 @@ class EvalScenario:
             (p, w) for w in self.workloads for p in profiles if p in w.get("profiles", profiles)
         ]
 
-    def check(self) -> None:
+    def check(self) -> list[str]:
         """Draw each run's workload once (its first seed), so one that cannot be drawn fails
-        before training, naming it, not when the first evaluation starts."""
+        before training, naming it, not when the first evaluation starts. Returns a note for
+        each trace that holds fewer requests than asked (every run takes the whole trace)."""
+        notes = []
         for name, spec in self.runs():
             try:
-                self._workload(spec, self.seeds[0], get_profile(name).max_model_len)
+                drawn = self._workload(spec, self.seeds[0], get_profile(name).max_model_len)
             except (ValueError, OSError) as exc:
                 raise ValueError(f"workload {spec!r} on {name}: {exc}") from None
+            asked = spec.get("num_requests")
+            note = (
+                f"note: eval workload {spec['source']}: the trace holds {len(drawn):,} requests, "
+                f"fewer than the {asked:,} asked for; every run takes the whole trace"
+                if asked is not None and is_trace_file(spec["source"]) and len(drawn) < asked
+                else None
+            )
+            if note and note not in notes:
+                notes.append(note)
+        return notes
 
     @staticmethod
     def _workload(spec: dict[str, Any], seed: int, max_model_len: int) -> Workload:

@@ -24,6 +24,7 @@ from batchpilot.envs.workloads import (
     DEFAULT_SOURCE,
     MAX_REQUESTS,
     draw_probabilities,
+    is_trace_file,
     make_workload,
     trace_window,
 )
@@ -412,20 +413,32 @@ class BatchingEnv(gym.Env):
         self._engine: Engine | None = None
         self._vllm_engine: Engine | None = None
 
-    def check_workloads(self) -> None:
+    def check_workloads(self) -> list[str]:
         """Draw each workload spec once on each profile it applies to, so one that cannot be
         drawn (a replay of a source without timestamps, an unreadable trace) fails now,
-        naming the spec, not at some episode's reset. Reads each trace file it names."""
+        naming the spec, not at some episode's reset. Reads each trace file it names. Returns
+        a note for each trace that holds fewer requests than its spec asks (every episode
+        takes the whole trace)."""
         rng = np.random.default_rng(0)
+        notes = []
         for i, spec in enumerate(self.workloads):
             for p in self._profile_objs:
                 if spec in self._workloads_for(p.name):
                     try:
-                        spec.draw(rng, p.max_model_len)
+                        drawn = spec.draw(rng, p.max_model_len)
                     except (ValueError, OSError) as exc:
                         raise ValueError(
                             f"workload {i} ({spec.source} @ {spec.arrival}) on {p.name}: {exc}"
                         ) from None
+                    short = is_trace_file(spec.source) and len(drawn) < spec.num_requests
+                    note = (
+                        f"note: workload {i} ({spec.source}): the trace holds "
+                        f"{len(drawn):,} requests, fewer than the {spec.num_requests:,} asked "
+                        "for; every episode takes the whole trace"
+                    )
+                    if short and note not in notes:
+                        notes.append(note)
+        return notes
 
     def _workloads_for(self, profile: str) -> list[WorkloadSpec]:
         return [w for w in self.workloads if not w.profiles or profile in w.profiles]

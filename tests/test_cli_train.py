@@ -716,3 +716,19 @@ def test_a_reports_counts_and_all_are_read_as_the_command_line_reads_them(tmp_pa
     cfg = load_config(path)
     assert cfg.report["seeds"] == 10 and isinstance(cfg.report["seeds"], int)
     assert _report_suites(cfg.report) == list(suite_names())
+
+
+def test_a_trace_shorter_than_asked_is_noted(tmp_path: Path, traces: Path, capsys) -> None:
+    """Every episode and evaluation run took the whole trace, silently (compare notes it)."""
+    gsm8k = str(traces / "gsm8k" / "gsm8k_test_token_lengths.csv")
+    workload = {"source": gsm8k, "arrival": "poisson:50", "num_requests": 5000}
+    body = BASE | {
+        "env_kwargs": BASE["env_kwargs"] | {"workload": workload},
+        "eval": {"profile": "llama-7b-a100", "workload": workload, "seeds": [1000]},
+    }
+    path = tmp_path / "short.yml"
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body}))
+    load_config(path)
+    out = capsys.readouterr().out
+    assert f"note: workload 0 ({gsm8k}): the trace holds 1,319 requests, fewer than the 5,000" in out
+    assert f"note: eval workload {gsm8k}: the trace holds 1,319 requests" in out

@@ -361,7 +361,8 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
 
     try:
         env = _env_class()(**cfg.env_kwargs)  # a real engine starts at the first reset only
-        env.check_workloads()
+        for note in env.check_workloads():
+            print(note)
         env.close()
         goodput_slo(env.slo, "slo")  # the reward and the evaluation score goodput
     except (ValueError, TypeError, OSError) as exc:
@@ -430,7 +431,8 @@ def _check_eval(cfg: TrainConfig, path: Path) -> None:
                 "other profiles); it would never be scored"
             )
     try:
-        ev.check()
+        for note in ev.check():
+            print(note)
     except ValueError as exc:
         raise ValueError(f"{path}: eval.{exc}") from None
 
