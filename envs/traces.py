@@ -403,15 +403,12 @@ def _csv_header(
             f"pairs ({', '.join(sorted({f'{f.prompt}/{f.output}' for f in _CSV_FORMATS}))})"
             + (_separator_hint(header) or _case_hint(header) or _jsonl_hint(path))
         )
-    near = [
-        (h, f) for f in _CSV_FORMATS if f.time and (f.prompt, f.output) == (fmt.prompt, fmt.output)
-        for h in header if h.lower() == f.time.lower() and fmt.time is None
-    ]  # fmt: skip
-    if near:
-        column, timed = near[0]
+    timed = _case_fixed(header) if fmt.time is None else None
+    if timed is not None and timed.time is not None:  # a time column named but for case
+        column = next(h for h in header if h.lower() == timed.time.lower())
         raise TraceError(
-            f"{path}:1: column {column!r} is not {timed.time!r} but for case: the file is read as "
-            f"the {fmt.name} format (lengths alone), its arrival times left out; write "
+            f"{path}:1: column {column!r} is not {timed.time!r} but for case: as written, the "
+            f"file is the {fmt.name} format (lengths alone), its arrival times left out; write "
             f"{timed.time} to replay them (the {timed.name} format), or drop the column"
         )
     if fmt.time is not None and fmt.time not in header:
@@ -461,10 +458,16 @@ def _detect(header: list[str]) -> _CsvFormat | None:
     return None
 
 
+def _case_fixed(header: list[str]) -> _CsvFormat | None:
+    """The format of `header` with each name that matches a format's but for case written
+    as that format writes it."""
+    names = {n.lower(): n for f in _CSV_FORMATS for n in (f.prompt, f.output, f.time) if n}
+    return _detect([names.get(h.lower(), h) for h in header])
+
+
 def _case_hint(header: list[str]) -> str:
     """For a header whose names match a format's but for case: the names to write."""
-    names = {n.lower(): n for f in _CSV_FORMATS for n in (f.prompt, f.output, f.time) if n}
-    fmt = _detect([names.get(h.lower(), h) for h in header])
+    fmt = _case_fixed(header)
     if fmt is None:
         return ""
     wanted = [n for n in (fmt.time, fmt.prompt, fmt.output) if n]
