@@ -27,6 +27,10 @@ def number(low: float, high: float, *, integer: bool = False, low_open: bool = F
 
     def check(value: Any) -> str | None:
         kind = int if integer else (int, float)
+        # a whole float past 2^53 (not read as a count): its range is the problem, if any
+        huge = isinstance(value, float) and value.is_integer() and abs(value) > 2**53
+        if huge and not low <= value <= high:
+            return f"{value!r} is outside {'(' if low_open else '['}{_bound(low)}, {_bound(high)}]"
         if isinstance(value, bool) or not isinstance(value, kind):
             return f"{value!r} is not {'a whole number' if integer else 'a number'}"
         if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
@@ -78,6 +82,9 @@ def type_problem(value: Any, annotation: Any) -> str | None:
     if annotation is bool:
         return None if isinstance(value, bool) else f"{value!r} is not true or false"
     if annotation is int:
+        if isinstance(value, float) and value.is_integer() and abs(value) > 2**53:
+            # whole floats are read as counts up to 2^53 (exact); past it one stays a float
+            return f"{value!r} is too large for a count (past 2^53)"
         ok = isinstance(value, int) and not isinstance(value, bool)
         return None if ok else f"{value!r} is not of type int"
     if annotation is float:

@@ -501,7 +501,7 @@ def test_an_edited_sidecar_is_refused(policy: Path, tmp_path: Path, change: dict
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"timesteps": 1e308}, r"timesteps: 1e\+308 is not a whole number"),
+        ({"timesteps": 1e308}, r"timesteps: 1e\+308 is outside \[0, 1e\+15\]"),
         ({"timesteps": 2.5}, "timesteps: 2.5 is not a whole number"),
         ({"timesteps": -1}, "timesteps: -1 is outside"),
         ({"timesteps": True}, "timesteps: True is not a whole number"),

@@ -78,6 +78,12 @@ BASE = {
         ({"env_kwargs": {"control_interval_iters": 2.5}}, "env_kwargs.control_interval_iters: 2.5 is not of type int"),
         ({"env_kwargs": {"slo": 5}}, "env_kwargs.slo: 5 is not of type str"),
         ({"max_episode_steps": float("inf")}, "max_episode_steps: inf is not of type int"),
+        ({"n_timesteps": 1e16}, r"n_timesteps: 1e\+16 is too large for a count \(past 2\^53\)"),  # 'not of type int'
+        ({"n_timesteps": 2.5}, "n_timesteps: 2.5 is not of type int"),
+        (
+            {"env_kwargs": {"workload": {"source": "embedded:azure-conv", "num_requests": 1e16}}},
+            r"num_requests: 1e\+16 is outside \[1, ",  # was 'not a whole number'
+        ),
         ({"policy_kwargs": {"net_arch": ["a"]}}, "policy_kwargs.net_arch"),
         ({"policy_kwargs": {"activation_fn": "nn.ReLU"}}, "policy_kwargs.activation_fn: 'nn.ReLU'"),
         ({"policy_kwargs": {"netarch": [8]}}, "did you mean 'net_arch'"),
