@@ -225,10 +225,12 @@ def load_vecnormalize(path: Path, venv: Any) -> Any:
 
 
 def has_vecnormalize(directory: Path) -> bool:
-    """Whether a checkpoint holds ``vecnormalize.json``; a directory or pipe there is a
-    `CheckpointError` naming it (not a checkpoint without normalisation)."""
-    what = "a file of the VecNormalize statistics"
-    return regular_file(directory / VECNORMALIZE, what, CheckpointError)
+    """Whether a checkpoint holds ``vecnormalize.json``; a directory, pipe or broken symlink
+    there is a `CheckpointError` naming it (not a checkpoint without normalisation)."""
+    path, what = directory / VECNORMALIZE, "a file of the VecNormalize statistics"
+    if path.is_symlink() and not path.exists():  # not the same as no file at all
+        raise CheckpointError(f"{path}: a broken symlink, not {what}")
+    return regular_file(path, what, CheckpointError)
 
 
 def normalisation(directory: Path, n_obs: int) -> tuple[np.ndarray, np.ndarray, float, float]:

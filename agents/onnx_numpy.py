@@ -362,13 +362,13 @@ class Lowering:
             raise GraphError("expects constant float weights (2-D)")
         if attrs.get("transA", 0):
             raise GraphError("transA is not supported")
-        with np.errstate(over="ignore"):  # an overflow is refused below, by name
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below, by name
             w = np.float32(attrs.get("alpha", 1.0)) * (w if attrs.get("transB", 0) else w.T)
         if w.shape[1] != n:
             raise GraphError(f"weights of shape {w.shape} (out, in) do not take {n} inputs")
         c = args[1] if len(args) > 1 else None
         bias = np.zeros(len(w), np.float32) if c is None else self.vector(c, len(w))
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             bias = np.float32(attrs.get("beta", 1.0)) * np.broadcast_to(bias, len(w))
         if not (np.isfinite(w).all() and np.isfinite(bias).all()):
             raise GraphError("its weights (times alpha) or bias (times beta) are NaN or infinite")

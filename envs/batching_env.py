@@ -71,8 +71,6 @@ class WorkloadSpec:
                 if key in data and not isinstance(data[key], str):
                     got = f"{data[key]!r} ({type(data[key]).__name__})"
                     raise ValueError(f"workload spec: {key} must be a string, got {got}")
-            if not data.get("source", DEFAULT_SOURCE).strip():  # read as '.', a directory
-                raise ValueError("workload spec: source is empty; name a trace or embedded:NAME")
             n = data.get("num_requests", cls.num_requests)
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REQUESTS:
                 raise ValueError(
@@ -93,7 +91,7 @@ class WorkloadSpec:
                         f"got a {type(names).__name__}"
                         + (" holding other things" if isinstance(names, list) else "")
                     )
-                if not names:  # read as no restriction at all
+                if not names:  # the default () means every profile
                     raise ValueError(
                         "workload spec: profiles is empty; name at least one profile, or leave "
                         "profiles out (every profile)"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -112,7 +113,7 @@ def length_prior_problem(prior: object) -> str | None:
     > 0, its variance >= 0), else what is wrong."""
     if not isinstance(prior, list | tuple) or len(prior) != 4:
         return "need 4 numbers (prompt mean, prompt variance, output mean, output variance)"
-    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in prior):
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Real) for v in prior):
         return "need 4 numbers (prompt mean, prompt variance, output mean, output variance)"
     prompt_mean, prompt_var, output_mean, output_var = (float(v) for v in prior)
     finite = all(math.isfinite(v) for v in (prompt_mean, prompt_var, output_mean, output_var))

@@ -2,7 +2,7 @@
 CSVs (ShareGPT, GSM8K), and Mooncake and Bailian (Alibaba's Qwen usage traces) JSONL.
 
 The format is detected from the file's header (or first JSON line). Files are read as
-UTF-8 (a byte order mark is skipped), gzip-compressed ones through `gzip` line by line;
+UTF-8 (byte order marks are skipped), gzip-compressed ones through `gzip` line by line;
 blank and whitespace-only lines are skipped; every bad row, and every line that is not UTF-8
 text, raises a `TraceError` naming the file, the line and the problem. A regular CSV file is
 read in vectorised chunks (`trace_fast`), with the row-by-row reader's result; on anything

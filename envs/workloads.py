@@ -42,8 +42,10 @@ DRAWN_REQUESTS = 1000
 
 
 def is_trace_file(source: str) -> bool:
-    """Whether `source` names a trace file (not an embedded table, mix, shift or fixed)."""
-    return not source.startswith((EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX))
+    """Whether `source` names a trace file (not an embedded table, mix, shift or fixed, nor
+    blank: `make_workload` refuses that)."""
+    prefixes = (EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX)
+    return bool(source.strip()) and not source.startswith(prefixes)
 
 
 ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
@@ -140,6 +142,8 @@ def make_workload(
     says what a trace file's bad rows do (`load_trace`); those left out are counted in the
     workload.
     """
+    if not source.strip():  # Path('') is '.', a directory
+        raise WorkloadError("the source is empty: name a trace file or embedded:NAME")
     if num_requests is not None and (isinstance(num_requests, bool) or num_requests < 1):
         raise WorkloadError(f"num_requests is {num_requests!r}; need at least 1 (None: default)")
     if problem := arrival_suffix(source):

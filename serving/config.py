@@ -39,7 +39,8 @@ STUCK_S = 30.0
 """A late decision still out after this many seconds is a failure: static limits for good."""
 MS_RANGE = (1e-3, STUCK_S * 1e3)
 """The decision budget's and deadline's range in ms: 1 us (a rule decides in tens) to
-`STUCK_S` (a decision out longer has failed)."""
+`STUCK_S`, the longest a late decision may stay out before it counts as failed (the engine
+waits no longer than that for one)."""
 
 
 class EngineSettings(NamedTuple):

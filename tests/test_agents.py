@@ -1322,7 +1322,7 @@ def test_evaluate_checks_every_suite_before_the_first_runs(tmp_path: Path, capsy
     suites = ["--suite", str(tmp_path / "a.yml"), "--suite", str(tmp_path / "b.yml")]
     assert main([*base, *suites, "--first-seed", "996", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert f"--suite {tmp_path / 'b.yml'}: --first-seed 996 with 5 seeds reaches seed 1000" in err
+    assert f"{tmp_path / 'b.yml'}: --first-seed 996 with 5 seeds reaches seed 1000" in err
     assert main([*base, "--suite", str(tmp_path / "t.yml"), "--out", str(tmp_path / "o")]) == 2
     assert "scenario 't/p on llama-2-7b-a100' sets interval 2s; the policy decides every 500ms" in (
         capsys.readouterr().err
@@ -1450,6 +1450,10 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     del run["eval"]
     cfg = load_config(write_config(tmp_path / "none.yml", data))
     assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD], [])
+    # compared on the simulated scheduler it trained on (it was always V1's)
+    run["env_kwargs"]["engine_kwargs"] = {"scheduler": "v0"}
+    cfg = load_config(write_config(tmp_path / "v0.yml", data))
+    assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD], ["--scheduler", "v0"])
 
 
 @pytest.mark.parametrize("name", train_configs())

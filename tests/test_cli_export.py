@@ -233,6 +233,10 @@ def test_a_normalisation_file_that_is_a_directory_is_named_so(tmp_path: Path) ->
     with pytest.raises(CheckpointError, match=r"vecnormalize\.json: a directory, not a file of"):
         normalisation(tmp_path, 3)
     assert normalisation(tmp_path / "none", 3)[3] == math.inf  # a missing file: none
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "vecnormalize.json").symlink_to(tmp_path / "gone.json")
+    with pytest.raises(CheckpointError, match=r"vecnormalize\.json: a broken symlink"):
+        normalisation(tmp_path / "broken", 3)
 
 
 def test_a_checkpoint_file_that_is_a_directory_is_named_so(tmp_path: Path) -> None:

@@ -118,9 +118,14 @@ BASE = {
         ({"env_kwargs": {"engine_kwargs": {"fast_forward": "no"}}}, "fast_forward must be true or false, got 'no'"),
         # an empty list meant every profile; an empty source, the working directory
         ({"env_kwargs": {"workload": {"source": "embedded:azure-conv", "profiles": []}}}, "workload spec: profiles is empty"),
-        ({"env_kwargs": {"workload": {"source": " "}}}, "workload spec: source is empty"),
+        ({"env_kwargs": {"workload": {"source": " "}}}, "workload 0 .* the source is empty"),
+        ({"env_kwargs": {"workload": ""}}, "workload 0 .* the source is empty"),
+        ({"eval": {"profile": "llama-7b-a100", "workload": {"source": ""}}}, "the source is empty"),
         (
-            {"eval": {"profile": "llama-7b-a100", "workload": [{"source": "embedded:sharegpt"}] * 2}},
+            {"eval": {"profile": "llama-7b-a100", "workload": [
+                {"source": "embedded:sharegpt", "arrival": "poisson:2"},
+                {"source": "embedded:sharegpt", "arrival": "poisson:2.0", "bad_rows": "error"},
+            ]}},
             "eval.workload: entries 0 and 1 are the same workload; it would count twice",
         ),
         # given and read by nothing
@@ -327,7 +332,7 @@ def test_counts_written_as_rl_zoo3_floats_are_read_as_ints(tmp_path: Path) -> No
     with pytest.raises(ValueError, match=r"batch_size: 64\.5 is not of type int"):
         load_config(path)
     path.write_text(body.format(batch="1e300"))  # past 2^53: not turned into 301 digits
-    with pytest.raises(ValueError, match=r"batch_size: 1e\+300 is not of type int"):
+    with pytest.raises(ValueError, match=r"batch_size: 1e\+300 is too large for a count \(past 2\^53\)"):
         load_config(path)
 
 
@@ -709,6 +714,12 @@ def test_the_evaluation_runs_on_the_engine_trained_on(tmp_path: Path) -> None:
         for scheduler in ("v0", "v1")
     }
     assert direct["v0"] != direct["v1"] and scored == pytest.approx(direct["v0"])
+    # a vLLM run's engine keywords are vLLM's: its evaluation runs the default simulator
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    real = {"engine": "vllm", "model": str(tmp_path / "model"), "engine_kwargs": {"clock": "sim"}}
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body | {"env_kwargs": real}}))
+    assert _eval_scenario(load_config(path), "ttft:2000,tpot:50").engine_kwargs == {}
 
 
 def test_a_reports_counts_and_all_are_read_as_the_command_line_reads_them(tmp_path: Path) -> None:

@@ -899,7 +899,7 @@ def test_suites_that_set_different_seeds_need_the_flag(tmp_path: Path, monkeypat
     for name, seeds in (("one", 2), ("two", 3)):
         (tmp_path / f"{name}.yml").write_text(f"seeds: {seeds}\n{body}")
     paths = [str(tmp_path / "one.yml"), str(tmp_path / "two.yml")]
-    monkeypatch.setattr(batchpilot.training.suite, "suite_names", lambda: paths)
+    monkeypatch.setattr(batchpilot.training.suite, "expand_all", lambda suites: paths)
     assert main(["compare", "--suite", "all", "--out", str(tmp_path / "cmp"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"the suites set different seeds ({paths[0]}: 2, {paths[1]}: 3): give --seeds" in err

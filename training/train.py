@@ -26,6 +26,7 @@ A run directory holds ``config.yml``, ``run.json``, ``tb/`` (tensorboard), ``che
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -390,6 +391,20 @@ def _check_values(cfg: TrainConfig, path: Path) -> None:
         _check_report(cfg.report, cfg.control_interval, path)
 
 
+def _eval_workload_key(spec: dict[str, Any]) -> tuple:
+    """One spelling of an eval workload, to find one listed twice: the arrival as it parses
+    (``poisson:2`` and ``poisson:2.0`` are one), defaults filled in, profiles as a set."""
+    from batchpilot.envs.arrivals import Arrival
+    from batchpilot.envs.traces import DEFAULT_BAD_ROWS
+
+    arrival = spec.get("arrival", "replay")
+    with contextlib.suppress(ValueError):  # a bad one is refused as the workload is drawn
+        arrival = Arrival.parse(arrival)
+    profiles = frozenset(spec.get("profiles", ()))
+    bad_rows = spec.get("bad_rows", DEFAULT_BAD_ROWS)
+    return (spec["source"], arrival, spec.get("num_requests"), bad_rows, profiles)
+
+
 def _check_eval(cfg: TrainConfig, path: Path) -> None:
     """`cfg.eval`'s profiles and workloads, each workload drawn once."""
     from batchpilot.envs.profiles import get_profile
@@ -406,7 +421,7 @@ def _check_eval(cfg: TrainConfig, path: Path) -> None:
         raise ValueError(f"{path}: eval.workload: needs a workload or a list of them")
     if len(set(ev.profiles)) < len(ev.profiles):
         raise ValueError(f"{path}: eval.profile: a profile named twice in {ev.profiles}")
-    keys = [json.dumps(w, sort_keys=True) for w in ev.workloads]
+    keys = [_eval_workload_key(w) for w in ev.workloads]
     if twice := next((i for i, k in enumerate(keys) if k in keys[:i]), None):
         raise ValueError(
             f"{path}: eval.workload: entries {keys.index(keys[twice])} and {twice} are the same "
@@ -443,7 +458,10 @@ def _eval_scenario(cfg: TrainConfig, slo: str) -> Any:
 
     given = {k: v for k, v in (cfg.eval or {}).items() if k != "freq"}
     scenario = {"profile": [], "workload": []} | given
-    engine_kwargs = cfg.env_kwargs.get("engine_kwargs") or {}  # the engine trained on
+    # the simulated engine trained on; a vLLM run's keywords are vLLM's (evaluated in the
+    # simulator as it is by default)
+    sim = cfg.env_kwargs.get("engine", "sim") == "sim"
+    engine_kwargs = (cfg.env_kwargs.get("engine_kwargs") or {}) if sim else {}
     return EvalScenario(
         slo=slo, interval=cfg.control_interval, engine_kwargs=engine_kwargs, **scenario
     )
@@ -454,6 +472,7 @@ def _check_report(report: dict[str, Any], interval: str, path: Path) -> None:
     policy's `interval`) and controller specs, as `write_report` reads them."""
     from batchpilot.training.commands.evaluate import REFERENCES, checked_suite
     from batchpilot.training.evaluate import DEFAULT_SEEDS, check_controllers
+    from batchpilot.training.suite import SuiteError
 
     suites = _report_suites(report)
     stems = [Path(suite).stem for suite in suites]
@@ -466,7 +485,7 @@ def _check_report(report: dict[str, Any], interval: str, path: Path) -> None:
             where = _suite_path(suite, path)
             try:
                 checked_suite(where, interval, report.get("seeds", DEFAULT_SEEDS))
-            except (ValueError, OSError) as exc:
+            except (SuiteError, OSError) as exc:  # a file not found or not read
                 if where == suite:  # a shipped suite's name
                     raise
                 raise ValueError(
@@ -838,9 +857,10 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     from batchpilot.agents.export import export
     from batchpilot.agents.specs import policy_spec
     from batchpilot.training.commands.common import command_line
-    from batchpilot.training.commands.evaluate import REFERENCES, TITLE, checked_suite, run_suite
+    from batchpilot.training.commands.evaluate import REFERENCES, TITLE, run_suite
     from batchpilot.training.evaluate import DEFAULT_SEEDS
     from batchpilot.training.policy_report import SuiteSection, write_suites_report
+    from batchpilot.training.suite import load_suite
 
     assert cfg.report is not None
     policy = out / "policy.onnx"
@@ -858,8 +878,7 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
             seeds=cfg.report.get("seeds", DEFAULT_SEEDS),  # not the suite's: training's time
             progress=progress,
         )
-        description = checked_suite(path, cfg.control_interval, None).description
-        sections.append(SuiteSection(dest.name, description, results, dest))
+        sections.append(SuiteSection(dest.name, load_suite(path).description, results, dest))
     command = command_line()
     return write_suites_report(
         sections, [policy_spec(policy)], out / "report", title=TITLE, command=command

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.envs.metrics import SLO, goodput_slo
-from batchpilot.envs.output_files import replace_file
+from batchpilot.envs.output_files import replace_file, streamed, written
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import SCHEDULERS
@@ -245,21 +245,30 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, unset: bool = False
 
 def check_output(path: Path, option: str, *, directory: bool, replaced: bool = False) -> None:
     """Raise ValueError naming `option` if `path` cannot be written as a directory (or, not
-    `directory`, a file): it exists as the other kind, or its nearest existing parent (or
-    itself) is not a writable directory (file). With `replaced` (a file that must be one, such
-    as a profile) a pipe or device is refused, and the directory must be writable whatever the
-    file is (it is written beside and renamed, `replace_file`). Commands call it before any run."""
+    `directory`, a file): it exists as the other kind, or where it is written cannot be. A
+    file is written beside its target (a symlink's) and renamed (`replace_file`), so that
+    target's nearest existing parent must be a writable directory; a `streamed` one (a pipe,
+    a device, ``/dev/stdout``) must be writable itself, and is refused where a file must be
+    `replaced` whole (a profile). Commands call it before any run."""
     want, other = ("a directory", "a file") if directory else ("a file", "a directory")
     if path.exists() and path.is_dir() != directory:
         raise ValueError(f"{option} {path}: is {other}, not {want}")
-    if replaced and path.exists() and not path.is_file():
-        raise ValueError(
-            f"{option} {path}: is not a regular file (a pipe or device), which the written "
-            "file would replace"
-        )
-    # a file written beside and renamed needs a writable directory, not a writable file
-    existing = next(p for p in (*([] if replaced else [path]), *path.parents) if p.exists())
-    if existing != path and not existing.is_dir():
+    try:
+        stream = not directory and streamed(path)
+    except OSError as exc:  # a symlink loop
+        raise ValueError(f"{option} {path}: {exc}") from None
+    if stream:
+        if replaced:
+            raise ValueError(
+                f"{option} {path}: is not a regular file (a pipe or device), which the written "
+                "file would replace"
+            )
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"{option} {path}: is not writable")
+        return
+    target = path if directory else written(path)
+    existing = next(p for p in (*([target] if directory else []), *target.parents) if p.exists())
+    if existing != target and not existing.is_dir():
         raise ValueError(f"{option} {path}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"{option} {path}: {existing} is not writable")
@@ -280,8 +289,8 @@ def check_replaceable(path: Path, option: str, what: str, ours: Callable[[Any], 
     same command reads would be overwritten. An empty file (mktemp's) holds nothing."""
     from batchpilot.envs.json_objects import read_json
 
-    size = path.stat().st_size if path.is_file() else 0
-    if not size:
+    size = path.stat().st_size if path.is_file() and not streamed(path) else 0
+    if not size:  # appended to (/dev/stdout >> log), or empty (mktemp's)
         return
     if not os.access(path, os.R_OK):
         raise ValueError(f"{option} {path}: cannot read the existing file to see what it holds")

@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         evaluate,
         trained_interval,
     )
-    from batchpilot.training.suite import load_suite, suite_names
+    from batchpilot.training.suite import expand_all, load_suite
 
     if args.interval is not None:
         ControlInterval.parse(args.interval)  # bad values fail here, before any run
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"{', '.join(engine_options)}: not with --suite: a suite runs on the simulator, "
                 "and its file sets each scenario's profile, scheduler, overlong and bad_rows"
             )
-        names = list(suite_names()) if args.suite == "all" else [args.suite]
+        names = expand_all([args.suite])
         suites = [load_suite(n) for n in names]
         scenarios = [sc for suite in suites for sc in suite.scenarios]
         timed = frozenset().union(*(suite.timed for suite in suites))

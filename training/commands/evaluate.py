@@ -157,14 +157,14 @@ def checked_suite(suite: str, interval: str, seeds: int | None, first_seed: int 
             interval
         ):
             raise ValueError(
-                f"--suite {suite}: scenario {sc.name!r} sets interval {sc.interval}; the policy "
+                f"{suite}: scenario {sc.name!r} sets interval {sc.interval}; the policy "
                 f"decides every {interval}, and every controller runs at that interval here: "
                 "leave the scenario's interval out"
             )
     n = seeds or loaded.seeds or DEFAULT_SEEDS
     if first_seed + n > TUNING_SEED_BASE:
         raise ValueError(
-            f"--suite {suite}: --first-seed {first_seed} with {n} seeds reaches seed "
+            f"{suite}: --first-seed {first_seed} with {n} seeds reaches seed "
             f"{first_seed + n - 1}; evaluation seeds stay below {TUNING_SEED_BASE}, where the "
             "tuning seeds start"
         )

@@ -107,7 +107,8 @@ def comparison(
     """The profile, SOURCE@ARRIVAL workloads and further compare options the policy is
     compared with: the config's evaluation runs on its first evaluation profile, with their
     ``num_requests`` and ``bad_rows`` (compare takes one of each: a `ValueError` if the runs
-    differ), else compare's default workload on the first training profile; `workloads`, if
+    differ), else compare's default workload on the first training profile, on the simulated
+    scheduler trained on; `workloads`, if
     given, in place of the config's (with compare's defaults), each checked here (a bad one
     is a `ValueError` before any training)."""
     from batchpilot.agents.callbacks import EvalScenario
@@ -116,9 +117,13 @@ def comparison(
 
     for text in workloads or []:
         make_workload(*parse_workload(text), num_requests=1)
+    # the simulated scheduler trained on (a config that sets one)
+    scheduler = (cfg.env_kwargs.get("engine_kwargs") or {}).get("scheduler")
+    simulated = cfg.env_kwargs.get("engine", "sim") == "sim"
+    engine = ["--scheduler", scheduler] if scheduler and simulated else []
     if not cfg.eval:
         given = cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
-        return next(iter(profile_weights(given))), workloads or [DEFAULT_WORKLOAD], []
+        return next(iter(profile_weights(given))), workloads or [DEFAULT_WORKLOAD], engine
     ev = EvalScenario(
         profile=cfg.eval["profile"],
         workload=cfg.eval["workload"],
@@ -127,9 +132,9 @@ def comparison(
     )
     profile = ev.profiles[0]
     if workloads:
-        return profile, workloads, []
+        return profile, workloads, engine
     runs = [w for p, w in ev.runs() if p == profile]
-    options = []
+    options = engine
     for key in ("num_requests", "bad_rows"):
         values = {w.get(key) for w in runs}
         if len(values) > 1:
