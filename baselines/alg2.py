@@ -30,6 +30,8 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO_BOUNDS_MS
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 EPS_MS = 10.0
+CHUNK_DEFAULTS = {"chunk_min": 256, "chunk_alpha": 512, "chunk_delta": 64}
+"""The token-budget search's keywords (read with ``chunk=1`` alone) and their defaults."""
 """eps_D's default, the tolerance band around the target (ms)."""
 
 
@@ -122,9 +124,9 @@ class SLAController:
         b_min: int = 1,
         b_max: int | None = None,
         chunk: bool = False,
-        chunk_min: int = 256,
-        chunk_alpha: int = 512,
-        chunk_delta: int = 64,
+        chunk_min: int = CHUNK_DEFAULTS["chunk_min"],
+        chunk_alpha: int = CHUNK_DEFAULTS["chunk_alpha"],
+        chunk_delta: int = CHUNK_DEFAULTS["chunk_delta"],
     ) -> None:
         if b_min < 1 or (b_max is not None and b_max < b_min):
             raise ValueError(f"need 1 <= B_min <= B_max, got b_min={b_min}, b_max={b_max}")
@@ -135,6 +137,12 @@ class SLAController:
         require(1 <= chunk_min <= MAX_LIMIT, "chunk_min", chunk_min, f"in [1, {MAX_LIMIT:,}]")
         for name, value in (("chunk_alpha", chunk_alpha), ("chunk_delta", chunk_delta)):
             require(0 <= value <= MAX_LIMIT, name, value, f"in [0, {MAX_LIMIT:,}]")
+        chunking = zip(CHUNK_DEFAULTS.items(), (chunk_min, chunk_alpha, chunk_delta), strict=True)
+        given = [name for (name, default), value in chunking if value != default]
+        if given and not chunk:
+            raise ValueError(
+                f"{', '.join(given)}: only the token-budget search reads it (alg2:chunk=1:...)"
+            )
         require(window_ms >= 0, "window_ms", window_ms, ">= 0")
         low, high = SLO_BOUNDS_MS
         require(

@@ -240,10 +240,11 @@ class MPCController:
         self.pace = keyword_value("pace", parse_pace, pace)
         self.ttft_ties = ttft_ties
         self.rate = keyword_value("rate", parse_rate, rate)
-        if draws > 1 and self.future == "true":
+        if self.future == "true" and (draws > 1 or self.rate != "recent"):
             raise ValueError(
-                "draws must be 1 with future=true (one true future); draw several with "
-                "future=sampled, future=renewal or future=auto"
+                ("draws must be 1" if draws > 1 else f"rate={self.rate} is read by a drawn future")
+                + " with future=true (one true future); draw with future=sampled, "
+                "future=renewal or future=auto"
             )
         self.draws = draws
         self.name = "mpc"

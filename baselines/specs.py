@@ -22,6 +22,7 @@ from batchpilot.baselines.static import StaticController
 from batchpilot.envs.controller import Controller
 from batchpilot.envs.names import did_you_mean
 from batchpilot.envs.plain_numbers import plain_float, plain_int
+from batchpilot.envs.profiles import limits_problem
 
 BEST_STATIC = "best-static"
 """Not a controller but a search over static limits, resolved by the evaluation harness."""
@@ -48,6 +49,8 @@ def _static(args: list[str]) -> Controller:
                 f"most {MAX_LIMIT:,} (a 32-bit int, as vLLM's own limits)"
             )
         values.append(value)
+    if len(values) == 2 and (problem := limits_problem(*values)):
+        raise ControllerSpecError(f"{spec}: {problem}")
     return StaticController(*values)
 
 

@@ -468,6 +468,8 @@ class BatchingEnv(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(f"reset options must be a dict or None, got {options!r}")
         if options:
             raise ValueError(f"reset options {sorted(options)}: this env takes none")
         super().reset(seed=seed)
@@ -513,6 +515,8 @@ class BatchingEnv(gym.Env):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._engine is None:
             raise RuntimeError("call reset() before step()")
+        if self._engine.done:  # every further step would be a made-up transition
+            raise RuntimeError("the episode has ended (terminated): call reset() before step()")
         limits = self.grid.apply(action)
         self._engine.set_limits(limits)
         until = None

@@ -1450,6 +1450,8 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     del run["eval"]
     cfg = load_config(write_config(tmp_path / "none.yml", data))
     assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD], [])
+    with pytest.raises(ValueError, match="--workload embedded:gsm8k@poisson:2 is given twice"):
+        comparison(cfg, ["embedded:gsm8k@poisson:2", "embedded:gsm8k@poisson:2"])  # after training
     # compared on the simulated scheduler it trained on (it was always V1's)
     run["env_kwargs"]["engine_kwargs"] = {"scheduler": "v0"}
     cfg = load_config(write_config(tmp_path / "v0.yml", data))

@@ -175,6 +175,12 @@ def test_an_exponents_plus_is_no_combination() -> None:
         ("mpc:future=sampled:draws=0", "mpc: draws must be 1 to 16, got 0"),
         ("mpc:future=sampled:draws=17", "mpc: draws must be 1 to 16, got 17"),
         ("mpc:draws=2", r"mpc: draws must be 1 with future=true \(one true future\)"),
+        # read by nothing, silently
+        ("mpc:rate=lower", r"mpc: rate=lower is read by a drawn future with future=true"),
+        ("alg2:chunk_alpha=7", r"alg2: chunk_alpha: only the token-budget search reads it"),
+        ("alg2:chunk=0:chunk_min=5", r"alg2: chunk_min: only the token-budget search reads it"),
+        # vLLM refuses a budget below max_num_seqs; the run was all TTFT misses
+        ("static:8:1", "static:8:1: max_num_batched_tokens 1 is less than max_num_seqs 8"),
         ("oracle:slack_blocks=-1", r"slack_blocks must be in \[0, 2,147,483,647\], got -1"),
         ("alg1:b_max=0", "b_max 0 is below b_min"),
         ("", "empty controller spec"),

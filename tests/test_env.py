@@ -108,6 +108,24 @@ def test_render_mode_and_reset_options_are_gymnasiums() -> None:
         env.reset(options={"profile": "llama-7b-a100"})
     with pytest.raises(ValueError, match="render_mode 'human': this env renders nothing"):
         gym.make("batchpilot/Batching-v0", render_mode="human")
+    with pytest.raises(ValueError, match="reset options must be a dict or None, got 5"):
+        env.reset(options=5)  # was a TypeError from sorted()
+
+
+def test_a_step_after_the_episode_ended_is_refused() -> None:
+    """It returned reward 0 and terminated again, for ever: made-up transitions."""
+    env = gym.make(
+        "batchpilot/Batching-v0",
+        workload={"source": "embedded:gsm8k", "num_requests": 5, "arrival": "poisson:2"},
+        disable_env_checker=True,
+    )
+    env.reset(seed=0)
+    while not env.step(env.action_space.sample())[2]:
+        pass
+    with pytest.raises(RuntimeError, match=r"the episode has ended \(terminated\): call reset"):
+        env.step(env.action_space.sample())
+    env.reset(seed=1)
+    env.step(env.action_space.sample())
 
 
 def test_reward_credit_sums_to_goodput_and_recompute_is_priced() -> None:

@@ -866,6 +866,12 @@ def test_engine_factory_errors_name_the_problem() -> None:
 def test_compare_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--controllers", "alg1:eps=2", "--out", str(tmp_path)]) == 2
     assert "eps must be in" in capsys.readouterr().err
+    argv = ["compare", "--controllers", "static:256,alg1", "--tuning-seeds", "5", "--out", str(tmp_path)]
+    assert main(argv) == 2  # was ignored
+    assert "--tuning-seeds: no best-static among the controllers to tune" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the first list was dropped
+        main(["compare", "--controllers", "alg1", "--controllers", "alg2", "--out", str(tmp_path)])
+    assert "argument --controllers: given more than once" in capsys.readouterr().err
     assert main(["compare", "--workload", "embedded:gsm8k", "--out", str(tmp_path)]) == 2
     assert "SOURCE@ARRIVAL" in capsys.readouterr().err
     assert main(["compare", "--suite", "nope", "--out", str(tmp_path)]) == 2

@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from batchpilot.training.commands.common import once
+
 SUBCOMMANDS = {
     "simulate": "Run a workload through the simulated engine with one controller.",
     "compare": "Compare controllers on workloads and seeds; write a report with plots.",
@@ -40,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
             description=(module.__doc__ or help_text).strip(),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        # an option given twice is refused, not the first value dropped (argparse's store)
+        p.register("action", None, once())
+        p.register("action", "store", once())
         module.add_arguments(p)
         p.set_defaults(_main=module.main)
     return parser

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from batchpilot.baselines.specs import split_specs
+from batchpilot.baselines.specs import BEST_STATIC, spec_parts, split_specs
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
@@ -280,6 +280,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         controllers = split_specs(spec)
     except ValueError as exc:
         raise ValueError(f"--controllers {spec!r}: {exc}") from None
+    tuned = any(part == BEST_STATIC for c in controllers for part in spec_parts(c))
+    if args.tuning_seeds is not None and not tuned:  # it was ignored
+        raise ValueError("--tuning-seeds: no best-static among the controllers to tune")
     if args.interval is None and (trained := trained_interval(controllers)):
         untimed = [sc.name for sc in scenarios if sc.name not in timed]
         scenarios = [

@@ -115,8 +115,11 @@ def comparison(
     from batchpilot.envs.batching_env import profile_weights
     from batchpilot.envs.workloads import make_workload
 
-    for text in workloads or []:
-        make_workload(*parse_workload(text), num_requests=1)
+    parsed = [parse_workload(text) for text in workloads or []]
+    for source, arrival in parsed:
+        make_workload(source, arrival, num_requests=1)
+    if twice := next((w for i, w in enumerate(parsed) if w in parsed[:i]), None):
+        raise ValueError(f"--workload {'@'.join(twice)} is given twice")  # compare refuses it
     # the simulated scheduler trained on (a config that sets one)
     scheduler = (cfg.env_kwargs.get("engine_kwargs") or {}).get("scheduler")
     simulated = cfg.env_kwargs.get("engine", "sim") == "sim"
