@@ -1450,6 +1450,11 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     del run["eval"]
     cfg = load_config(write_config(tmp_path / "none.yml", data))
     assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD], [])
+    bad = tmp_path / "bad.csv"  # a bad row: its hint named --bad-rows, which quickstart lacks
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.000000,100,0\n")
+    with pytest.raises(ValueError, match="GeneratedTokens is 0") as err:
+        comparison(cfg, [f"{bad}@replay"])
+    assert "--bad-rows" not in str(err.value)
     with pytest.raises(ValueError, match="--workload embedded:gsm8k@poisson:2 is given twice"):
         comparison(cfg, ["embedded:gsm8k@poisson:2", "embedded:gsm8k@poisson:2"])  # after training
     # compared on the simulated scheduler it trained on (it was always V1's)

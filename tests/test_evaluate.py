@@ -872,6 +872,15 @@ def test_compare_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):  # the first list was dropped
         main(["compare", "--controllers", "alg1", "--controllers", "alg2", "--out", str(tmp_path)])
     assert "argument --controllers: given more than once" in capsys.readouterr().err
+    mine = tmp_path / "mine"  # a results.json no report wrote was overwritten
+    mine.mkdir()
+    (mine / "results.json").write_text('{"mine": 1}')
+    for command in (["compare", "--controllers", "alg1"], ["paper"], ["quickstart"]):
+        assert main([*command, "--out", str(mine), "--no-progress"]) == 2, command
+        assert "results.json: the file exists and is not a results file a batchpilot report" in (
+            capsys.readouterr().err
+        )
+    assert (mine / "results.json").read_text() == '{"mine": 1}'
     assert main(["compare", "--workload", "embedded:gsm8k", "--out", str(tmp_path)]) == 2
     assert "SOURCE@ARRIVAL" in capsys.readouterr().err
     assert main(["compare", "--suite", "nope", "--out", str(tmp_path)]) == 2

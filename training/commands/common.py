@@ -281,12 +281,21 @@ def is_profile_json(data: object) -> bool:
 
 LARGEST_OWN_FILE = 1 << 20
 """Bytes: a larger file is none that a command wrote (metrics, a profile, step samples)."""
+LARGEST_RESULTS_FILE = 1 << 30
+"""Bytes: a larger ``results.json`` is none that a report wrote (a suite's: some MB)."""
 
 
-def check_replaceable(path: Path, option: str, what: str, ours: Callable[[Any], bool]) -> None:
+def check_replaceable(
+    path: Path,
+    option: str,
+    what: str,
+    ours: Callable[[Any], bool],
+    largest: int = LARGEST_OWN_FILE,
+) -> None:
     """Raise ValueError naming `option` if `path` is a file, not empty, whose JSON `ours`
     does not take for `what` (one this command wrote): a trace, a policy or a profile the
-    same command reads would be overwritten. An empty file (mktemp's) holds nothing."""
+    same command reads would be overwritten. An empty file (mktemp's) holds nothing; one of
+    over `largest` bytes is none the command wrote."""
     from batchpilot.envs.json_objects import read_json
 
     size = path.stat().st_size if path.is_file() and not streamed(path) else 0
@@ -295,13 +304,25 @@ def check_replaceable(path: Path, option: str, what: str, ours: Callable[[Any], 
     if not os.access(path, os.R_OK):
         raise ValueError(f"{option} {path}: cannot read the existing file to see what it holds")
     try:
-        if size > LARGEST_OWN_FILE or not ours(read_json(path, what, finite=False)):
+        if size > largest or not ours(read_json(path, what, finite=False)):
             raise ValueError
     except ValueError:
         raise ValueError(
             f"{option} {path}: the file exists and is not {what}; it would be overwritten (a "
             "trace, a policy or a profile?): give another path, or remove it"
         ) from None
+
+
+def check_results_dir(out: Path) -> None:
+    """Raise ValueError if the report directory `out` holds a ``results.json`` that no
+    batchpilot report wrote (compare, paper and quickstart write theirs there)."""
+    check_replaceable(
+        out / "results.json",
+        "--out",
+        "a results file a batchpilot report wrote",
+        lambda data: isinstance(data, dict) and "command" in data,
+        largest=LARGEST_RESULTS_FILE,
+    )
 
 
 def write_json(path: Path, data: object, indent: int | None = 2) -> None:

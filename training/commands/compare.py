@@ -46,6 +46,7 @@ from batchpilot.training.commands.common import (
     WORKLOAD_HELP,
     add_engine_arguments,
     check_output,
+    check_results_dir,
     command_line,
     once,
     parse_workload,
@@ -216,6 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.out is None:
         raise ValueError("--out DIR is required (the report directory)")
     check_output(args.out, "--out", directory=True)
+    check_results_dir(args.out)
     engine = args.engine or "sim"
     seeds, tuning, default_controllers = DEFAULT_SEEDS, DEFAULT_TUNING_SEEDS, DEFAULT_CONTROLLERS
     num_requests = args.num_requests

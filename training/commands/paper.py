@@ -165,11 +165,12 @@ def scenarios(
 
 
 def main(args: argparse.Namespace) -> int:
-    from batchpilot.training.commands.common import check_output, write_json
+    from batchpilot.training.commands.common import check_output, check_results_dir, write_json
     from batchpilot.training.evaluate import StaticGrid, evaluate
     from batchpilot.training.report import write_report
 
     check_output(args.out, "--out", directory=True)
+    check_results_dir(args.out)
     target = CapacityTarget.parse(args.capacity_slo, num_requests=args.capacity_requests)
     schedulers = [s.strip() for s in args.schedulers.split(",")]
     if not all(schedulers) or set(schedulers) - set(SCHEDULERS):

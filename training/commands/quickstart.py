@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.training.commands.common import DEFAULT_WORKLOAD, SEEDS, parse_workload, path_arg
+from batchpilot.training.commands.common import (
+    DEFAULT_WORKLOAD,
+    SEEDS,
+    check_output,
+    check_results_dir,
+    parse_workload,
+    path_arg,
+)
 
 if TYPE_CHECKING:
     from batchpilot.training.train import TrainConfig
@@ -68,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
     from batchpilot.training.policy_report import compare_policy, learned_verdict
     from batchpilot.training.train import load_config, train
 
+    check_output(args.out, "--out", directory=True)
+    check_results_dir(args.out)  # before training: compare would refuse it after
     config = args.config or Path(str(files("batchpilot.training") / "configs" / QUICK_CONFIG))
     cfg = load_config(config)
     profile, workloads, options = comparison(cfg, args.workload)  # a problem stops it early
@@ -113,11 +122,15 @@ def comparison(
     is a `ValueError` before any training)."""
     from batchpilot.agents.callbacks import EvalScenario
     from batchpilot.envs.batching_env import profile_weights
+    from batchpilot.envs.traces import SKIP_HINT, TraceError
     from batchpilot.envs.workloads import make_workload
 
     parsed = [parse_workload(text) for text in workloads or []]
     for source, arrival in parsed:
-        make_workload(source, arrival, num_requests=1)
+        try:
+            make_workload(source, arrival, num_requests=1)
+        except TraceError as exc:  # quickstart has no --bad-rows to point to
+            raise TraceError(str(exc).replace(f" ({SKIP_HINT})", "")) from None
     if twice := next((w for i, w in enumerate(parsed) if w in parsed[:i]), None):
         raise ValueError(f"--workload {'@'.join(twice)} is given twice")  # compare refuses it
     # the simulated scheduler trained on (a config that sets one)
