@@ -101,15 +101,18 @@ def test_a_fit_the_loader_would_refuse_is_not_written(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def calibrate_argv(tmp_path: Path, option: str, path: Path) -> list[str]:
+    """``calibrate`` of a model that does not exist (no engine starts), its outputs in
+    `tmp_path` but `option`'s at `path`."""
+    paths = {"--out": tmp_path / "p.json", "--samples": tmp_path / "s.json", option: path}
+    return ["calibrate", "--model", str(tmp_path / "none"), *(x for f, p in paths.items() for x in (f, str(p)))]
+
+
 @pytest.mark.parametrize("option", ["--out", "--samples"])
 def test_calibrate_checks_its_outputs_before_measuring(tmp_path: Path, capsys, option) -> None:
     """A directory where a file goes fails at once, not after the measurement (here the model
     does not even exist: no engine is started)."""
-    paths = {"--out": tmp_path / "p.json", "--samples": tmp_path / "s.json", option: tmp_path}
-    argv = ["calibrate", "--model", str(tmp_path / "none")]
-    for flag, path in paths.items():
-        argv += [flag, str(path)]
-    assert cli(argv) == 2
+    assert cli(calibrate_argv(tmp_path, option, tmp_path)) == 2
     assert f"{option} {tmp_path}: is a directory, not a file" in capsys.readouterr().err
 
 
@@ -269,18 +272,10 @@ def test_calibrate_overwrites_no_other_file(tmp_path: Path, capsys, option: str)
     once the calibration finished; a pipe blocked the write for ever."""
     trace = tmp_path / "trace.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,50\n")
-    paths = {"--out": tmp_path / "p.json", "--samples": tmp_path / "s.json", option: trace}
-    argv = ["calibrate", "--model", str(tmp_path / "none")]
-    for flag, path in paths.items():
-        argv += [flag, str(path)]
-    assert cli(argv) == 2
+    assert cli(calibrate_argv(tmp_path, option, trace)) == 2
     assert f"{option} {trace}: the file exists and is not " in capsys.readouterr().err
     os.mkfifo(tmp_path / "fifo")
-    paths[option] = tmp_path / "fifo"
-    argv = ["calibrate", "--model", str(tmp_path / "none")]
-    for flag, path in paths.items():
-        argv += [flag, str(path)]
-    assert cli(argv) == 2
+    assert cli(calibrate_argv(tmp_path, option, tmp_path / "fifo")) == 2
     assert "is not a regular file (a pipe or device)" in capsys.readouterr().err
 
 
