@@ -30,9 +30,9 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO_BOUNDS_MS
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 EPS_MS = 10.0
+"""eps_D's default, the tolerance band around the target (ms)."""
 CHUNK_DEFAULTS = {"chunk_min": 256, "chunk_alpha": 512, "chunk_delta": 64}
 """The token-budget search's keywords (read with ``chunk=1`` alone) and their defaults."""
-"""eps_D's default, the tolerance band around the target (ms)."""
 
 
 class RecentMeans:

@@ -464,3 +464,17 @@ def test_serve_leaves_a_users_async_scheduling_alone(flags: list[str]) -> None:
     args = build_parser().parse_args(["serve", "m", "--controller", "static:3", *flags])
     cmd, _ = vllm_command(split_arguments(args))
     assert cmd.count("--no-async-scheduling") == (0 if flags else 1)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--seed", "1", "--seed", "2"],
+        ["profiles", "build", "--model", "llama-2-7b", "--gpu", "h100", "--out", "a.json", "--out", "b.json"],
+    ],
+)
+def test_an_option_given_twice_is_refused_in_every_command(argv: list[str], capsys) -> None:
+    """argparse kept the last value silently; a nested subcommand (profiles build) too."""
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "given more than once; give it once" in capsys.readouterr().err

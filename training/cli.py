@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from batchpilot.training.commands.common import once
+from batchpilot.training.commands.common import OnceParser
 
 SUBCOMMANDS = {
     "simulate": "Run a workload through the simulated engine with one controller.",
@@ -25,7 +25,7 @@ SUBCOMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OnceParser(  # an option given twice is refused, in every (sub)command
         prog="batchpilot",
         description=(
             "Tune how an LLM serving engine batches requests: simulate vLLM's scheduler, "
@@ -42,9 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
             description=(module.__doc__ or help_text).strip(),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        # an option given twice is refused, not the first value dropped (argparse's store)
-        p.register("action", None, once())
-        p.register("action", "store", once())
         module.add_arguments(p)
         p.set_defaults(_main=module.main)
     return parser

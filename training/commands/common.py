@@ -86,6 +86,16 @@ def once(hint: str = "give it once") -> type[argparse.Action]:
     return Once
 
 
+class OnceParser(argparse.ArgumentParser):
+    """An argument parser whose options (and its subparsers', which are of its class) refuse
+    being given twice (`once`) where argparse would keep the last value silently."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, once())
+        self.register("action", "store", once())
+
+
 def one_controller(command: str) -> Callable[[str], str]:
     """An argparse ``type=`` for `command`, which runs one controller (a comma separates
     specs)."""
