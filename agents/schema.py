@@ -22,19 +22,29 @@ Check = Callable[[Any], str | None]
 """A value check: None if the value is fine, else what is wrong with it."""
 
 
+EXACT_COUNT = 2**53
+"""The largest count a float holds exactly: a whole float up to it is read as that count
+(YAML reads ``1e6`` as a float), one past it stays a float."""
+
+
+def whole_float(value: Any) -> bool:
+    """Whether `value` is a float with a whole value (any size)."""
+    return isinstance(value, float) and value.is_integer()
+
+
 def number(low: float, high: float, *, integer: bool = False, low_open: bool = False) -> Check:
     """A finite number in [low, high] ((low, high] with `low_open`); a whole one if `integer`."""
+    span = f"{'(' if low_open else '['}{_bound(low)}, {_bound(high)}]"
 
     def check(value: Any) -> str | None:
         kind = int if integer else (int, float)
-        # a whole float past 2^53 (not read as a count): its range is the problem, if any
-        huge = isinstance(value, float) and value.is_integer() and abs(value) > 2**53
-        if huge and not low <= value <= high:
-            return f"{value!r} is outside {'(' if low_open else '['}{_bound(low)}, {_bound(high)}]"
+        # a whole float past EXACT_COUNT (not read as a count): its range is the problem, if any
+        if whole_float(value) and abs(value) > EXACT_COUNT and not low <= value <= high:
+            return f"{value!r} is outside {span}"
         if isinstance(value, bool) or not isinstance(value, kind):
             return f"{value!r} is not {'a whole number' if integer else 'a number'}"
         if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
-            return f"{value!r} is outside {'(' if low_open else '['}{_bound(low)}, {_bound(high)}]"
+            return f"{value!r} is outside {span}"
         return None
 
     return check
@@ -82,8 +92,7 @@ def type_problem(value: Any, annotation: Any) -> str | None:
     if annotation is bool:
         return None if isinstance(value, bool) else f"{value!r} is not true or false"
     if annotation is int:
-        if isinstance(value, float) and value.is_integer() and abs(value) > 2**53:
-            # whole floats are read as counts up to 2^53 (exact); past it one stays a float
+        if whole_float(value) and abs(value) > EXACT_COUNT:  # past it, not read as a count
             return f"{value!r} is too large for a count (past 2^53)"
         ok = isinstance(value, int) and not isinstance(value, bool)
         return None if ok else f"{value!r} is not of type int"

@@ -42,12 +42,14 @@ from typing import Any
 
 from batchpilot.agents.imitation import Collector, ImitationSpec, round_seeds
 from batchpilot.agents.schema import (
+    EXACT_COUNT,
     Check,
     dataclass_hints,
     mapping_problems,
     number,
     signature_hints,
     unknown_key,
+    whole_float,
 )
 from batchpilot.baselines.specs import split_specs
 from batchpilot.envs import ENV_ID
@@ -85,6 +87,14 @@ class TrainConfig:
     (the references; the trained policy is added); None: no report."""
     hyperparams: dict[str, Any] = field(default_factory=dict)
     """Every other key: keyword arguments of the algorithm (PPO)."""
+
+    @property
+    def sim_engine_kwargs(self) -> dict[str, Any]:
+        """`SimEngine` keywords of the engine trained on ({} for a vLLM run: its keywords
+        are vLLM's, and its evaluations run the default simulator)."""
+        if self.env_kwargs.get("engine", "sim") != "sim":
+            return {}
+        return dict(self.env_kwargs.get("engine_kwargs") or {})
 
     @property
     def control_interval(self) -> str:
@@ -287,7 +297,7 @@ def config_problems(body: dict[str, Any]) -> list[str]:
 
 def _whole_number(value: Any) -> Any:
     """`value` as an int if it is a whole-number float up to 2^53 (still exact), else as is."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+    if whole_float(value) and abs(value) <= EXACT_COUNT:
         return int(value)
     return value
 
@@ -458,12 +468,8 @@ def _eval_scenario(cfg: TrainConfig, slo: str) -> Any:
 
     given = {k: v for k, v in (cfg.eval or {}).items() if k != "freq"}
     scenario = {"profile": [], "workload": []} | given
-    # the simulated engine trained on; a vLLM run's keywords are vLLM's (evaluated in the
-    # simulator as it is by default)
-    sim = cfg.env_kwargs.get("engine", "sim") == "sim"
-    engine_kwargs = (cfg.env_kwargs.get("engine_kwargs") or {}) if sim else {}
     return EvalScenario(
-        slo=slo, interval=cfg.control_interval, engine_kwargs=engine_kwargs, **scenario
+        slo=slo, interval=cfg.control_interval, engine_kwargs=cfg.sim_engine_kwargs, **scenario
     )
 
 

@@ -276,9 +276,9 @@ def check_output(path: Path, option: str, *, directory: bool, replaced: bool = F
         if not os.access(path, os.W_OK):
             raise ValueError(f"{option} {path}: is not writable")
         return
-    target = path if directory else written(path)
-    existing = next(p for p in (*([target] if directory else []), *target.parents) if p.exists())
-    if existing != target and not existing.is_dir():
+    start = path if directory else written(path).parent  # a file: where the rename writes
+    existing = next(p for p in (start, *start.parents) if p.exists())
+    if not existing.is_dir():  # an existing `path` is a directory here (checked above)
         raise ValueError(f"{option} {path}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"{option} {path}: {existing} is not writable")

@@ -121,22 +121,20 @@ def comparison(
     given, in place of the config's (with compare's defaults), each checked here (a bad one
     is a `ValueError` before any training)."""
     from batchpilot.agents.callbacks import EvalScenario
+    from batchpilot.baselines.specs import given_twice
     from batchpilot.envs.batching_env import profile_weights
     from batchpilot.envs.traces import SKIP_HINT, TraceError
     from batchpilot.envs.workloads import make_workload
 
-    parsed = [parse_workload(text) for text in workloads or []]
-    for source, arrival in parsed:
+    for text in workloads or []:
         try:
-            make_workload(source, arrival, num_requests=1)
+            make_workload(*parse_workload(text), num_requests=1)
         except TraceError as exc:  # quickstart has no --bad-rows to point to
             raise TraceError(str(exc).replace(f" ({SKIP_HINT})", "")) from None
-    if twice := next((w for i, w in enumerate(parsed) if w in parsed[:i]), None):
-        raise ValueError(f"--workload {'@'.join(twice)} is given twice")  # compare refuses it
-    # the simulated scheduler trained on (a config that sets one)
-    scheduler = (cfg.env_kwargs.get("engine_kwargs") or {}).get("scheduler")
-    simulated = cfg.env_kwargs.get("engine", "sim") == "sim"
-    engine = ["--scheduler", scheduler] if scheduler and simulated else []
+    if twice := given_twice(workloads or [], key=str):
+        raise ValueError(f"--workload {twice} is given twice")  # compare refuses it
+    scheduler = cfg.sim_engine_kwargs.get("scheduler")  # the one trained on, if set
+    engine = ["--scheduler", scheduler] if scheduler else []
     if not cfg.eval:
         given = cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
         return next(iter(profile_weights(given))), workloads or [DEFAULT_WORKLOAD], engine
