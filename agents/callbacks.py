@@ -32,7 +32,12 @@ from batchpilot.envs.sim_engine import SimEngine
 from batchpilot.envs.step_models import brief
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload
-from batchpilot.envs.workloads import is_trace_file, make_workload, trace_window
+from batchpilot.envs.workloads import (
+    is_trace_file,
+    make_workload,
+    short_trace_note,
+    trace_window,
+)
 
 RANK_FLOOR = 1e-6
 """The least goodput a run counts with in a checkpoint's geometric mean (`geometric_mean`): a
@@ -128,12 +133,8 @@ class EvalScenario:
                 drawn = self._workload(spec, self.seeds[0], get_profile(name).max_model_len)
             except (ValueError, OSError) as exc:
                 raise ValueError(f"workload {spec!r} on {name}: {exc}") from None
-            asked = spec.get("num_requests")
-            note = (
-                f"note: eval workload {spec['source']}: the trace holds {len(drawn):,} requests, "
-                f"fewer than the {asked:,} asked for; every run takes the whole trace"
-                if asked is not None and is_trace_file(spec["source"]) and len(drawn) < asked
-                else None
+            note = is_trace_file(spec["source"]) and short_trace_note(
+                f"eval workload {spec['source']}", len(drawn), spec.get("num_requests")
             )
             if note and note not in notes:
                 notes.append(note)

@@ -26,6 +26,7 @@ from batchpilot.envs.workloads import (
     draw_probabilities,
     is_trace_file,
     make_workload,
+    short_trace_note,
     trace_window,
 )
 
@@ -428,13 +429,10 @@ class BatchingEnv(gym.Env):
                         raise ValueError(
                             f"workload {i} ({spec.source} @ {spec.arrival}) on {p.name}: {exc}"
                         ) from None
-                    short = is_trace_file(spec.source) and len(drawn) < spec.num_requests
-                    note = (
-                        f"note: workload {i} ({spec.source}): the trace holds "
-                        f"{len(drawn):,} requests, fewer than the {spec.num_requests:,} asked "
-                        "for; every episode takes the whole trace"
+                    note = is_trace_file(spec.source) and short_trace_note(
+                        f"workload {i} ({spec.source})", len(drawn), spec.num_requests, "episode"
                     )
-                    if short and note not in notes:
+                    if note and note not in notes:
                         notes.append(note)
         return notes
 

@@ -118,6 +118,17 @@ def trace_window(
     return num_requests, int(rng.integers(0, spare + 1))
 
 
+def short_trace_note(label: str, held: int, asked: int | None, each: str = "run") -> str | None:
+    """The note for a trace file that holds fewer requests than `asked` (every `each` takes
+    the whole trace, `trace_window`), labelled `label`; None where it holds enough."""
+    if asked is None or held >= asked:
+        return None
+    return (
+        f"note: {label}: the trace holds {held:,} request{'s' if held != 1 else ''}, fewer "
+        f"than the {asked:,} asked for; every {each} takes the whole trace"
+    )
+
+
 def make_workload(
     source: str = DEFAULT_SOURCE,
     arrival: str | Arrival = "replay",

@@ -45,7 +45,13 @@ from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
 from batchpilot.envs.workload import DEFAULT_OVERLONG, SCALE_BOUNDS, Workload, scale_range
-from batchpilot.envs.workloads import FIXED_PREFIX, is_trace_file, make_workload, trace_window
+from batchpilot.envs.workloads import (
+    FIXED_PREFIX,
+    is_trace_file,
+    make_workload,
+    short_trace_note,
+    trace_window,
+)
 from batchpilot.training.engines import check_engine, make_engine
 
 DEFAULT = "default"
@@ -255,12 +261,8 @@ def short_traces(scenarios: Sequence[Scenario]) -> list[str]:
     for sc in scenarios:
         if sc.is_trace_file and sc.num_requests is not None:
             total = len(load_trace(sc.source, bad_rows=sc.bad_rows))
-            if sc.num_requests > total:
-                notes.append(
-                    f"note: {sc.name}: the trace holds {total:,} "
-                    f"request{'s' if total != 1 else ''}, fewer than the "
-                    f"{sc.num_requests:,} asked for; every run takes the whole trace"
-                )
+            if note := short_trace_note(sc.name, total, sc.num_requests):
+                notes.append(note)
     return notes
 
 

@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from batchpilot.envs.profile_tables import load_tables
@@ -166,12 +167,12 @@ def measure(arch: Architecture, repeats: int, tp: int = 1) -> dict:
     }
 
 
-def all_reduce_s(profile: EngineProfile, tokens: int) -> float:
-    """The profile's all-reduce time in a step of `tokens` tokens: two per layer of tokens x
+def all_reduce_s(profile: EngineProfile) -> Callable[[int], float]:
+    """The profile's all-reduce time in a step of so many tokens: two per layer of tokens x
     hidden x 2 bytes, read off Vidur's NCCL table of its GPU and TP (0 at TP 1)."""
     tp = profile.tensor_parallel_size
     if tp == 1:
-        return 0.0
+        return lambda tokens: 0.0
     arch = next((a for a in ARCHITECTURES.values() if a.title == profile.model), None)
     gpu = next((g for g in GPUS.values() if g.title == profile.gpu), None)
     if arch is None or gpu is None or gpu.vidur_network is None:
@@ -180,7 +181,7 @@ def all_reduce_s(profile: EngineProfile, tokens: int) -> float:
             f"known model and an NVLink GPU ({profile.model} on {profile.gpu} is not)"
         )
     net = load_tables()["all_reduce"][gpu.vidur_network][str(tp)]
-    return arch.layers * all_reduce_layer_ms(arch, net, tokens) * 1e-3
+    return lambda tokens: arch.layers * all_reduce_layer_ms(arch, net, tokens) * 1e-3
 
 
 def compare(data: dict, profile: EngineProfile) -> list[dict]:
@@ -191,14 +192,14 @@ def compare(data: dict, profile: EngineProfile) -> list[dict]:
         raise SystemExit(
             f"the measurement is of TP {tp}, {profile.name} of TP {profile.tensor_parallel_size}"
         )
-    step = profile.step
+    step, all_reduce = profile.step, all_reduce_s(profile)
     cpu = getattr(step, "step_overhead_s", 0.0), getattr(step, "seq_overhead_s", 0.0)
     rows = []
     for case in data["cases"]:
         p, b, c = case["prefill_tokens"], case["decode_seqs"], case["decode_context"]
         seqs = (1 if p else 0) + b
         model_s = step.time(1 if p else 0, p, p, p * p, b, b * c) - cpu[0] - cpu[1] * seqs
-        model_s -= all_reduce_s(profile, p + b)
+        model_s -= all_reduce(p + b)
         rows.append(case | {"model_ms": model_s * 1e3, "ratio": model_s * 1e3 / case["ms"]})
     return rows
 
