@@ -280,3 +280,18 @@ def test_a_learned_policy_is_found_in_any_part_of_a_spec(spec: str, learned: boo
     from batchpilot.agents.specs import is_learned
 
     assert is_learned(spec) is learned
+
+
+def test_a_static_limit_over_the_engines_cap_is_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = SimEngine(get_profile("llama-2-7b-a100"))
+    caplog.set_level("WARNING", logger="batchpilot.static")
+    make_controller("static:64:4096").reset(engine)
+    assert not caplog.records
+    over = make_controller(f"static:{engine.max_num_seqs + 1}:{engine.max_num_batched_tokens * 2}")
+    over.reset(engine)
+    over.reset(engine)
+    assert len(caplog.records) == 1
+    assert f"max_num_seqs {engine.max_num_seqs + 1:,} is over the engine's cap" in caplog.text
+    assert "max_num_batched_tokens" in caplog.text

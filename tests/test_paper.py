@@ -162,6 +162,9 @@ def test_bad_schedulers_are_named_before_anything_runs(
         # its advice was "--interval 500ms", a flag paper has not
         (["--controllers-extra", "alg1,policy:training/reports/learned/policy.onnx"],
          "policy:training/reports/learned/policy.onnx is a learned policy, which decides at"),
+        (["--controllers-extra", "alg1,alg1"], "--controllers-extra names alg1 twice"),
+        (["--controllers-extra", "static:8,static:08"],
+         "--controllers-extra names static:8 and static:08 twice"),
     ],
 )
 def test_a_bad_out_or_capacity_slo_is_named_before_table_one_runs(
@@ -215,3 +218,24 @@ def test_a_bad_gsm8k_row_is_named_without_an_option_paper_lacks(tmp_path) -> Non
     with pytest.raises(argparse.ArgumentTypeError) as err:
         gsm8k_source(str(bad))
     assert str(err.value) == f"{bad}:2: output_tokens_llama2 is 0; a request needs at least 1 token"
+
+
+def test_an_extra_controller_a_table_already_runs_runs_once(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """static:0256 is Table I's static:256: it was run a second time beside it."""
+    from batchpilot.training import evaluate
+    from batchpilot.training.cli import main
+
+    asked: list[list[str]] = []
+
+    def record(scenarios, controllers, *args, **kwargs):
+        asked.append(controllers)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "evaluate", record)
+    argv = ["paper", "--out", str(tmp_path / "out"), "--no-progress",
+            "--controllers-extra", "static:0256,alg1"]
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert asked == [["static:256", "alg1", "alg1+alg2", "oracle"]]

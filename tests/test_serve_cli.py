@@ -263,6 +263,8 @@ def test_bad_controller_spec_fails_before_vllm_is_imported(tmp_path) -> None:
         (["--slo", "ttft:100", "{tmp}", "--controller", "alg1", "--slo", "tpot:5"],
          "--slo: given before and after MODEL"),
         (["{tmp}", "--controller", "alg1,alg2"], "names several controllers; serve runs one"),
+        # its hint was "alg1+ takes the smallest of their limits", itself a bad spec
+        (["{tmp}", "--controller", "alg1,"], "'alg1,': an empty controller spec between commas"),
         # an object-store URI is vLLM's to read, not a missing directory
         (["s3://bucket/llama", "--controller", "nonsense"], "unknown controller 'nonsense'"),
         # each started vLLM, which ended in a traceback

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from batchpilot.baselines.specs import ControllerSpecError, split_specs
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.output_files import replace_file, streamed, written
 from batchpilot.envs.plain_numbers import plain_float, plain_int
@@ -102,11 +103,14 @@ def one_controller(command: str) -> Callable[[str], str]:
 
     def parse(spec: str) -> str:
         if "," in spec:
-            plus = spec.replace(",", "+")
+            try:
+                specs = split_specs(spec)
+            except ControllerSpecError as exc:
+                raise argparse.ArgumentTypeError(f"{spec!r}: {exc}") from None
             raise argparse.ArgumentTypeError(
-                f"{spec!r} names several controllers; {command} runs one ({plus} takes the "
-                f"smallest of their limits; to compare them: batchpilot compare --controllers "
-                f"{spec})"
+                f"{spec!r} names several controllers; {command} runs one ({'+'.join(specs)} "
+                "takes the smallest of their limits; to compare them: batchpilot compare "
+                f"--controllers {','.join(specs)})"
             )
         return spec
 

@@ -21,7 +21,7 @@ import argparse
 from typing import Any
 
 from batchpilot.agents.specs import is_learned
-from batchpilot.baselines.specs import split_specs
+from batchpilot.baselines.specs import given_twice, spec_key, split_specs
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import SKIP_HINT, load_trace
 from batchpilot.training.commands.common import (
@@ -184,6 +184,8 @@ def main(args: argparse.Namespace) -> int:
         extra = split_specs(args.controllers_extra) if args.controllers_extra.strip() else []
     except ValueError as exc:
         raise ValueError(f"--controllers-extra {args.controllers_extra!r}: {exc}") from None
+    if twice := given_twice(extra):
+        raise ValueError(f"--controllers-extra names {twice} twice")
     if learned := [c for c in extra if is_learned(c)]:
         raise ValueError(
             f"--controllers-extra: {learned[0]} is a learned policy, which decides at the "
@@ -193,8 +195,10 @@ def main(args: argparse.Namespace) -> int:
         )
 
     def controllers(base: str) -> list[str]:
+        """`base`, then the extras it does not name (by `spec_key`: static:0256 is static:256)."""
         names = base.split(",")
-        return names + [c for c in extra if c not in names]
+        have = {spec_key(n) for n in names}
+        return names + [c for c in extra if spec_key(c) not in have]
 
     r1 = evaluate(t1, controllers(TABLE1_CONTROLLERS), [0], **common)
     r2 = evaluate(
