@@ -1474,3 +1474,10 @@ def test_shipped_configs_build_their_envs(name: str) -> None:
     obs, _ = env.reset(seed=0)
     assert env.observation_space.contains(obs)
     env.close()
+
+
+def test_a_config_path_may_be_a_string() -> None:
+    """The Python API took `str` for a trace but not for a config (an AttributeError)."""
+    assert load_config("training/configs/quick.yml") == load_config(
+        Path("training/configs/quick.yml")
+    )

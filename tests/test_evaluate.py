@@ -881,6 +881,16 @@ def test_compare_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture
             capsys.readouterr().err
         )
     assert (mine / "results.json").read_text() == '{"mine": 1}'
+    pages = tmp_path / "pages"  # its report.md was replaced, and plots it linked removed
+    pages.mkdir()
+    (pages / "report.md").write_text("![a](a-timeline.png)\n")
+    (pages / "a-timeline.png").write_text("mine")
+    for command in (["compare", "--controllers", "alg1"], ["paper"], ["quickstart"]):
+        assert main([*command, "--out", str(pages), "--no-progress"]) == 2, command
+        assert "holds report.md but no results.json, so no batchpilot report wrote it" in (
+            capsys.readouterr().err
+        )
+    assert (pages / "a-timeline.png").read_text() == "mine"
     assert main(["compare", "--workload", "embedded:gsm8k", "--out", str(tmp_path)]) == 2
     assert "SOURCE@ARRIVAL" in capsys.readouterr().err
     assert main(["compare", "--suite", "nope", "--out", str(tmp_path)]) == 2

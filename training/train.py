@@ -343,9 +343,10 @@ def whole_counts(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def load_config(path: Path) -> TrainConfig:
+def load_config(path: str | os.PathLike[str]) -> TrainConfig:
     """Parse and check a whole config file up front; errors name the file and every bad key
     (a missing file, a directory or a pipe too)."""
+    path = Path(path)
     if not regular_file(path, "a YAML config"):
         raise ValueError(f"config {path} does not exist")
     body = whole_counts(_body(path))

@@ -327,9 +327,21 @@ def check_replaceable(
         ) from None
 
 
+REPORT_PAGES = ("report.md", "report.html")
+"""The pages a report writes beside its ``results.json``."""
+
+
 def check_results_dir(out: Path) -> None:
     """Raise ValueError if the report directory `out` holds a ``results.json`` that no
-    batchpilot report wrote (compare, paper and quickstart write theirs there)."""
+    batchpilot report wrote (compare, paper and quickstart write theirs there), or report
+    pages without one (a directory some other tool wrote)."""
+    if not (out / "results.json").exists() and (
+        pages := [name for name in REPORT_PAGES if (out / name).exists()]
+    ):
+        raise ValueError(
+            f"--out {out}: holds {' and '.join(pages)} but no results.json, so no batchpilot "
+            "report wrote it; choose a new or empty directory"
+        )
     check_replaceable(
         out / "results.json",
         "--out",
