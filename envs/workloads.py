@@ -147,8 +147,9 @@ def make_workload(
     Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the
     first N requests of a trace (all of it by default; a trace that holds fewer is an
     error) or draws N from an embedded table or a fixed source (`DRAWN_REQUESTS` by default); with
-    `window_start`, a trace's N requests from that one on instead, their arrival times those
-    of the whole trace's draw, shifted to start at 0 (a window of the whole replay).
+    `window_start`, a trace's N requests from that one on instead: a replay replays their own
+    times from 0, any other process draws the N arrivals alone (a rate step or ramp falls
+    within the run).
     `max_model_len` with `overlong` applies the context policy. `bad_rows` (`BAD_ROWS`)
     says what a trace file's bad rows do (`load_trace`); those left out are counted in the
     workload.
@@ -219,18 +220,16 @@ def make_workload(
                 "(replay reads Azure, BurstGPT, Vidur, Mooncake and Bailian traces' times)"
             )
         window = ""
-        if window_start is None:
-            times = process.times(n, rng, trace.arrival_s)
-        else:
+        if window_start is not None:
             if not 0 <= window_start <= len(trace) - n:
                 raise WorkloadError(
                     f"{source}: window_start {window_start} with {n} requests runs past the "
                     f"trace's {len(trace)} requests"
                 )
             first = window_start
-            times = process.times(len(trace), rng, trace.arrival_s)[first : first + n]
-            times = times - times[0]
             window = f"[{first}:{first + n}]"
+        own = None if trace.arrival_s is None else trace.arrival_s[first:]
+        times = process.times(n, rng, own)
         read = ""
         if process.kind == "replay" and n > 1:  # the rate read: a wrong time unit shows here
             span = float(times[-1] - times[0])

@@ -722,20 +722,29 @@ def test_trace_window_varies_with_the_seed(tmp_path: Path) -> None:
         assert list(EvalScenario._workload(spec, seed, 4096).requests) == list(workload.requests)
 
 
-@pytest.mark.parametrize("arrival", ["replay:2", "gamma:3:2"])
-def test_a_trace_window_is_that_part_of_the_whole_traces_draw(tmp_path: Path, arrival: str) -> None:
-    """Only the window's requests are built (a week-long trace holds millions), as they
-    would be cut from the whole trace's."""
+def test_a_trace_window_replays_its_part_and_draws_other_arrivals_alone(tmp_path: Path) -> None:
+    """Only the window's requests are built (a week-long trace holds millions). A replay
+    replays that part of the trace; any other process draws the window's arrivals alone, so
+    a rate step falls within the run (cut from the whole trace's draw, the step fell in its
+    first requests and every window ran at the later rate alone)."""
     trace = tmp_path / "t.csv"
     rows = "\n".join(f"2023-11-16 18:15:{i // 10:02d}.{i % 10}000000,{100 + i},{10 + i}" for i in range(300))
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + "\n")
-    whole = make_workload(str(trace), arrival, seed=4).requests
-    part = make_workload(str(trace), arrival, num_requests=50, seed=4, window_start=120)
+    whole = make_workload(str(trace), "replay:2", seed=4).requests
+    part = make_workload(str(trace), "replay:2", num_requests=50, seed=4, window_start=120)
     t0 = whole[120].arrival_s
     assert list(part.requests) == [replace(r, arrival_s=r.arrival_s - t0) for r in whole[120:170]]
     assert part.name.endswith("[120:170]")
+    steps = "steps:1@0,10@20"
+    stepped = make_workload(str(trace), steps, num_requests=50, seed=4, window_start=120)
+    first = make_workload(str(trace), steps, num_requests=50, seed=4)
+    times = [r.arrival_s for r in stepped.requests]
+    assert times == [r.arrival_s for r in first.requests] and times[-1] > 20
+    assert [r.prompt_tokens for r in stepped.requests] == [r.prompt_tokens for r in whole[120:170]]
+    # 20 requests at 2e-6/s span 4 months: refused as the whole trace's 300 (4.7 years)
+    assert len(make_workload(str(trace), "poisson:2e-6", num_requests=20, window_start=9)) == 20
     with pytest.raises(WorkloadError, match="window_start 251 with 50 requests runs past the trace's 300 requests"):
-        make_workload(str(trace), arrival, num_requests=50, window_start=251)
+        make_workload(str(trace), "replay:2", num_requests=50, window_start=251)
     with pytest.raises(WorkloadError, match="window_start needs a trace file and num_requests"):
         make_workload("embedded:gsm8k", "poisson:1", num_requests=5, window_start=0)
 
