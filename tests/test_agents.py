@@ -1443,6 +1443,7 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
         ["embedded:gsm8k@poisson:9", "embedded:azure-conv@gamma:1:3"],
         ["--num-requests", "20"],
     )
+    assert comparison(cfg, bad_rows="skip")[2] == ["--bad-rows", "skip", "--num-requests", "20"]
     run["eval"]["workload"][2]["num_requests"] = 30
     cfg = load_config(write_config(tmp_path / "sizes.yml", data))
     with pytest.raises(ValueError, match=r"one num_requests, but .* on llama-2-70b-a100x4 give 20, 30"):
@@ -1450,11 +1451,16 @@ def test_quickstart_compares_on_the_configs_evaluation_runs(tmp_path: Path) -> N
     del run["eval"]
     cfg = load_config(write_config(tmp_path / "none.yml", data))
     assert comparison(cfg) == ("llama-2-7b-a100", [DEFAULT_WORKLOAD], [])
-    bad = tmp_path / "bad.csv"  # a bad row: its hint named --bad-rows, which quickstart lacks
-    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.000000,100,0\n")
-    with pytest.raises(ValueError, match="GeneratedTokens is 0") as err:
+    bad = tmp_path / "bad.csv"  # a BurstGPT-like failed request: refused, with no way round it
+    bad.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.000000,100,0\n"
+        "2023-11-16 18:15:51.000000,100,9\n"
+    )
+    with pytest.raises(ValueError, match=r"GeneratedTokens is 0.*--bad-rows skip"):
         comparison(cfg, [f"{bad}@replay"])
-    assert "--bad-rows" not in str(err.value)
+    assert comparison(cfg, [f"{bad}@replay"], "skip") == (
+        "llama-2-7b-a100", [f"{bad}@replay"], ["--bad-rows", "skip"]
+    )
     with pytest.raises(ValueError, match="--workload embedded:gsm8k@poisson:2 is given twice"):
         comparison(cfg, ["embedded:gsm8k@poisson:2", "embedded:gsm8k@poisson:2"])  # after training
     # compared on the simulated scheduler it trained on (it was always V1's)

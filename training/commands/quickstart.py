@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
+from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.training.commands.common import (
+    BAD_ROWS_HELP,
     DEFAULT_WORKLOAD,
     SEEDS,
     check_output,
@@ -58,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "num_requests and bad_rows; else compare's default workload",
     )
     parser.add_argument(
+        "--bad-rows",
+        choices=BAD_ROWS,
+        help=f"{BAD_ROWS_HELP} Default: the config's evaluation workloads' bad_rows, else "
+        f"{DEFAULT_BAD_ROWS}",
+    )
+    parser.add_argument(
         "--seeds",
         type=SEEDS,
         default=10,
@@ -79,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
     check_results_dir(args.out)  # before training: compare would refuse it after
     config = args.config or Path(str(files("batchpilot.training") / "configs" / QUICK_CONFIG))
     cfg = load_config(config)
-    profile, workloads, options = comparison(cfg, args.workload)  # a problem stops it early
+    profile, workloads, options = comparison(cfg, args.workload, args.bad_rows)  # stops early
     run_dir, policy = args.out / "run", args.out / "policy.onnx"
     print(f"[1/3] training {cfg.n_timesteps} steps ({config}) -> {run_dir}")
     best = train(cfg, config, run_dir, resume=False, progress=not args.no_progress)
@@ -111,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def comparison(
-    cfg: TrainConfig, workloads: list[str] | None = None
+    cfg: TrainConfig, workloads: list[str] | None = None, bad_rows: str | None = None
 ) -> tuple[str, list[str], list[str]]:
     """The profile, SOURCE@ARRIVAL workloads and further compare options the policy is
     compared with: the config's evaluation runs on its first evaluation profile, with their
@@ -119,25 +127,23 @@ def comparison(
     differ), else compare's default workload on the first training profile, on the simulated
     scheduler trained on; `workloads`, if
     given, in place of the config's (with compare's defaults), each checked here (a bad one
-    is a `ValueError` before any training)."""
+    is a `ValueError` before any training); `bad_rows`, if given, for every workload."""
     from batchpilot.agents.callbacks import EvalScenario
     from batchpilot.baselines.specs import given_twice
     from batchpilot.envs.batching_env import profile_weights
-    from batchpilot.envs.traces import SKIP_HINT, TraceError
     from batchpilot.envs.workloads import make_workload
 
     for text in workloads or []:
-        try:
-            make_workload(*parse_workload(text), num_requests=1)
-        except TraceError as exc:  # quickstart has no --bad-rows to point to
-            raise TraceError(str(exc).replace(f" ({SKIP_HINT})", "")) from None
+        make_workload(*parse_workload(text), num_requests=1, bad_rows=bad_rows or DEFAULT_BAD_ROWS)
     if twice := given_twice(workloads or [], key=str):
         raise ValueError(f"--workload {twice} is given twice")  # compare refuses it
     scheduler = cfg.sim_engine_kwargs.get("scheduler")  # the one trained on, if set
     engine = ["--scheduler", scheduler] if scheduler else []
+    given_rows = ["--bad-rows", bad_rows] if bad_rows else []
     if not cfg.eval:
         given = cfg.env_kwargs.get("profile", DEFAULT_PROFILE)
-        return next(iter(profile_weights(given))), workloads or [DEFAULT_WORKLOAD], engine
+        profile = next(iter(profile_weights(given)))
+        return profile, workloads or [DEFAULT_WORKLOAD], engine + given_rows
     ev = EvalScenario(
         profile=cfg.eval["profile"],
         workload=cfg.eval["workload"],
@@ -146,10 +152,11 @@ def comparison(
     )
     profile = ev.profiles[0]
     if workloads:
-        return profile, workloads, engine
+        return profile, workloads, engine + given_rows
     runs = [w for p, w in ev.runs() if p == profile]
-    options = engine
-    for key in ("num_requests", "bad_rows"):
+    options = engine + given_rows
+    keys = ("num_requests",) if bad_rows else ("num_requests", "bad_rows")  # given, it stands
+    for key in keys:
         values = {w.get(key) for w in runs}
         if len(values) > 1:
             raise ValueError(
