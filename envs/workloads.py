@@ -15,7 +15,7 @@ from batchpilot.envs.embedded import (
 )
 from batchpilot.envs.input_files import user_path
 from batchpilot.envs.plain_numbers import plain_float, plain_int
-from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS, MAX_TOKENS, load_trace
+from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS, MAX_SPAN_S, MAX_TOKENS, load_trace
 from batchpilot.envs.workload import (
     DEFAULT_OVERLONG,
     OverlongPolicy,
@@ -190,6 +190,11 @@ def make_workload(
         names, starts, period = shift_phases(source)
         if process.kind == "replay":
             raise WorkloadError(f"workload {source!r}: a shift has no timestamps to {NO_REPLAY}")
+        if process.kind == "all-at-once" and len(names) > 1:
+            raise WorkloadError(
+                f"workload {source!r}: all-at-once arrives at 0 s, in the first phase alone; "
+                "give the shift a rate (e.g. @poisson:4)"
+            )
         times = process.times(n, rng)
         phase = np.searchsorted(starts, times % period if period else times, side="right") - 1
         prompt, output = _lengths_by_table(names, phase, rng)
@@ -318,10 +323,10 @@ def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
     for part in body.split(","):
         name, sep, start = part.partition("@")
         t = _number(start)
-        if not sep or not np.isfinite(t) or t < 0 or (starts and t <= starts[-1]):
+        if not sep or not 0 <= t <= MAX_SPAN_S or (starts and t <= starts[-1]):
             raise WorkloadError(
                 f"workload {source!r}: {part!r} is not NAME@START_S with starts increasing "
-                "from 0 (e.g. shift:sharegpt@0,azure-code@60/120)"
+                f"from 0, up to {MAX_SPAN_S:.0e} s (e.g. shift:sharegpt@0,azure-code@60/120)"
             )
         embedded_lengths(name)  # names the known tables if unknown
         names.append(name)
@@ -331,10 +336,10 @@ def shift_phases(source: str) -> tuple[list[str], np.ndarray, float | None]:
     period = None
     if slash:
         period = _number(period_text)
-        if not np.isfinite(period) or period <= starts[-1]:
+        if not starts[-1] < period <= MAX_SPAN_S:
             raise WorkloadError(
                 f"workload {source!r}: the period {period_text!r} must be a number of seconds "
-                f"after the last phase's start ({starts[-1]:g})"
+                f"after the last phase's start ({starts[-1]:g}), up to {MAX_SPAN_S:.0e}"
             )
     return names, np.asarray(starts), period
 

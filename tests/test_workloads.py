@@ -888,6 +888,9 @@ def test_shift_source_without_period_stays_in_its_last_phase() -> None:
         ("shift:/data/trace.csv@0", "shift: takes embedded table names, not files"),
         ("shift:traces/x.csv@0", "shift: takes embedded table names, not files"),
         ("shift:/120", "'' is not NAME@START_S"),
+        # never reached, where steps: refuses such times
+        ("shift:sharegpt@0,gsm8k@1e300", "'gsm8k@1e300' is not NAME@START_S .* up to 1e"),
+        ("shift:sharegpt@0,gsm8k@60/1e300", "period '1e300' .* up to 1e"),
     ],
 )
 def test_bad_shift_sources_are_named(source: str, problem: str) -> None:
@@ -921,9 +924,12 @@ def test_arrival_rates_are_plain_numbers() -> None:
     assert Arrival.parse("poisson:2.5e0").rate == 2.5
 
 
-def test_shift_source_cannot_replay() -> None:
+def test_shift_source_cannot_replay_or_arrive_at_once() -> None:
     with pytest.raises(WorkloadError, match="no timestamps"):
         make_workload("shift:gsm8k@0,sharegpt@20", "replay", num_requests=10)
+    with pytest.raises(WorkloadError, match="all-at-once arrives at 0 s, in the first phase"):
+        make_workload("shift:gsm8k@0,sharegpt@20", "all-at-once", num_requests=10)
+    assert len(make_workload("shift:gsm8k@0", "all-at-once", num_requests=10)) == 10
 
 
 def test_a_pretty_printed_json_object_is_named_as_one(tmp_path: Path) -> None:
