@@ -23,6 +23,7 @@ from batchpilot.agents.checkpoint import (
     normalisation,
     read_state,
 )
+from batchpilot.agents.onnx_numpy import EXPORT_OPSET
 from batchpilot.agents.policy import (
     FORMAT,
     FORMAT_VERSION,
@@ -41,8 +42,6 @@ from batchpilot.envs.json_objects import read_json_object
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, goodput_slo, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, checked_fields
 from batchpilot.envs.step_models import brief
-
-OPSET = 17
 
 
 class OnnxablePolicy(th.nn.Module):
@@ -327,7 +326,7 @@ def _write(
         module,
         (th.zeros(1, len(fields)),),
         str(out),
-        opset_version=OPSET,
+        opset_version=EXPORT_OPSET,
         input_names=["observation"],
         output_names=["action"],
         dynamic_axes={"observation": {0: "batch"}, "action": {0: "batch"}},
@@ -354,7 +353,7 @@ def _write(
             "stable_baselines3": sb3.__version__,
             "torch": th.__version__,
             "onnx": onnx.__version__,
-            "opset": OPSET,
+            "opset": EXPORT_OPSET,
         },
         "sha256": sha256(out),
     }

@@ -50,6 +50,10 @@ SUPPORTED_OPS = frozenset(
     }
 )  # fmt: skip
 """The ops `compile_graph` lowers (what `batchpilot export` writes, and a few neighbours)."""
+MIN_OPSET = 11
+"""The oldest ONNX opset lowered: before 11 a Clip's bounds were attributes, not inputs."""
+EXPORT_OPSET = 17
+"""The opset `batchpilot export` writes."""
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
@@ -120,6 +124,13 @@ def compile_graph(data: bytes, n_obs: int, choices: Sequence[int] | None = None)
     except (DecodeError, onnx.checker.ValidationError, ValueError) as exc:  # bad bytes decode
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise GraphError(f"not a loadable ONNX model ({first})") from None
+    opsets = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    newest = onnx.defs.onnx_opset_version()
+    if len(opsets) != 1 or not MIN_OPSET <= opsets[0] <= newest:
+        raise GraphError(
+            f"ONNX opset {opsets[0] if len(opsets) == 1 else opsets} is not lowered "
+            f"(opsets {MIN_OPSET} to {newest} are; `batchpilot export` writes {EXPORT_OPSET})"
+        )
     return Lowering(model.graph, n_obs).act(choices)
 
 
@@ -176,6 +187,10 @@ class Lowering:
             return self.to_array(tensor)
         except ValueError as exc:  # data that does not fit the tensor's type and shape
             raise GraphError(f"tensor {tensor.name!r}: {exc}") from None
+        except KeyError:  # onnx's checker passes an element type it has no numpy type for
+            raise GraphError(
+                f"tensor {tensor.name!r}: unknown element type {tensor.data_type}"
+            ) from None
 
     def weight(self, tensor: TensorProto) -> np.ndarray:
         """An initializer: a constant of finite values (a NaN weight turns every argmax
@@ -231,7 +246,11 @@ class Lowering:
         if op not in SUPPORTED_OPS:
             supported = ", ".join(sorted(SUPPORTED_OPS))
             raise GraphError(f"{where}: op {op!r} is not supported (supported: {supported})")
-        attrs = {a.name: self.attribute(a) for a in node.attribute}
+        try:
+            attrs = {a.name: self.attribute(a) for a in node.attribute}
+        except ValueError as exc:  # a reference attribute (a function's), which has no value
+            first = str(exc).strip().splitlines()[0]
+            raise GraphError(f"{where} ({op}): {first}") from None
         try:
             args = [self.values[name] if name else None for name in node.input]
             result = self.lower_op(op, args, attrs)

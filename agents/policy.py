@@ -214,6 +214,12 @@ def check_not_sidecar(onnx_path: Path) -> None:
 def read_sidecar(onnx_path: Path) -> dict[str, Any]:
     """The sidecar of `onnx_path` (``~`` expanded, as no shell does in ``policy:~/...``),
     checked against the file and this version's layout."""
+    return read_policy_files(onnx_path)[0]
+
+
+def read_policy_files(onnx_path: Path) -> tuple[dict[str, Any], bytes]:
+    """`read_sidecar`'s sidecar, and the .onnx file's bytes its sha256 was checked on: what
+    runs is what was checked, though the file be replaced after (a re-export landing)."""
     onnx_path = user_path(onnx_path, PolicyFileError)
     side = sidecar_path(onnx_path)
     check_not_sidecar(onnx_path)
@@ -251,7 +257,8 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
         raise PolicyFileError(f"{side}: {'; '.join(problems)}")
     if not isinstance(meta.get("sha256"), str):
         raise PolicyFileError(f"{side}: no sha256 of the policy file (re-export the policy)")
-    if meta["sha256"] != sha256(onnx_path):
+    data = onnx_path.read_bytes()
+    if meta["sha256"] != hashlib.sha256(data).hexdigest():
         raise PolicyFileError(
             f"{onnx_path}: sha256 does not match its sidecar: the file was modified or "
             "belongs to another export"
@@ -287,7 +294,7 @@ def read_sidecar(onnx_path: Path) -> dict[str, Any]:
             f"{side}: action {meta['action']} differs from this version's "
             f"{action_layout(mode if mode in MODES else MODES[0])}; retrain with this version"
         )
-    return meta
+    return meta, data
 
 
 def ensemble_fields(fields: Sequence[Sequence[str]]) -> tuple[str, ...]:
@@ -320,11 +327,12 @@ def _check_members(members: Any, fields: list[str], side: Path) -> None:
         )
 
 
-def numpy_act(onnx_path: Path, n_obs: int, mode: str) -> Act:
-    """An `Act` running the ONNX graph with numpy (`batchpilot.agents.onnx_numpy`): the
-    action (2,) is grid indices or moves (`ActionGrid` in `mode`)."""
+def numpy_act(onnx_path: Path, data: bytes, n_obs: int, mode: str) -> Act:
+    """An `Act` running the ONNX graph `data` (of `onnx_path`) with numpy
+    (`batchpilot.agents.onnx_numpy`): the action (2,) is grid indices or moves (`ActionGrid`
+    in `mode`)."""
     try:
-        return compile_graph(onnx_path.read_bytes(), n_obs, ActionGrid(mode).nvec)
+        return compile_graph(data, n_obs, ActionGrid(mode).nvec)
     except ImportError:
         raise PolicyFileError("policy controllers need the onnx package (serve extra)") from None
     except GraphError as exc:
@@ -334,11 +342,11 @@ def numpy_act(onnx_path: Path, n_obs: int, mode: str) -> Act:
 def load_policy(path: str | Path) -> PolicyController:
     """The controller a ``policy:PATH`` spec names, after checking file and sidecar."""
     onnx_path = user_path(path, PolicyFileError)
-    meta = read_sidecar(onnx_path)
+    meta, data = read_policy_files(onnx_path)
     fields = meta["observation"]["fields"]
     slo = SLO.parse(meta["slo"])
     return PolicyController(
-        numpy_act(onnx_path, len(fields), meta["action"]["mode"]),
+        numpy_act(onnx_path, data, len(fields), meta["action"]["mode"]),
         meta["action"]["mode"],
         slo,
         ControlInterval.parse(meta["control_interval"]),

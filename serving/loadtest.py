@@ -129,8 +129,8 @@ def table(result: LoadResult) -> str:
 
     def mean_ms(name: str, per_second: float = 1e3) -> str:
         """The histogram's mean in ms (or another unit: `per_second` of it a second)."""
-        n = m.get(f"{name}_count", 0.0)
-        return f"{m[f'{name}_sum'] / n * per_second:.1f}" if n else "-"
+        n, total = m.get(f"{name}_count", 0.0), m.get(f"{name}_sum")
+        return f"{total / n * per_second:.1f}" if n and total is not None else "-"
 
     rows = [
         ("requests ok / failed", f"{s['requests_ok']} / {s['requests_failed']}"),
@@ -315,6 +315,8 @@ def main() -> None:
     try:  # the server is there before the run, with or without --model
         served = json.load(urllib.request.urlopen(f"{args.url}/v1/models", timeout=10))
         ids = [entry["id"] for entry in served["data"]]
+        if not all(isinstance(i, str) for i in ids):
+            raise TypeError(f"model ids {ids!r} are not all strings")
         model = args.model or ids[0]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         parser.error(f"--url {args.url}: no served model to read ({type(exc).__name__}: {exc})")
@@ -328,11 +330,12 @@ def main() -> None:
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
     )
-    print(table(result))
-    try:
+    try:  # first: the numbers outlive a table a server's odd answer breaks
         args.out.write_text(json.dumps(result.summary(), indent=2, allow_nan=False) + "\n")
-    except OSError as exc:  # the table above still holds the numbers
-        parser.exit(1, f"--out {args.out}: cannot write it ({exc})\n")
+    except OSError as exc:
+        print(table(result))
+        parser.exit(1, f"--out {args.out}: cannot write it ({exc}); the table holds the numbers\n")
+    print(table(result))
     print(f"all numbers: {args.out}")
     if not result.requests_ok:
         parser.exit(1, f"no request succeeded ({result.requests_failed:,} failed)\n")

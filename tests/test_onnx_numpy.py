@@ -480,3 +480,85 @@ def test_an_ensemble_sidecar_from_before_members_named_their_fields_loads(tmp_pa
     path = resealed(tmp_path, _members_before_their_fields)
     obs = np.linspace(-1, 1, COMMITTED_N_OBS, dtype=np.float32)
     np.testing.assert_array_equal(load_policy(path).act(obs), load_policy(COMMITTED).act(obs))
+
+
+def opset_10(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` re-expressed at opset 10: Clip's bounds (tightened, so it bites), Split's sizes
+    and Unsqueeze's axes as attributes, ArgMax without select_last_index."""
+    consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node if n.op_type == "Constant"}
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "Clip":
+            del node.input[1:]
+            node.attribute.extend([helper.make_attribute("min", -0.05), helper.make_attribute("max", 0.05)])
+        elif node.op_type == "Split":
+            sizes = consts[node.input[1]]
+            del node.input[1:]
+            node.attribute.append(helper.make_attribute("split", [int(v) for v in sizes]))
+        elif node.op_type == "ArgMax":
+            keep = [a for a in node.attribute if a.name != "select_last_index"]
+            del node.attribute[:]
+            node.attribute.extend(keep)
+        elif node.op_type == "Unsqueeze":
+            del node.input[1:]
+            node.attribute.append(helper.make_attribute("axes", [1]))
+        nodes.append(node)
+    used = {i for n in nodes for i in n.input}
+    nodes = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] not in used)]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.opset_import[0].version, model.ir_version = 10, 5
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_an_opset_whose_ops_mean_otherwise_is_refused() -> None:
+    """At opset 10 a Clip's bounds are attributes, which the lowering read as no clip: the
+    file loaded and chose unlike onnxruntime on 439 of 500 observations."""
+    with pytest.raises(GraphError, match=r"ONNX opset 10 is not lowered \(opsets 11 to"):
+        compile_graph(opset_10(onnx.load(COMMITTED)).SerializeToString(), COMMITTED_N_OBS)
+    future = onnx.load(COMMITTED)
+    future.opset_import[0].version = 100_000
+    with pytest.raises(GraphError, match="opset 100000 is not lowered"):
+        compile_graph(future.SerializeToString(), COMMITTED_N_OBS)
+
+
+@pytest.mark.parametrize("where", ["initializer", "Constant"])
+def test_an_unknown_element_type_is_named(where: str) -> None:
+    """A KeyError traceback (initializer), or "input 61 is not defined before it"."""
+    model = onnx.load(COMMITTED)
+    if where == "initializer":
+        model.graph.initializer[0].data_type = 61
+    else:
+        next(n for n in model.graph.node if n.op_type == "Constant").attribute[0].t.data_type = 61
+    with pytest.raises(GraphError, match="unknown element type 61"):
+        compile_graph(model.SerializeToString(), COMMITTED_N_OBS)
+
+
+def test_a_reference_attribute_is_named_with_its_node() -> None:
+    """A function's reference attribute gave a plain ValueError of several protobuf lines."""
+    model = onnx.load(COMMITTED)
+    next(n for n in model.graph.node if n.op_type == "ArgMax").attribute[0].ref_attr_name = "x"
+    with pytest.raises(GraphError, match=r"^node '.*' \(ArgMax\): Cannot get value of reference attribute") as err:
+        compile_graph(model.SerializeToString(), COMMITTED_N_OBS)
+    assert "\n" not in str(err.value)
+
+
+def test_what_runs_is_the_file_its_sha256_was_checked_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file was hashed on one read and compiled from a second: a file replaced between
+    the two ran unchecked."""
+    from batchpilot.agents import policy as policy_module
+
+    path = tmp_path / "p.onnx"
+    path.write_bytes(COMMITTED.read_bytes())
+    sidecar_path(path).write_text(sidecar_path(COMMITTED).read_text())
+    checked = policy_module.read_policy_files
+
+    def replaced_after_the_check(onnx_path):
+        result = checked(onnx_path)
+        path.write_bytes(b"a re-export landing")
+        return result
+
+    monkeypatch.setattr(policy_module, "read_policy_files", replaced_after_the_check)
+    obs = np.zeros(COMMITTED_N_OBS, np.float32)
+    assert np.array_equal(load_policy(path).act(obs), load_policy(COMMITTED).act(obs))

@@ -456,3 +456,27 @@ def test_serve_passes_a_model_path_vllm_can_open(tmp_path: Path, monkeypatch) ->
         assert check_model(str(weights), flag) == str(weights)
     assert check_model("meta-llama/Llama-2-7b-hf", []) == "meta-llama/Llama-2-7b-hf"
     assert check_model("s3://bucket/llama", []) == "s3://bucket/llama"
+
+
+def test_a_server_answering_in_odd_shapes_ends_no_load_test_in_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Model ids that are not strings, and a histogram's count without its sum: tracebacks,
+    the second before the numbers were written."""
+    import io
+
+    from batchpilot.serving import loadtest
+
+    models = json.dumps({"data": [{"id": 1}]}).encode()
+    monkeypatch.setattr(loadtest.urllib.request, "urlopen", lambda *a, **k: io.BytesIO(models))
+    out = tmp_path / "lt.json"
+    monkeypatch.setattr("sys.argv", ["loadtest", "--model", "m", "--out", str(out)])
+    with pytest.raises(SystemExit) as done:
+        loadtest.main()
+    assert done.value.code == 2 and "model ids [1] are not all strings" in capsys.readouterr().err
+    models = json.dumps({"data": [{"id": "m"}]}).encode()
+    odd = loadtest.LoadResult(requests_ok=1, metrics={"vllm:time_to_first_token_seconds_count": 2.0})
+    monkeypatch.setattr(loadtest, "run_load", lambda *a, **k: odd)
+    monkeypatch.setattr("sys.argv", ["loadtest", "--seconds", "0.01", "--out", str(out)])
+    loadtest.main()
+    assert json.loads(out.read_text())["requests_ok"] == 1
