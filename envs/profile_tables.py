@@ -15,7 +15,9 @@ What is derived, per input:
   step up and down with tile quantisation; the tables keep the closest non-decreasing
   fit (isotonic least squares) at knots on a geometric grid of ratio 2^(1/6).
 - ``compute/a100/attention-70b-shape-tp2/attention.csv`` (64 query / 8 KV heads, head dim
-  128, TP 2, FlashAttention on A100): the only attention table. Fitted per layer by
+  128, TP 2, FlashAttention on A100; in a Vidur checkout the TP-2 rows of
+  ``compute/a100/meta-llama/Llama-2-70b-hf/attention.csv``, which holds every TP degree it
+  profiled, are read): the only attention table. Fitted per layer by
   least squares in relative error as an analytic FlashAttention cost: decode
   ``a + c B K`` (B requests of context K: KV bytes read), prefill ``a + alpha C +
   beta C (K + C)`` (a chunk of C tokens after K cached ones). The fit's median and 90th
@@ -49,9 +51,17 @@ LAYER_OPS = (
     "add",
     "add",  # two residual adds per layer
 )
-ATTENTION_TABLE = "compute/a100/attention-70b-shape-tp2/attention.csv"
+ATTENTION_TABLES = (
+    "compute/a100/attention-70b-shape-tp2/attention.csv",
+    "compute/a100/meta-llama/Llama-2-70b-hf/attention.csv",
+)
+"""Where the attention table is read from, the first that exists: this project's extract, or
+a Vidur checkout's own (Llama-2-70B's on the A100)."""
 ATTENTION_SHAPE = {"q_heads_per_gpu": 32, "kv_heads_per_gpu": 4, "head_dim": 128, "gpu": "a100"}
 """The measured attention table's shape: 64 query and 8 KV heads split over TP 2."""
+ATTENTION_ROWS = {"n_embd": 8192, "n_q_head": 64, "n_kv_head": 8, "num_tensor_parallel_workers": 2}
+"""The attention table's columns for `ATTENTION_SHAPE`: its rows of another model shape or TP
+degree are not read (a TP-8 row times a quarter of the heads)."""
 GRID_RATIO = 2 ** (1 / 6)
 MAX_JUMP = 10.0
 """The most a linear-layer time may change from one measured token count to the next (up:
@@ -248,9 +258,16 @@ def _fit(
 
 
 def attention_fit(path: Path) -> dict[str, object]:
-    """The analytic FlashAttention cost fitted to the one measured attention table."""
+    """The analytic FlashAttention cost fitted to the measured attention table's rows of
+    `ATTENTION_ROWS`' shape and TP degree."""
     dec, pre = [], []
+    reference = tuple(ATTENTION_ROWS.values())
+    others: dict[tuple[int, ...], int] = defaultdict(int)
     for line, row in _rows(path):
+        shape = tuple(_count(path, row, column, line) for column in ATTENTION_ROWS)
+        if shape != reference:
+            others[shape] += 1
+            continue
         kv = _count(path, row, "kv_cache_size", line, least=0)
         if row.get("is_prefill") not in ("True", "False"):
             raise ValueError(
@@ -264,7 +281,15 @@ def attention_fit(path: Path) -> dict[str, object]:
             batch = _count(path, row, "batch_size", line)
             dec.append((batch, kv, _time(path, row, "time_stats.attn_decode.median", line)))
     if not dec or not pre:
-        raise ValueError(f"{path}: needs both decode and prefill rows")
+
+        def shape(values: Sequence[int]) -> str:
+            return ", ".join(f"{k}={v}" for k, v in zip(ATTENTION_ROWS, values, strict=True))
+
+        elsewhere = "; ".join(f"{n} of {shape(other)}" for other, n in others.items())
+        raise ValueError(
+            f"{path}: needs both decode and prefill rows of {shape(reference)}"
+            + (f" (other rows: {elsewhere})" if others else "")
+        )
     with np.errstate(over="ignore"):  # `_fit` names the file where a product overflows
         b, k, t = np.array(dec).T
         (d_base, d_kv), d_med, d_p90 = _fit([np.ones_like(b), b * k], t, path)
@@ -335,9 +360,14 @@ def derive(
         mlp = {model: vidur_dir / "compute" / model / "mlp.csv" for model in models}
         nets = [] if network is None else [f"{network}_dgx"]
     linear = {key: linear_tables(path) for key, path in sorted(mlp.items()) if path.is_file()}
-    attention_path = vidur_dir / ATTENTION_TABLE
-    if not attention_path.is_file():
-        raise ValueError(f"{attention_path}: missing (the measured attention table)")
+    attention_path = next(
+        (vidur_dir / name for name in ATTENTION_TABLES if (vidur_dir / name).is_file()), None
+    )
+    if attention_path is None:
+        raise ValueError(
+            f"{vidur_dir}: no attention table ({' or '.join(ATTENTION_TABLES)}): the measured "
+            "attention of the 70B shape at TP 2 on the A100"
+        )
     all_reduce = {}
     for name in sorted(nets):
         path = vidur_dir / "network" / name / "all_reduce.csv"

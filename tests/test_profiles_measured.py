@@ -468,6 +468,20 @@ def test_profiles_build_replaces_only_a_profile(tmp_path: Path, capsys) -> None:
     assert not list(tmp_path.glob(".*partial"))
 
 
+def _attention_rows(tp: int = 2) -> list[dict[str, str]]:
+    """Attention rows of the 70B shape at `tp` (each GPU holding 2/`tp` of TP 2's heads)."""
+    shape = {"n_embd": "8192", "n_q_head": "64", "n_kv_head": "8", "num_tensor_parallel_workers": str(tp)}
+    share = 2 / tp
+    rows = []
+    for k in (128, 512, 2048):
+        for c in (64, 256, 1024):
+            t = 0.01 + share * (c * 1e-5 + c * (k + c) * 1e-9)
+            rows.append({**shape, "is_prefill": "True", "kv_cache_size": str(k), "prefill_chunk_size": str(c), "time_stats.attn_prefill.median": str(t)})
+        for b in (1, 8, 64):
+            rows.append({**shape, "is_prefill": "False", "kv_cache_size": str(k), "batch_size": str(b), "time_stats.attn_decode.median": str(0.005 + share * b * k * 1e-8)})
+    return rows
+
+
 def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: int = 14) -> Path:
     """A Vidur directory of Llama-2-7B on A100 at TP 1 (`tokens` token counts, 1 to 2^13) and
     the attention table; `cell` (file, column, value) overwrites that column's first row."""
@@ -476,14 +490,7 @@ def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: i
     mlp = [{"num_tensor_parallel_workers": "1", "num_tokens": str(2**i), **shape} for i in range(tokens)]
     for row in mlp:
         row.update({op: str(0.01 + int(row["num_tokens"]) * 1e-5) for op in ops})
-    attention = []
-    for k in (128, 512, 2048):
-        for c in (64, 256, 1024):
-            t = 0.01 + c * 1e-5 + c * (k + c) * 1e-9
-            attention.append({"is_prefill": "True", "kv_cache_size": str(k), "prefill_chunk_size": str(c), "time_stats.attn_prefill.median": str(t)})
-        for b in (1, 8, 64):
-            attention.append({"is_prefill": "False", "kv_cache_size": str(k), "batch_size": str(b), "time_stats.attn_decode.median": str(0.005 + b * k * 1e-8)})
-    files = {"mlp.csv": ("compute/a100/meta-llama/Llama-2-7b-hf", mlp), "attention.csv": ("compute/a100/attention-70b-shape-tp2", attention)}
+    files = {"mlp.csv": ("compute/a100/meta-llama/Llama-2-7b-hf", mlp), "attention.csv": ("compute/a100/attention-70b-shape-tp2", _attention_rows())}
     for name, (folder, rows) in files.items():
         if cell and cell[0] == name:
             rows[0][cell[1]] = cell[2]
@@ -588,11 +595,38 @@ def test_an_attention_table_too_alike_to_fit_is_refused(tmp_path: Path, capsys, 
     vidur = _small_vidur(tmp_path / "vidur")
     path = vidur / "compute/a100/attention-70b-shape-tp2/attention.csv"
     header, *rows = path.read_text().splitlines()
-    one = next(r for r in rows if (r.split(",")[0] == "True") == (kind == "prefill"))
-    path.write_text("\n".join([header, *[r for r in rows if r.split(",")[0] != one.split(",")[0]], one, one]) + "\n")
+    prefill = header.split(",").index("is_prefill")
+    one = next(r for r in rows if (r.split(",")[prefill] == "True") == (kind == "prefill"))
+    others = [r for r in rows if r.split(",")[prefill] != one.split(",")[prefill]]
+    path.write_text("\n".join([header, *others, one, one]) + "\n")
     args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
     assert cli([*args, "--out", str(tmp_path / "out.json")]) == 2
     assert re.search(r"attention.csv: 2 row\(s\) too alike to fit \d coefficients \(rank 1\)", capsys.readouterr().err)
+
+
+def test_a_vidur_checkouts_own_attention_table_is_read_at_the_reference_tp(tmp_path: Path) -> None:
+    """A Vidur checkout keeps attention.csv beside each model's mlp.csv, with rows for every
+    TP degree it profiled: it was refused as missing, and rows of TP 8 (a quarter of the heads)
+    were fitted as TP 2's, attention 4x too cheap."""
+    ours = _small_vidur(tmp_path / "ours")
+    theirs = _small_vidur(tmp_path / "theirs")
+    (theirs / "compute/a100/attention-70b-shape-tp2/attention.csv").unlink()
+    table = theirs / "compute/a100/meta-llama/Llama-2-70b-hf/attention.csv"
+    table.parent.mkdir(parents=True)
+    rows = _attention_rows(8) + _attention_rows(2) + _attention_rows(4)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    for written in (rows, _attention_rows(8)):
+        with table.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(written)
+        if written is rows:
+            assert derive(theirs)["attention"] == derive(ours)["attention"]
+    with pytest.raises(ValueError, match=r"needs both decode and prefill rows of n_embd=8192, n_q_head=64, n_kv_head=8, num_tensor_parallel_workers=2 \(other rows: 18 of n_embd=8192, n_q_head=64, n_kv_head=8, num_tensor_parallel_workers=8\)"):
+        derive(theirs)
+    table.unlink()
+    with pytest.raises(ValueError, match=r"no attention table \(compute/a100/attention-70b-shape-tp2/attention\.csv or compute/a100/meta-llama/Llama-2-70b-hf/attention\.csv"):
+        derive(theirs)
 
 
 def test_an_attention_fit_below_0_names_its_table(tmp_path: Path, capsys) -> None:
