@@ -148,9 +148,11 @@ def _isotonic(y: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(int(n), m) for m, n in blocks])
 
 
-def _check_jumps(path: Path, what: str, x: np.ndarray, y: np.ndarray) -> None:
-    """Refuse a series (token counts `x`, ascending; times `y`) whose time, from one point to
-    the next, grows over `MAX_JUMP` times faster than its tokens or falls to under
+def _check_jumps(
+    path: Path, what: str, x: np.ndarray, y: np.ndarray, count: str = "num_tokens"
+) -> None:
+    """Refuse a series (counts `x` of column `count`, ascending; times `y`) whose time, from
+    one point to the next, grows over `MAX_JUMP` times faster than its count or falls to under
     1/`MAX_JUMP`: one bad cell, which the non-decreasing fit would carry to the points after
     it (a high one lifts them all)."""
     if len(x) < 2:
@@ -162,7 +164,7 @@ def _check_jumps(path: Path, what: str, x: np.ndarray, y: np.ndarray) -> None:
     i = int(np.argmax(jump))
     if jump[i] > MAX_JUMP:
         raise ValueError(
-            f"{path}: {what} took {y[i]:g} ms at num_tokens {x[i]:.0f} and {y[i + 1]:g} ms "
+            f"{path}: {what} took {y[i]:g} ms at {count} {x[i]:.0f} and {y[i + 1]:g} ms "
             f"at {x[i + 1]:.0f}, a jump of over {MAX_JUMP:g}x (Vidur's tables: at most 4x); a "
             "bad cell on one of those rows?"
         )
@@ -339,7 +341,9 @@ def all_reduce_tables(path: Path) -> dict[str, dict[str, list[float]]]:
     out = {}
     for n, by_size in sorted(points.items()):
         x = np.array(sorted(by_size))
-        knots, ms = _thin(x, np.array([np.median(by_size[s]) for s in x]))
+        y = np.array([np.median(by_size[s]) for s in x])
+        _check_jumps(path, f"the all-reduce of {n} GPUs", x, y, count="size")
+        knots, ms = _thin(x, y)
         out[str(n)] = {"bytes": knots, "ms": ms}
     return out
 

@@ -589,6 +589,15 @@ RUNTIME_RESERVE_GIB = 1.0
 (0.5-1.5 GiB per GPU); an assumption, set with ``--runtime-reserve-gib``."""
 TP_SIZES = (1, 2, 4, 8)
 """The tensor parallel sizes Vidur measured (its all-reduce and per-GPU tables)."""
+MAX_EXTENSION = 2.0
+"""How far past a linear-layer table's last token count a build may extend it (linearly,
+from the last segment): 2x, as Vidur's Llama-2 tables (to 4,096 tokens) serve 8,192-token
+steps; a table that ends sooner may end before its times grow with the tokens."""
+WEIGHT_READ_RANGE = (0.5, 100.0)
+"""A one-request decode step's linear layers and LM head, in multiples of the time the GPU
+takes to read the weights once at its datasheet bandwidth: the measured profiles lie at
+1.2-7.8x (small models at TP 8 the most); outside the range a table's times are in another
+unit (seconds or microseconds where milliseconds were meant)."""
 MAX_GPU_MEMORY_GIB = 2.0**16
 """The most memory per GPU a profile may assume (64 TiB: far beyond any GPU)."""
 
@@ -603,6 +612,19 @@ def all_reduce_layer_ms(arch: Architecture, net: dict[str, list[float]], tokens:
     """One layer's all-reduces in a step of `tokens` tokens (ms): two, of tokens x hidden x
     dtype bytes each, read off a Vidur NCCL table `net` (``bytes`` -> ``ms``)."""
     return 2 * _interp(tokens * arch.hidden * arch.dtype_bytes, net["bytes"], net["ms"])
+
+
+def tp_problem(arch: Architecture, tp: int) -> str:
+    """Why vLLM would refuse `arch` at tensor parallel size `tp` (heads, KV heads and the MLP
+    split evenly, KV heads replicated to a multiple of them); empty if it would not."""
+    kv = arch.kv_heads
+    if arch.heads % tp or (kv % tp if tp < kv else tp % kv) or arch.intermediate % tp:
+        return (
+            f"{arch.title} cannot be split over TP {tp}: its {arch.heads} attention heads, "
+            f"{kv} KV heads and {arch.intermediate} MLP columns must divide evenly among the "
+            f"GPUs (KV heads may be replicated: TP a multiple of them), as vLLM requires"
+        )
+    return ""
 
 
 def activation_peak_bytes(
@@ -645,6 +667,8 @@ def measured_profile(
         raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
     if tp not in TP_SIZES:
         raise ValueError(f"tensor parallel size must be one of {TP_SIZES}, got {tp}")
+    if problem := tp_problem(arch, tp):
+        raise ValueError(problem)
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if problem := limits_problem(max_num_seqs, max_num_batched_tokens):
@@ -669,10 +693,16 @@ def measured_profile(
     carried_from = "" if source is thw else source.title  # the source's and description's
     linear = measured[key][str(tp)]
     xs = linear["tokens"]
+    table = (
+        f"the linear-layer table for {arch.title} on {thw.title} at TP {tp} (Vidur "
+        f"compute/{key}/mlp.csv)"
+    )
     if len(xs) < 2:
+        raise ValueError(f"{table} has {len(xs)} token count(s); at least 2 are needed")
+    if xs[0] > 1:
         raise ValueError(
-            f"the linear-layer table for {arch.title} on {thw.title} at TP {tp} (Vidur "
-            f"compute/{key}/mlp.csv) has {len(xs)} token count(s); at least 2 are needed"
+            f"{table} measures {xs[0]:,.0f} to {xs[-1]:,.0f} tokens: a one-request decode (1 "
+            "token) lies below it; measure from 1 token"
         )
     all_reduce = None
     if tp > 1:
@@ -765,6 +795,14 @@ def measured_profile(
         },
     )
     weights = arch.weight_bytes_per_gpu(tp)
+    one_decode, read = step.token_s[0] + step.seq_s[0], weights / thw.bandwidth
+    if not WEIGHT_READ_RANGE[0] <= one_decode / read <= WEIGHT_READ_RANGE[1]:
+        raise ValueError(
+            f"{table}: a one-request decode's linear layers and LM head take "
+            f"{one_decode * 1e3:.3g} ms, {one_decode / read:.3g}x the {read * 1e3:.3g} ms "
+            f"{thw.title} takes to read the weights once (measured profiles: 1.2-7.8x): times "
+            "in seconds or microseconds where Vidur's milliseconds were meant?"
+        )
     activations = activation_peak_bytes(arch, tp, max_num_batched_tokens, max_num_seqs)
     free = (
         memory_gib * GIB * gpu_memory_utilization
@@ -782,6 +820,14 @@ def measured_profile(
             f"{weights / GIB:.1f} GiB, activations at {max_num_seqs:,} requests and "
             f"{max_num_batched_tokens:,} tokens a step {activations / GIB:.1f} GiB, runtime "
             f"reserve {runtime_reserve_gib:g} GiB)"
+        )
+    reach = max(max_num_batched_tokens, max_num_seqs)
+    if reach > MAX_EXTENSION * xs[-1]:
+        raise ValueError(
+            f"{table} measures up to {xs[-1]:,.0f} tokens: a step of {reach:,} (the larger of "
+            f"max_num_batched_tokens and max_num_seqs) would be extended {reach / xs[-1]:.3g}x "
+            f"past it, at most {MAX_EXTENSION:g}x is; measure further, or lower them to "
+            f"{MAX_EXTENSION * xs[-1]:,.0f}"
         )
     gpu_title = gpu_label or (
         thw.title if gpu_memory_gib is None else f"{thw.title} with {memory_gib:g} GiB"

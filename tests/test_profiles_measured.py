@@ -17,7 +17,7 @@ from helpers import assert_profile_file_refused
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchpilot.envs.profile_tables import LAYER_OPS, derive, load_tables
+from batchpilot.envs.profile_tables import LAYER_OPS, all_reduce_tables, derive, load_tables
 from batchpilot.envs.profile_tables import main as table_main
 from batchpilot.envs.profiles import (
     ARCHITECTURES,
@@ -488,8 +488,8 @@ def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: i
     ops = [f"time_stats.{op}.median" for op in (*dict.fromkeys(LAYER_OPS), "emb")]
     shape = {"n_head": "32", "n_kv_head": "32", "n_embd": "4096", "n_expanded_embd": "11008"}
     mlp = [{"num_tensor_parallel_workers": "1", "num_tokens": str(2**i), **shape} for i in range(tokens)]
-    for row in mlp:
-        row.update({op: str(0.01 + int(row["num_tokens"]) * 1e-5) for op in ops})
+    for row in mlp:  # a decode step about 1.5x the weights' read on an A100
+        row.update({op: str((0.01 if op.endswith("emb.median") else 0.03) + int(row["num_tokens"]) * 1e-5) for op in ops})
     files = {"mlp.csv": ("compute/a100/meta-llama/Llama-2-7b-hf", mlp), "attention.csv": ("compute/a100/attention-70b-shape-tp2", _attention_rows())}
     for name, (folder, rows) in files.items():
         if cell and cell[0] == name:
@@ -517,7 +517,7 @@ def _small_vidur(root: Path, cell: tuple[str, str, str] | None = None, tokens: i
         (("mlp.csv", "num_tensor_parallel_workers", "1.5"), 14, [], r"mlp.csv:2: column 'num_tensor_parallel_workers' is '1.5', not a whole"),
         (None, 1, [], r"compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv\) has 1 token count\(s\); at least 2"),
         # one bad cell: the non-decreasing fit carried it to every later token count
-        (("mlp.csv", "time_stats.mlp_up_proj.median", "1e300"), 14, [], r"mlp.csv: at TP 1, the layer's linear ops took 1e\+300 ms at num_tokens 1 and 0.1002\d* ms at 2, a jump of over 10x \(Vidur's tables: at most 4x\); a bad cell"),
+        (("mlp.csv", "time_stats.mlp_up_proj.median", "1e300"), 14, [], r"mlp.csv: at TP 1, the layer's linear ops took 1e\+300 ms at num_tokens 1 and 0.3002\d* ms at 2, a jump of over 10x \(Vidur's tables: at most 4x\); a bad cell"),
         (("mlp.csv", "time_stats.emb.median", "5"), 14, [], r"mlp.csv: at TP 1, emb took 5 ms at num_tokens 1 and 0.0100\d+ ms at 2, a jump of over 10x"),
         (None, 14, ["--step-overhead-ms", "1e9"], r"out.json: the step model times a one-request decode step at 1e\+06 s.*; nothing written"),
         (None, 14, ["--gpu-memory-gib", "1e300"], r"gpu_memory_gib must be in \[0, 65536\] GiB, got 1e\+300"),
@@ -968,6 +968,11 @@ def test_a_model_config_at_every_bound_is_read(tmp_path: Path) -> None:
         ("llama-2-7b", "a100", 16, {}, "got 16"),  # a power of two Vidur never measured
         ("llama-2-7b", "a100", 1, {"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ("mistral-7b", "a100", 1, {}, "unknown model 'mistral-7b'"),
+        # a table past its end: 2x is how far the Llama-2 tables serve the default budget
+        ("llama-2-7b", "a100", 1, {"max_num_batched_tokens": 16384}, r"measures up to 4,096 tokens: a step of 16,384 .*extended 4x past it, at most 2x is; .* lower them to 8,192"),
+        # heads vLLM cannot split: modelled with 3.5 query heads and half a KV head per GPU
+        (replace(ARCHITECTURES["llama-2-7b"], heads=28, kv_heads=4, hidden=3584), "a100", 8, {}, "cannot be split over TP 8: its 28 attention heads, 4 KV heads and 11008 MLP columns"),
+        (replace(ARCHITECTURES["llama-2-7b"], heads=48, kv_heads=6, hidden=6144), "a100", 4, {}, "cannot be split over TP 4"),
     ],
 )
 def test_unbuildable_profiles_say_why(model, gpu, tp, kwargs, message) -> None:
@@ -1086,3 +1091,34 @@ def test_profiles_build_refuses_a_tensor_parallel_size_vidur_has_not(capsys) -> 
                  "--out", "x.json"])  # fmt: skip
         err = capsys.readouterr().err
         assert "argument --tp: invalid choice" in err and "note:" not in err
+
+
+@pytest.mark.parametrize(("factor", "unit"), [(1e-3, "seconds"), (1e3, "microseconds")])
+def test_a_table_in_another_unit_is_refused(factor: float, unit: str) -> None:
+    """Times in seconds made a 7B's decode step faster than reading its weights once; in
+    microseconds, 10 s a token: both were written."""
+    tables = load_tables()
+    key = "a100/meta-llama/Llama-2-7b-hf"
+    one = {c: [v * factor for v in vs] if c.endswith("_ms") else vs for c, vs in tables["linear"][key]["1"].items()}
+    scaled = tables | {"linear": tables["linear"] | {key: {"1": one}}}
+    with pytest.raises(ValueError, match=r"a one-request decode's linear layers and LM head take .* the weights once .*: times in seconds or microseconds"):
+        measured_profile(scaled, "llama-2-7b", "a100", 1)
+
+
+def test_a_table_that_starts_past_one_token_is_refused(tmp_path: Path, capsys) -> None:
+    """A grid from 128 tokens was extended down to a negative one-request decode, refused as a
+    unit slip."""
+    vidur = _small_vidur(tmp_path / "vidur", ("mlp.csv", "num_tokens", "3"))
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "out.json")]) == 2
+    assert "measures 2 to 8,192 tokens: a one-request decode (1 token) lies below it" in capsys.readouterr().err
+
+
+def test_one_bad_all_reduce_cell_is_named(tmp_path: Path) -> None:
+    """One high cell was pooled into every size after it: decode 37% slower, silently."""
+    path = tmp_path / "all_reduce.csv"
+    rows = [f"2,2,{2 ** k},{0.01 * (1 + 2 ** k / 2**20)}" for k in range(11, 27)]
+    rows[3] = rows[3].rsplit(",", 1)[0] + ",10"
+    path.write_text("num_workers,devices_per_node,size,time_stats.all_reduce.median\n" + "\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match=r"the all-reduce of 2 GPUs took 10 ms at size 16384 and 0.01\d* ms at 32768, a jump of over 10x"):
+        all_reduce_tables(path)
