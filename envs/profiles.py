@@ -29,9 +29,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -344,10 +345,20 @@ HF_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "heads": ("num_attention_heads",),
     "intermediate": ("intermediate_size",),
     "vocab": ("vocab_size",),
-    "max_model_len": ("max_position_embeddings", "seq_length"),
 }
 """Architecture field -> the Hugging Face config.json keys that may hold it, the first one set
-wins (``num_key_value_heads`` unset or null: as many as the attention heads)."""
+wins (``num_key_value_heads`` unset or null: as many as the attention heads; the context:
+`CONTEXT_KEYS`)."""
+CONTEXT_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+    "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
+)  # fmt: skip
+"""config.json keys of the context length: vLLM takes the least one set, unless
+``model_max_length`` is set, then scales it by the RoPE scaling factor (`UNSCALED_ROPE`)."""
+UNSCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+"""RoPE scaling types whose ``factor`` vLLM does not apply to the context (YaRN's configs give
+the scaled length already); a ``longrope`` model's context is its
+``original_max_position_embeddings``."""
 
 ARCHITECTURE_LIMITS: dict[str, int] = {
     "layers": 2**12,
@@ -432,9 +443,10 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
         raise ValueError(f"{file}: no {' or '.join(keys)} (the model's {field})")
 
     shape = {field: count(field, keys) for field, keys in HF_CONFIG_KEYS.items()}
+    shape["max_model_len"], context_key = _context(data, file, count)
     if shape["max_model_len"] < MIN_MODEL_LEN:
         raise ValueError(
-            f"{file}: a {shape['max_model_len']}-token context (max_position_embeddings); a "
+            f"{file}: a {shape['max_model_len']}-token context ({context_key}); a "
             f"request needs at least {MIN_MODEL_LEN} tokens"
         )
     window = data.get("sliding_window")
@@ -478,14 +490,53 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
             f"{file}: Vidur directory {name!r} climbs out of compute/<gpu>/ ('..'); name it "
             "as ORG/NAME (`profiles build --vidur-model`)"
         )
+    # a config downloaded from the Hub names no model: its directory (or file) does
+    label = own if isinstance(own, str) and own else (
+        file.resolve().parent.name if file.name == "config.json" else file.stem
+    )
     return Architecture(
-        title=(own if isinstance(own, str) and own else name).rstrip("/").rsplit("/", 1)[-1],
+        title=label.rstrip("/").rsplit("/", 1)[-1] or name.rstrip("/").rsplit("/", 1)[-1],
         vidur_name=name,
         kv_heads=kv_heads,
         dtype_bytes=DTYPE_BYTES[dtype],
         tied_embeddings=tied,
         **shape,
     )
+
+
+def _context(
+    data: dict[str, Any], file: Path, count: Callable[[str, tuple[str, ...]], int]
+) -> tuple[int, str]:
+    """The context length vLLM derives from config.json `data` (`CONTEXT_KEYS`,
+    ``model_max_length``, RoPE scaling), and the key it came from."""
+    if data.get("model_max_length") is not None:
+        key = "model_max_length"
+    else:
+        set_keys = [k for k in CONTEXT_KEYS if data.get(k) is not None]
+        if not set_keys:
+            raise ValueError(f"{file}: no {' or '.join(CONTEXT_KEYS)} (the model's context)")
+        key = min(set_keys, key=lambda k: count("max_model_len", (k,)))
+    length = count("max_model_len", (key,))
+    rope = data.get("rope_parameters") or data.get("rope_scaling")
+    if not isinstance(rope, dict):
+        return length, key
+    nested = rope and all(isinstance(v, dict) for v in rope.values())  # per layer type
+    factor: Any = 1.0
+    for params in list(rope.values()) if nested else [rope]:
+        kind = params.get("rope_type") or params.get("type")
+        if kind == "longrope" and data.get("original_max_position_embeddings") is not None:
+            return count("max_model_len", ("original_max_position_embeddings",)), key
+        if kind not in UNSCALED_ROPE:
+            factor = params.get("factor", factor)
+    factor = 1.0 if factor is None else factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < 2**10:
+        raise ValueError(f"{file}: the RoPE scaling factor {brief(factor)} is not in (0, 1024)")
+    if factor == 1:
+        return length, key
+    scaled = int(length * factor)
+    if scaled > ARCHITECTURE_LIMITS["max_model_len"]:
+        raise ValueError(f"{file}: {key} x the RoPE scaling factor is {scaled:,}, over the limit")
+    return scaled, f"{key} x RoPE scaling factor {factor:g}"
 
 
 def architecture(model: str, vidur_name: str | None = None) -> Architecture:
@@ -652,6 +703,7 @@ def measured_profile(
     block_size: int = 16,
     max_num_seqs: int = 1024,
     max_num_batched_tokens: int = 8192,
+    max_model_len: int | None = None,
     step_overhead_s: float = STEP_OVERHEAD_S,
     seq_overhead_s: float = SEQ_OVERHEAD_S,
     runtime_reserve_gib: float = RUNTIME_RESERVE_GIB,
@@ -660,9 +712,17 @@ def measured_profile(
     Vidur tables (`batchpilot.envs.profile_tables`), with vLLM's KV-capacity arithmetic.
 
     `gpu_memory_gib` overrides the GPU's memory (its step times stay the GPU's);
-    `gpu_label` then says what the deployment stands for.
+    `gpu_label` then says what the deployment stands for. `max_model_len` (vLLM's
+    ``--max-model-len``) serves a shorter context than the model's.
     """
     arch = model if isinstance(model, Architecture) else architecture(model)
+    if max_model_len is not None:
+        if not MIN_MODEL_LEN <= max_model_len <= arch.max_model_len:
+            raise ValueError(
+                f"max_model_len {max_model_len:,} is outside [{MIN_MODEL_LEN}, "
+                f"{arch.max_model_len:,}] ({arch.title}'s context: vLLM refuses a longer one)"
+            )
+        arch = replace(arch, max_model_len=max_model_len)
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
     if tp not in TP_SIZES:
@@ -819,7 +879,7 @@ def measured_profile(
             f"less than one {arch.max_model_len}-token context (per GPU: weights "
             f"{weights / GIB:.1f} GiB, activations at {max_num_seqs:,} requests and "
             f"{max_num_batched_tokens:,} tokens a step {activations / GIB:.1f} GiB, runtime "
-            f"reserve {runtime_reserve_gib:g} GiB)"
+            f"reserve {runtime_reserve_gib:g} GiB); a shorter max_model_len fits more"
         )
     reach = max(max_num_batched_tokens, max_num_seqs)
     if reach > MAX_EXTENSION * xs[-1]:

@@ -789,7 +789,7 @@ def _write(path: Path, data: object) -> Path:
         (lambda c: c.pop("num_hidden_layers"), "no num_hidden_layers"),
         (lambda c: c.update(hidden_size="4096"), "hidden_size must be a positive integer"),
         (lambda c: c.update(vocab_size=0), "vocab_size must be a positive integer"),
-        (lambda c: c.update(max_position_embeddings=None), "no max_position_embeddings or seq_length"),
+        (lambda c: c.update(max_position_embeddings=None), "no max_position_embeddings or n_positions or "),
         (lambda c: c.update(max_position_embeddings=1), "a 1-token context .* at least 2 tokens"),
         (lambda c: c.update(num_key_value_heads=5), "do not divide evenly"),
         (lambda c: c.update(torch_dtype="int4"), "torch_dtype 'int4'"),
@@ -1122,3 +1122,49 @@ def test_one_bad_all_reduce_cell_is_named(tmp_path: Path) -> None:
     path.write_text("num_workers,devices_per_node,size,time_stats.all_reduce.median\n" + "\n".join(rows) + "\n")
     with pytest.raises(ValueError, match=r"the all-reduce of 2 GPUs took 10 ms at size 16384 and 0.01\d* ms at 32768, a jump of over 10x"):
         all_reduce_tables(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "context"),
+    [
+        ({}, 4096),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, 8192),  # was 4096: vLLM serves 8,192
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4}}, 16384),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 4096),  # the config's is scaled
+        ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, 4096),
+        ({"rope_parameters": {"rope_type": "default"}}, 4096),
+        ({"rope_scaling": {"type": "longrope"}, "original_max_position_embeddings": 2048}, 2048),
+        ({"seq_length": 2048}, 2048),  # the least of the keys set
+        ({"model_max_length": 8192}, 8192),  # Command-R's: it overrides (was refused alone)
+        ({"max_position_embeddings": None, "model_max_length": 4096}, 4096),
+    ],
+)
+def test_a_configs_context_is_the_one_vllm_derives(tmp_path: Path, edit: dict, context: int) -> None:
+    """RoPE scaling was ignored and only two length keys read."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA_2_7B_CONFIG, **edit}))
+    assert architecture_from_hf_config(path).max_model_len == context
+
+
+def test_max_model_len_serves_a_shorter_context_and_a_hub_config_names_its_model(
+    tmp_path: Path, capsys
+) -> None:
+    """A long-context model on a small GPU could not be built (only by editing its config),
+    and a config without _name_or_path was labelled as the model whose timings it borrowed."""
+    model_dir = tmp_path / "Llama-3.1-8B-Instruct"
+    model_dir.mkdir()
+    config = {k: v for k, v in LLAMA_2_7B_CONFIG.items() if k != "_name_or_path"}
+    config.update(
+        hidden_size=4096, intermediate_size=14336, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=131072, rope_scaling={"rope_type": "llama3", "factor": 8.0},
+    )
+    (model_dir / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "l4.json"
+    args = ["profiles", "build", "--model", str(model_dir), "--vidur-model", "meta-llama/Meta-Llama-3-8B", "--gpu", "l4", "--vidur", str(VIDUR), "--out", str(out)]
+    assert cli(args) == 2
+    assert "less than one 131072-token context" in capsys.readouterr().err
+    assert cli([*args, "--max-model-len", "8192"]) == 0
+    built = get_profile(str(out))
+    assert built.max_model_len == 8192 and "Llama-3.1-8B-Instruct (8,192-token context" in built.description
+    assert cli([*args, "--max-model-len", "131073"]) == 2
+    assert "max_model_len 131,073 is outside [2, 131,072]" in capsys.readouterr().err

@@ -34,6 +34,7 @@ from pathlib import Path
 from batchpilot.envs.profiles import (
     GPUS,
     INT_LIMITS,
+    MIN_MODEL_LEN,
     RUNTIME_RESERVE_GIB,
     SEQ_OVERHEAD_S,
     STEP_OVERHEAD_S,
@@ -123,6 +124,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=defaults[option].default,
             help=f"{what}. Default: %(default)s",
         )
+    build.add_argument(
+        "--max-model-len",
+        type=whole(MIN_MODEL_LEN, INT_LIMITS["max_model_len"]),
+        help="the context vLLM serves (its --max-model-len), at most the model's. Default: "
+        "the model's (its config's, with RoPE scaling as vLLM reads it)",
+    )
     build.add_argument(
         "--step-overhead-ms",
         type=non_negative,
@@ -283,6 +290,7 @@ def _build(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
         **{k: v for k, v in optional.items() if v is not None},
     )
     write_profile(profile, args.out)
