@@ -415,6 +415,35 @@ def policy_kwargs_problems(kwargs: dict[str, Any]) -> list[str]:
             "one features extractor; an MlpPolicy's only flattens the observation, so sharing it "
             "changes nothing): leave it out"
         )
+    if isinstance(kwargs.get("optimizer_kwargs"), dict):
+        problems += optimizer_problems(kwargs["optimizer_kwargs"])
+    return problems
+
+
+def optimizer_problems(options: dict[str, Any]) -> list[str]:
+    """What in ``policy_kwargs.optimizer_kwargs`` torch's Adam (SB3's optimizer) refuses, or
+    PPO cannot train with (a maximised loss, CUDA graphs, gradients through its steps), found
+    by one step of Adam on a scalar, not after the imitation phase."""
+    import torch as th
+
+    where = "policy_kwargs.optimizer_kwargs"
+    problems = [
+        f"{where}.{key}: true is not supported (PPO minimises its loss, on the CPU, with no "
+        "graph through the optimizer's steps): leave it out"
+        for key in ("maximize", "capturable", "differentiable")
+        if options.get(key)
+    ]
+    if taken := sorted({"params", "lr"} & set(options)):
+        problems.append(f"{where}: {', '.join(taken)}: PPO's to set (learning_rate: the rate)")
+    if problems:
+        return problems
+    weight = th.zeros(1, requires_grad=True)
+    try:
+        adam = th.optim.Adam([weight], lr=1e-3, **options)
+        weight.grad = th.ones(1)
+        adam.step()
+    except Exception as exc:  # any of Adam's refusals, named for the config
+        problems.append(f"{where}: torch's Adam refused it ({type(exc).__name__}: {exc})")
     return problems
 
 
@@ -471,7 +500,7 @@ def load_policy_module(directory: Path) -> Any:
 
 class PeriodicCheckpoint(BaseCallback):
     """Every `save_freq` calls, `save_checkpoint` into ``<directory>/step_<timesteps>``
-    (`latest_checkpoint` finds the newest for ``--resume``)."""
+    (`resume_point` finds the newest for ``--resume``)."""
 
     def __init__(self, save_freq: int, directory: Path) -> None:
         super().__init__()
@@ -489,11 +518,26 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def incomplete_after(directory: Path, checkpoint: Path | None) -> list[Path]:
-    """The ``step_<N>`` directories under `directory` newer than `checkpoint` that lack a
-    file of a checkpoint (a save cut short): `latest_checkpoint` passes them over."""
-    since = int(checkpoint.name.removeprefix("step_")) if checkpoint else -1
-    return [p for n, p in sorted(_step_dirs(directory)) if n > since and not _complete(p)]
+def resume_point(run: Path) -> Path | None:
+    """The newest complete state of the run in `run` to go on from: its latest ``step_<N>``
+    checkpoint, or its ``final`` one where that is newer (a run that ended between periodic
+    checkpoints, or before its first); None if neither is there."""
+    latest, final = latest_checkpoint(run / "checkpoints"), run / "final"
+    if not _complete(final):
+        return latest
+    try:
+        steps = read_state(final)["num_timesteps"]
+    except CheckpointError:  # an unreadable final state: go on from the periodic ones
+        return latest
+    if latest is None or steps >= int(latest.name.removeprefix("step_")):
+        return final
+    return latest
+
+
+def incomplete_after(directory: Path, steps: int) -> list[Path]:
+    """The ``step_<N>`` directories under `directory` past `steps` that lack a file of a
+    checkpoint (a save cut short): `resume_point` passes them over."""
+    return [p for n, p in sorted(_step_dirs(directory)) if n > steps and not _complete(p)]
 
 
 def _step_dirs(directory: Path) -> list[tuple[int, Path]]:

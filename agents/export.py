@@ -145,6 +145,11 @@ def _same_shape(members: list[OnnxablePolicy], runs: list[Path]) -> None:
         raise PolicyFileError(
             f"{runs[0]}: only MlpPolicy networks (Linear, Tanh, ReLU) form an ensemble"
         )
+    if not any(isinstance(x, th.nn.Linear) for x in first.mlp_extractor.policy_net):
+        raise PolicyFileError(
+            f"{runs[0]}: a policy with no hidden layer (net_arch pi: []) forms no ensemble (its "
+            "members' heads would read one observation side by side): export each run alone"
+        )
 
     def shape(m: OnnxablePolicy) -> tuple:
         layers = tuple(  # the first layer's inputs are the member's observation entries

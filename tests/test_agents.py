@@ -1487,3 +1487,22 @@ def test_a_config_path_may_be_a_string() -> None:
     assert load_config("training/configs/quick.yml") == load_config(
         Path("training/configs/quick.yml")
     )
+
+
+def test_runs_without_hidden_layers_export_alone_not_as_an_ensemble(tmp_path: Path) -> None:
+    """Each exported alone; side by side, the head read one observation per member as if
+    it were their features: a torch traceback."""
+    from batchpilot.agents.export import export
+    from batchpilot.training.train import train
+
+    body = json.loads(json.dumps(TINY))
+    spec = body["batchpilot/Batching-v0"]
+    spec.update(n_timesteps=64, checkpoint_freq=64, policy_kwargs={"net_arch": {"pi": [], "vf": [8]}})
+    del spec["imitation"], spec["eval"]
+    config = write_config(tmp_path / "linear.yml", body)
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for out in runs:
+        train(load_config(config), config, out, resume=False, progress=False)
+    assert export(runs[:1], tmp_path / "one.onnx", "final")
+    with pytest.raises(PolicyFileError, match=r"a policy with no hidden layer \(net_arch pi: \[\]\) forms no ensemble"):
+        export(runs, tmp_path / "two.onnx", "final")

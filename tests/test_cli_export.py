@@ -209,12 +209,38 @@ def test_resume_says_which_cut_short_checkpoints_it_passes_over(
     shutil.copytree(run_dir, run)
     newest = max((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
     (newest / "policy.safetensors").unlink()
+    (run / "final" / "policy.safetensors").unlink()  # its final save cut short too
     (run / "checkpoints" / "step_99999").mkdir()
     argv = ["train", "--config", str(run / "config.yml"), "--out", str(run), "--resume", "--no-progress"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "passed over (no checkpoint.json or policy.safetensors" in out
     assert f"{newest.name}, step_99999 passed over" in out
+
+
+def test_resume_goes_on_from_a_final_state_newer_than_any_checkpoint(
+    tmp_path: Path, capsys
+) -> None:
+    """A run ended between periodic checkpoints was trained again from the last one and its
+    final state replaced; one that ended before its first could be neither resumed nor
+    started again (two errors, each sending to the other)."""
+    from batchpilot.agents.checkpoint import read_state
+
+    body = CONFIG["batchpilot/Batching-v0"]
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body | {"n_timesteps": 48}}))
+    run = tmp_path / "run"
+    argv = ["train", "--config", str(config), "--out", str(run), "--no-progress"]
+    assert main(argv) == 0  # rollouts of 32 steps: checkpoints at 32 and 64, final at 64
+    shutil.rmtree(run / "checkpoints" / "step_64")  # as a run ended between checkpoints
+    weights = (run / "final" / "policy.safetensors").read_bytes()
+    assert main([*argv, "--resume"]) == 0
+    assert "already at 64 steps, n_timesteps is 48: nothing to train" in capsys.readouterr().out
+    assert (run / "final" / "policy.safetensors").read_bytes() == weights
+    shutil.rmtree(run / "checkpoints")  # as a run shorter than its checkpoint_freq leaves it
+    config.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body | {"n_timesteps": 80}}))
+    assert main([*argv, "--resume"]) == 0
+    assert read_state(run / "final")["num_timesteps"] == 96
 
 
 def test_an_old_pickle_only_run_is_refused_by_name(tmp_path: Path, capsys) -> None:
@@ -555,12 +581,12 @@ def test_non_finite_sidecar_values_are_refused(policy: Path, tmp_path: Path) -> 
 
 def test_a_failed_train_leaves_nothing_that_blocks_a_fresh_run(tmp_path: Path, capsys) -> None:
     data = json.loads(json.dumps(CONFIG))
-    data["batchpilot/Batching-v0"]["policy_kwargs"]["optimizer_kwargs"] = {"bogus": 1}  # in PPO
+    data["batchpilot/Batching-v0"]["policy_kwargs"]["optimizer_kwargs"] = {"bogus": 1}
     bad = tmp_path / "bad.yml"
     bad.write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
     assert main(["train", "--config", str(bad), "--out", str(out), "--no-progress"]) == 2
-    assert "PPO refused the config" in capsys.readouterr().err
+    assert "optimizer_kwargs: torch's Adam refused it" in capsys.readouterr().err
     assert not (out / "run.json").exists()
     # a run.json from an older failure (no checkpoint) does not block a fresh start either
     out.mkdir(exist_ok=True)
@@ -648,11 +674,11 @@ def test_resume_refuses_optimizer_state_that_does_not_fit(
     import torch
     from safetensors.torch import load_file, save_file
 
-    from batchpilot.agents.checkpoint import latest_checkpoint
+    from batchpilot.agents.checkpoint import resume_point
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
-    ckpt = latest_checkpoint(run / "checkpoints")
+    ckpt = resume_point(run)
     tensors = load_file(str(ckpt / "policy.safetensors"))
     kept = "step" if tamper == "step" else "exp_avg"
     key = next(k for k in tensors if k.startswith("optimizer.") and k.endswith(f".{kept}"))
@@ -697,3 +723,16 @@ def test_a_run_without_a_best_checkpoint_says_which_it_keeps(
     assert "best/checkpoint.json does not exist; the run keeps final (best once an evaluation ran" in err
     assert err.rstrip().endswith("--checkpoint final")
     assert main(["export", str(run_dir), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]) == 0
+
+
+def test_a_resume_with_another_gamma_discounts_the_reward_scale_by_it_too(tmp_path: Path) -> None:
+    """PPO took the new gamma while the reward normalisation kept the checkpoint's."""
+    body = CONFIG["batchpilot/Batching-v0"] | {"normalize": True}
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body | {"n_timesteps": 32}}))
+    run = tmp_path / "run"
+    argv = ["train", "--config", str(config), "--out", str(run), "--no-progress"]
+    assert main(argv) == 0
+    config.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body | {"n_timesteps": 64, "gamma": 0.5}}))
+    assert main([*argv, "--resume"]) == 0
+    assert json.loads((run / "final" / "vecnormalize.json").read_text())["gamma"] == 0.5

@@ -555,6 +555,32 @@ def test_an_unshared_features_extractor_is_refused_before_training(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # a traceback building PPO
+        ({"betas": [0.9]}, r"optimizer_kwargs: torch's Adam refused it \(\w+Error"),
+        # tracebacks at the first PPO update, after the whole imitation phase; one trained
+        # uphill in silence
+        ({"capturable": True}, r"optimizer_kwargs.capturable: true is not supported"),
+        ({"differentiable": True}, r"optimizer_kwargs.differentiable: true is not supported"),
+        ({"maximize": True}, r"optimizer_kwargs.maximize: true is not supported"),
+        ({"lr": 0.1}, r"optimizer_kwargs: lr: PPO.s to set"),
+    ],
+)
+def test_optimizer_options_adam_or_ppo_would_refuse_are_named_up_front(
+    tmp_path: Path, options: dict, message: str
+) -> None:
+    path = tmp_path / "adam.yml"
+    kwargs = {"net_arch": [8], "optimizer_kwargs": options}
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"policy_kwargs": kwargs}}))
+    with pytest.raises(ValueError, match=message):
+        load_config(path)
+    kwargs["optimizer_kwargs"] = {"eps": 1e-5, "betas": [0.9, 0.99], "amsgrad": True}
+    path.write_text(yaml.safe_dump({"batchpilot/Batching-v0": BASE | {"policy_kwargs": kwargs}}))
+    assert load_config(path).hyperparams["policy_kwargs"]["optimizer_kwargs"]["amsgrad"] is True
+
+
+@pytest.mark.parametrize(
     ("net_arch", "count"),
     [
         ([65536, 65536], "8.59e+09"),

@@ -639,22 +639,24 @@ def _start(cfg: TrainConfig, config_path: Path, out: Path, resume: bool) -> _Run
         WEIGHTS,
         PeriodicCheckpoint,
         incomplete_after,
-        latest_checkpoint,
         load_checkpoint,
+        read_state,
+        resume_point,
     )
     from batchpilot.envs.metrics import SLO
 
-    previous = latest_checkpoint(out / "checkpoints") if resume else None
+    previous = resume_point(out) if resume else None
     if resume and previous is None:
         raise ValueError(
-            f"--resume: no checkpoint under {out}/checkpoints (a run stopped before its first "
-            "checkpoint is started again without --resume)"
+            f"--resume: no checkpoint under {out}/checkpoints or {out}/final (a run stopped "
+            "before its first checkpoint is started again without --resume)"
         )
     if not resume and _holds_run(out):
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
     if previous is not None:  # resuming
         _check_same_config(config_path, out / "config.yml")
-        if cut := incomplete_after(out / "checkpoints", previous):
+        steps = read_state(previous)["num_timesteps"]
+        if cut := incomplete_after(out / "checkpoints", steps):
             names = ", ".join(p.name for p in cut)
             print(
                 f"note: {out}: resuming from {previous.name}; {names} passed over (no "
@@ -819,6 +821,7 @@ def _learn(run: _Run, progress: bool) -> Path:
     try:
         if previous is not None and has_vecnormalize(previous):
             venv = load_vecnormalize(previous / VECNORMALIZE, venv)
+            venv.gamma = model.gamma  # the config's, as PPO's: a resume may change it
         elif previous is None and cfg.normalize:  # rewards only: the observation has fixed
             venv = VecNormalize(  # scales (`Observer`)
                 venv, norm_obs=False, norm_reward=True, gamma=model.gamma
@@ -935,10 +938,8 @@ def _imitate(run: _Run, episodes: Collector, named: bool, advance: Callable[[], 
 
 
 def _holds_run(out: Path) -> bool:
-    """`out` has a run with something to resume (a run that failed before its first
-    checkpoint may be started again)."""
-    from batchpilot.agents.checkpoint import STATE, latest_checkpoint
+    """`out` has a run with something to resume (`resume_point`; a run that failed before
+    its first checkpoint may be started again)."""
+    from batchpilot.agents.checkpoint import resume_point
 
-    return (out / "run.json").exists() and (
-        latest_checkpoint(out / "checkpoints") is not None or (out / "final" / STATE).exists()
-    )
+    return (out / "run.json").exists() and resume_point(out) is not None

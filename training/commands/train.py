@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=path_arg, required=True, help="run directory")
     parser.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in --out"
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in --out (its final state, where newer)",
     )
     parser.add_argument(
         "--seed",
