@@ -129,6 +129,11 @@ ALIAS_BOMB = "\n".join(
             "workload 0 .embedded:gsm8k @ replay. on llama-7b-a100: embedded:gsm8k has no",
         ),
         (ALIAS_BOMB, "holds more than 100,000 values once its aliases are expanded"),
+        # rl-zoo3's forms: named by line or key, and what batchpilot reads instead
+        ("batchpilot/Batching-v0: {n_timesteps: !!int 1e6}", r"line 1: '1e6' is not a whole number \(!!int\); write a count as 1000000, or !!float 1e6"),
+        ("batchpilot/Batching-v0: {n_timesteps: !!float 1e6x}", r"line 1: '1e6x' is not a number"),
+        ("batchpilot/Batching-v0: {learning_rate: lin_3e-4}", r"learning_rate: 'lin_3e-4' is an rl-zoo3 linear schedule, which batchpilot does not read; give a constant"),
+        ("default: &d {n_envs: 2}\nbatchpilot/Batching-v0: {<<: *d}", r"expected one top-level key, the env id \(batchpilot/Batching-v0\); it has 'default', 'batchpilot/Batching-v0'"),
     ],
 )
 def test_bad_config_is_named(tmp_path: Path, body: str, message: str) -> None:

@@ -201,6 +201,10 @@ def _eval_hints() -> dict[str, Any]:
     return {k: v for k, v in hints.items() if k not in ("slo", "interval", "engine_kwargs")}
 
 
+SCHEDULED = ("learning_rate", "clip_range", "clip_range_vf")
+"""PPO's settings rl-zoo3 configs may give as a schedule (``lin_3e-4``)."""
+
+
 def config_problems(body: dict[str, Any]) -> list[str]:
     """Every unknown key, wrong type and out-of-range value of a config's settings."""
     from stable_baselines3 import PPO
@@ -213,6 +217,11 @@ def config_problems(body: dict[str, Any]) -> list[str]:
         if key in RUN_KEYS:
             hint = dict if key == "imitation" else run_hints[key]
             problems += mapping_problems({key: value}, {key: hint}, RUN_RANGES)
+        elif key in SCHEDULED and isinstance(value, str) and value.startswith("lin_"):
+            problems.append(
+                f"{key}: {value!r} is an rl-zoo3 linear schedule, which batchpilot does not "
+                "read; give a constant"
+            )
         elif key in ppo_hints:
             problems += mapping_problems({key: value}, ppo_hints, PPO_RANGES)
         else:
@@ -756,7 +765,11 @@ def _body(path: Path) -> dict[str, Any]:
     file where it holds anything else."""
     data = load_yaml(path)
     if not isinstance(data, dict) or len(data) != 1:
-        raise ValueError(f"{path}: expected one top-level key, the env id ({ENV_ID})")
+        found = f"; it has {', '.join(map(repr, data))}" if isinstance(data, dict) and data else ""
+        raise ValueError(
+            f"{path}: expected one top-level key, the env id ({ENV_ID}){found} (anchors for "
+            "other sections can be defined inside the env id's mapping)"
+        )
     ((env_id, body),) = data.items()
     if env_id != ENV_ID:
         raise ValueError(f"{path}: env id {env_id!r}; batchpilot trains on {ENV_ID}")

@@ -59,13 +59,29 @@ def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     ``!!int`` in another form as PyYAML reads it."""
     text = loader.construct_scalar(node)
     # an explicit !!int (0x..., 1_000) as PyYAML reads it, then range-checked alike
-    value = int(text, 10) if CORE_INT.match(text) else loader.construct_yaml_int(node)
+    try:
+        value = int(text, 10) if CORE_INT.match(text) else loader.construct_yaml_int(node)
+    except ValueError:  # `!!int 1e6`, where rl-zoo3 writes `!!float 1e6` for a count
+        raise ValueError(
+            f"line {node.start_mark.line + 1}: {text!r} is not a whole number (!!int); write "
+            "a count as 1000000, or !!float 1e6"
+        ) from None
     if problem := number_problem(value):  # past a float's range: a float() of it overflows
         raise ValueError(f"line {node.start_mark.line + 1}: {problem}")
     return value
 
 
+def _core_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    """A number as PyYAML reads it; an explicit ``!!float`` that is none names its line."""
+    try:
+        return loader.construct_yaml_float(node)
+    except ValueError:
+        text = loader.construct_scalar(node)
+        raise ValueError(f"line {node.start_mark.line + 1}: {text!r} is not a number") from None
+
+
 _UniqueKeyLoader.add_constructor(INT_TAG, _core_int)
+_UniqueKeyLoader.add_constructor(FLOAT_TAG, _core_float)
 
 
 class _MergedTooMuch(Exception):
