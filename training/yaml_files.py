@@ -61,10 +61,15 @@ def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     # an explicit !!int (0x..., 1_000) as PyYAML reads it, then range-checked alike
     try:
         value = int(text, 10) if CORE_INT.match(text) else loader.construct_yaml_int(node)
-    except ValueError:  # `!!int 1e6`, where rl-zoo3 writes `!!float 1e6` for a count
+    except ValueError as exc:  # `!!int 1e6`, where rl-zoo3 writes `!!float 1e6` for a count
+        line = node.start_mark.line + 1
+        if "integer string conversion" in str(exc):
+            raise ValueError(
+                f"line {line}: a number has over {sys.get_int_max_str_digits():,} digits"
+            ) from None
         raise ValueError(
-            f"line {node.start_mark.line + 1}: {text!r} is not a whole number (!!int); write "
-            "a count as 1000000, or !!float 1e6"
+            f"line {line}: {text[:40]!r} is not a whole number (!!int); write a count as "
+            "1000000, or !!float 1e6"
         ) from None
     if problem := number_problem(value):  # past a float's range: a float() of it overflows
         raise ValueError(f"line {node.start_mark.line + 1}: {problem}")
@@ -76,7 +81,7 @@ def _core_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
     try:
         return loader.construct_yaml_float(node)
     except ValueError:
-        text = loader.construct_scalar(node)
+        text = loader.construct_scalar(node)[:40]
         raise ValueError(f"line {node.start_mark.line + 1}: {text!r} is not a number") from None
 
 
