@@ -736,3 +736,19 @@ def test_a_resume_with_another_gamma_discounts_the_reward_scale_by_it_too(tmp_pa
     config.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body | {"n_timesteps": 64, "gamma": 0.5}}))
     assert main([*argv, "--resume"]) == 0
     assert json.loads((run / "final" / "vecnormalize.json").read_text())["gamma"] == 0.5
+
+
+def test_resume_takes_a_config_that_spells_the_same_network_otherwise(tmp_path: Path) -> None:
+    """policy_kwargs {} (SB3's defaults, as none given is) and an imitation default written
+    out were refused as changes."""
+    from batchpilot.training.train import _check_same_config
+
+    body = {k: v for k, v in CONFIG["batchpilot/Batching-v0"].items() if k != "policy_kwargs"}
+    kept, new = tmp_path / "kept.yml", tmp_path / "new.yml"
+    kept.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body | {"imitation": {"teacher": "alg1"}}}))
+    same = body | {"policy_kwargs": {}, "imitation": {"teacher": "alg1", "rounds": 3}}
+    new.write_text(yaml.safe_dump({"batchpilot/Batching-v0": same}))
+    _check_same_config(new, kept)
+    new.write_text(yaml.safe_dump({"batchpilot/Batching-v0": same | {"policy_kwargs": {"net_arch": [8]}}}))
+    with pytest.raises(ValueError, match="policy_kwargs"):
+        _check_same_config(new, kept)

@@ -787,9 +787,13 @@ def _effective(key: str, body: dict[str, Any]) -> Any:
             if p.default is not inspect.Parameter.empty
         }
         return defaults | (body.get(key) or {})
+    if key == "policy_kwargs":  # PPO's: none given is SB3's defaults, as {} is
+        return body.get(key) or {}
+    if key == "imitation" and body.get(key) is not None:  # as the run reads it
+        return ImitationSpec(**body[key]).to_dict()
     if key in body:
         return body[key]
-    setting = TrainConfig.__dataclass_fields__.get(key)  # policy_kwargs is PPO's: no default
+    setting = TrainConfig.__dataclass_fields__.get(key)
     return None if setting is None or setting.default is dataclasses.MISSING else setting.default
 
 
