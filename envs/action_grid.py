@@ -31,6 +31,12 @@ def nearest(grid: tuple[int, ...], value: float) -> int:
     return min(range(len(grid)), key=lambda i: abs(math.log(grid[i]) - x))
 
 
+def at_least(grid: tuple[int, ...], value: float) -> int:
+    """Index of the first grid point at or above `value` (the last if none is): a cap between
+    grid points is reached by the point above it."""
+    return next((i for i, g in enumerate(grid) if g >= value), len(grid) - 1)
+
+
 @dataclass
 class ActionGrid:
     """Maps actions to `Limits` for an engine with caps (`max_seqs`, `max_budget`)."""
@@ -50,10 +56,11 @@ class ActionGrid:
         """The `MultiDiscrete` sizes of the action (each decision checks against them)."""
 
     def reset(self, max_seqs: int, max_budget: int) -> Limits:
-        """Start at the engine's caps (the grid points nearest them); returns those limits."""
+        """Start at the engine's caps (the first grid points at or above them, which act as
+        the caps); returns those limits."""
         self.max_seqs, self.max_budget = max_seqs, max_budget
         self._limits.clear()
-        self.index = self.top = (nearest(SEQ_GRID, max_seqs), nearest(BUDGET_GRID, max_budget))
+        self.index = self.top = (at_least(SEQ_GRID, max_seqs), at_least(BUDGET_GRID, max_budget))
         return self.limits_at(self.index)
 
     def limits_at(self, index: tuple[int, int]) -> Limits:
@@ -66,9 +73,10 @@ class ActionGrid:
 
     def apply(self, action: np.ndarray) -> Limits:
         """The limits for `action`; in ``step`` mode relative to the previous ones."""
-        a = np.asarray(action).reshape(-1).tolist()  # plain floats: a decision is hot
+        array = np.asarray(action)
+        a = array.reshape(-1).tolist()  # plain floats: a decision is hot
         try:
-            finite = len(a) == 2 and math.isfinite(a[0]) and math.isfinite(a[1])
+            finite = array.shape == (2,) and math.isfinite(a[0]) and math.isfinite(a[1])
         except TypeError:  # complex, str or object entries
             finite = False
         if not finite:

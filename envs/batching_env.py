@@ -14,7 +14,7 @@ from batchpilot.envs.action_grid import ActionGrid
 from batchpilot.envs.arrivals import Arrival
 from batchpilot.envs.controller import check_interval_iters, check_interval_s
 from batchpilot.envs.engine import Engine
-from batchpilot.envs.metrics import DEFAULT_SLO, SLO, slo_ranges
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO, goodput_slo, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
 from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
@@ -59,8 +59,11 @@ class WorkloadSpec:
 
     @classmethod
     def coerce(cls, value: str | dict | WorkloadSpec) -> WorkloadSpec:
-        if isinstance(value, WorkloadSpec):
-            return value
+        if isinstance(value, WorkloadSpec):  # checked as its fields would be in a dict
+            data = {k: v for k, v in asdict(value).items() if not (k == "profiles" and not v)}
+            if "profiles" in data:
+                data["profiles"] = list(data["profiles"])
+            return cls.coerce(data)
         if isinstance(value, str):
             return cls(source=value)
         if isinstance(value, dict):
@@ -73,11 +76,13 @@ class WorkloadSpec:
                     got = f"{data[key]!r} ({type(data[key]).__name__})"
                     raise ValueError(f"workload spec: {key} must be a string, got {got}")
             n = data.get("num_requests", cls.num_requests)
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REQUESTS:
+            whole = isinstance(n, numbers.Integral) and not isinstance(n, bool)
+            if not whole or not 1 <= n <= MAX_REQUESTS:
                 raise ValueError(
                     f"workload spec: num_requests must be a whole number in [1, {MAX_REQUESTS}], "
                     f"got {n!r}"
                 )
+            data["num_requests"] = int(n)
             for key in ("rate_scale", "length_scale", "prompt_scale"):
                 if key in data:
                     data[key] = scale_range(data[key], f"workload spec: {key}")
@@ -158,7 +163,8 @@ def log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
 
 def draw_weight(w: object, what: str) -> float:
     """`w` as a draw weight: a finite number > 0, else an error naming `what`."""
-    if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
+    real = isinstance(w, numbers.Real) and not isinstance(w, bool)
+    if not real or not 0 < w < np.inf:
         raise ValueError(f"{what}: weight must be a number > 0, got {w!r}")
     return float(w)
 
@@ -168,6 +174,11 @@ def profile_weights(profile: str | list[str] | dict[str, float]) -> dict[str, fl
     names to positive weights."""
     if isinstance(profile, str):
         return {profile: 1.0}
+    if not isinstance(profile, dict | list | tuple):
+        raise ValueError(
+            f"profile must be a name, a list of names or a mapping of names to weights, got "
+            f"{profile!r}"
+        )
     if isinstance(profile, dict):
         weights = {str(n): draw_weight(w, f"profile {n!r}") for n, w in profile.items()}
     else:
@@ -324,8 +335,8 @@ class BatchingEnv(gym.Env):
         observation_fields: list[str] | None = None,
         render_mode: str | None = None,
     ) -> None:
-        if render_mode is not None:
-            raise ValueError(f"render_mode {render_mode!r}: this env renders nothing")
+        if render_mode is not None:  # a TypeError, on which SB3's make_vec_env drops it
+            raise TypeError(f"render_mode {render_mode!r}: this env renders nothing")
         if engine not in ("sim", "vllm"):
             raise ValueError(f"engine must be 'sim' or 'vllm', got {engine!r}")
         if engine == "vllm" and not model:
@@ -366,7 +377,7 @@ class BatchingEnv(gym.Env):
         self.step_time_scale = profile_ranges(step_time_scale, names, "step_time_scale")
         self.kv_scale = profile_ranges(kv_scale, names, "kv_scale")
         self.knee_scale = profile_ranges(knee_scale, names, "knee_scale")
-        self.slo = SLO.parse(slo)
+        self.slo = goodput_slo(SLO.parse(slo), "slo")  # the reward credits on-target tokens
         self.slo_scale = slo_ranges({} if slo_scale is None else slo_scale, self.slo)
         if engine == "vllm" and (
             self.step_time_scale or self.kv_scale or self.knee_scale or self.slo_scale
@@ -411,6 +422,9 @@ class BatchingEnv(gym.Env):
         self.observation_space = spaces.Box(-clip, clip, (len(self.observer.fields),), np.float32)
         self._engine: Engine | None = None
         self._vllm_engine: Engine | None = None
+        self.workload_notes = self.check_workloads()
+        """Notes on the workloads (a trace shorter than its spec asks), for the caller to
+        show; a spec that cannot be drawn failed here."""
 
     def check_workloads(self) -> list[str]:
         """Draw each workload spec once on each profile it applies to, so one that cannot be
@@ -485,7 +499,11 @@ class BatchingEnv(gym.Env):
         specs = self._workloads_for(profile.name)
         p = draw_probabilities([s.weight for s in specs])
         spec = specs[int(rng.choice(len(specs), p=p))]
-        self.workload = spec.draw(rng, self._engine.max_model_len, rate_factor=1 / scales[0])
+        # a request fits the context and the simulator's KV cache (v0 keeps 1% of it free)
+        fits = (
+            self._engine.max_model_len if self.engine_kind == "vllm" else self._engine.max_tokens
+        )
+        self.workload = spec.draw(rng, fits, rate_factor=1 / scales[0])
         self._offered_tps = offered_output_tps(self.workload)
         limits = self.grid.reset(self._engine.max_num_seqs, self._engine.max_num_batched_tokens)
         self._telemetry = self._engine.reset(self.workload, limits)
@@ -529,9 +547,14 @@ class BatchingEnv(gym.Env):
             info["episode_metrics"] = self._engine.result().metrics()
         return self.observer(t), reward, terminated, False, info
 
+    def render(self) -> None:
+        """Nothing: this env renders nothing (``render_mode`` None)."""
+
     @property
     def telemetry(self) -> Telemetry:
         """The latest telemetry."""
+        if self._engine is None:
+            raise RuntimeError("call reset() first")
         return self._telemetry
 
     @property

@@ -36,7 +36,7 @@ MAX_INTERVAL_ITERS = 1_000_000
 def check_interval_s(seconds: object, what: str) -> float:
     """`seconds` as a float, if a number of seconds within `INTERVAL_RANGE_S`."""
     lo, hi = INTERVAL_RANGE_S
-    real = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    real = isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
     if not real or not lo <= seconds <= hi:
         raise ValueError(f"{what} must be a number of seconds in [{lo:g}, {hi:g}], got {seconds!r}")
     return float(seconds)

@@ -12,6 +12,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import batchpilot.envs
 from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID
 from batchpilot.envs.batching_env import OBSERVATION_FIELDS
+from batchpilot.envs.telemetry import Limits
 
 SMALL = {"source": "embedded:azure-conv", "num_requests": 60}
 
@@ -99,14 +100,21 @@ def test_an_action_outside_the_space_is_refused(mode: str, action: list) -> None
 
 
 def test_render_mode_and_reset_options_are_gymnasiums() -> None:
-    """No render mode (SB3's make_vec_env passes None); no reset options, unknown ones named;
-    no step cap from the registration: an episode ends with its workload."""
+    """No render mode (a TypeError, on which SB3's make_vec_env, passing "rgb_array", drops
+    it: a ValueError stopped it); no reset options, unknown ones named; no step cap from the
+    registration: an episode ends with its workload."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    vec = make_vec_env("batchpilot/Batching-v0", n_envs=2)
+    assert vec.reset().shape == (2, len(OBSERVATION_FIELDS))
+    vec.close()
     env = gym.make("batchpilot/Batching-v0", render_mode=None)
+    assert env.unwrapped.render() is None
     assert env.spec.max_episode_steps is None
     env.reset(seed=0, options={})
     with pytest.raises(ValueError, match=r"reset options \['profile'\]: this env takes none"):
         env.reset(options={"profile": "llama-7b-a100"})
-    with pytest.raises(ValueError, match="render_mode 'human': this env renders nothing"):
+    with pytest.raises(TypeError, match="render_mode 'human': this env renders nothing"):
         gym.make("batchpilot/Batching-v0", render_mode="human")
     with pytest.raises(ValueError, match="reset options must be a dict or None, got 5"):
         env.reset(options=5)  # was a TypeError from sorted()
@@ -516,9 +524,8 @@ def test_a_training_workload_can_skip_a_traces_bad_rows(tmp_path) -> None:
     trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + rows)
     spec = {"source": str(trace), "num_requests": 5}
     with pytest.raises(ValueError, match=r"burst\.csv:4: Response tokens is 0.*--bad-rows skip"):
-        make(workload=[spec]).unwrapped.check_workloads()
-    env = make(workload=[spec | {"bad_rows": "skip"}])
-    env.unwrapped.check_workloads()
+        make(workload=[spec])  # at construction, not at the episode that draws it
+    make(workload=[spec | {"bad_rows": "skip"}])
     drawn = WorkloadSpec.coerce(spec | {"bad_rows": "skip"}).draw(np.random.default_rng(0), 4096)
     assert (len(drawn), drawn.skipped_rows) == (5, 1)
 
@@ -574,3 +581,60 @@ def test_numpy_numbers_are_weights_too() -> None:
     """The type check of w_lost and w_recompute let only int and float through."""
     env = make(w_lost=np.float32(1.0), w_recompute=np.int64(0))
     assert env.unwrapped.w_lost == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        # each constructed, then failed at the reset that drew it, in a worker
+        ({"workload": ["embedded:azure-conv", {"source": "embedded:sharegpt", "arrival": "poison:4"}]}, ValueError, r"workload 1 \(embedded:sharegpt @ poison:4\).*unknown process 'poison'"),
+        ({"workload": "embedded:gsm8k"}, ValueError, r"workload 0 \(embedded:gsm8k @ replay\)"),
+        # an empty SLO: every policy earned the same return
+        ({"slo": ""}, ValueError, "slo names no objective"),
+        ({"profile": 123}, ValueError, "profile must be a name, a list of names or a mapping"),
+    ],
+)
+def test_the_constructor_refuses_what_a_reset_would(kwargs: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        make(**kwargs)
+
+
+def test_a_workload_spec_object_is_checked_as_its_dict_is_and_numpy_numbers_count() -> None:
+    """A WorkloadSpec skipped every check ("Probabilities contain NaN" at a reset); numpy
+    numbers were refused as no numbers."""
+    from batchpilot.envs.batching_env import WorkloadSpec
+
+    with pytest.raises(ValueError, match="workload spec: weight must be a number > 0, got -1"):
+        make(workload=[WorkloadSpec("embedded:gsm8k", "poisson:4", weight=-1)])
+    with pytest.raises(ValueError, match="rate_scale"):
+        make(workload=[WorkloadSpec("embedded:gsm8k", "poisson:4", rate_scale=(2, 1))])
+    spec = {"source": "embedded:gsm8k", "arrival": "poisson:4", "num_requests": np.int64(30), "weight": np.float32(2)}
+    env = make(workload=[spec], profile={"llama-7b-a100": np.int64(1)}, control_interval_s=np.float32(0.5))
+    assert env.reset(seed=0)[0].shape == (len(OBSERVATION_FIELDS),)
+
+
+def test_a_cap_between_grid_points_is_reached_and_actions_keep_their_shape() -> None:
+    """A cap of 300 requests started and stayed at 256, though grid points past the caps
+    act as the caps; a batched (1, 2) action was taken for one."""
+    from batchpilot.envs.action_grid import ActionGrid
+
+    grid = ActionGrid("grid")
+    assert grid.reset(300, 3000) == Limits(300, 3000)
+    assert grid.apply(np.array([len(SEQ_GRID) - 1, len(BUDGET_GRID) - 1])) == Limits(300, 3000)
+    assert grid.apply(np.array([SEQ_GRID.index(256), BUDGET_GRID.index(2048)])) == Limits(256, 2048)
+    with pytest.raises(ValueError, match="action must be 2 finite entries"):
+        grid.apply(np.array([[3, 4]]))
+    env = make()
+    with pytest.raises(RuntimeError, match=r"call reset\(\) first"):
+        _ = env.unwrapped.telemetry
+
+
+def test_every_episode_fits_a_v0_cache_the_kv_scale_shrank() -> None:
+    """v0 keeps 1% of the blocks free: with a KV cache scaled down to about one context, a
+    quarter of the resets drew a request it could not hold (cut to the context only)."""
+    env = make(
+        profile="llama-3-8b-l4", kv_scale=(0.2, 1.0), engine_kwargs={"scheduler": "v0"},
+        workload=[{"source": "mix:gsm8k=1,sharegpt=2", "arrival": "poisson:4", "num_requests": 100}],
+    )
+    for seed in range(30):
+        env.reset(seed=seed)
