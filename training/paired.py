@@ -1,7 +1,7 @@
 """Paired differences over seeds: every controller runs the same workload draw per seed, so
 the difference of two controllers is taken seed by seed and summarised with a Student-t
 95% interval (the seed-to-seed spread of the workload cancels out of the difference); over
-several scenarios, the geometric mean of their ratios with a paired bootstrap interval
+several scenarios, the geometric mean of their ratios with a paired delta-method t-interval
 (`geomean_interval`)."""
 
 from __future__ import annotations
@@ -109,34 +109,38 @@ def describe(p: PairedDifference) -> str:
     return text
 
 
-BOOTSTRAP_DRAWS = 2000
-"""Resamples of `geomean_interval` (its bounds move by about 0.001 between rng seeds)."""
-
-
 def geomean_interval(
-    pairs: Sequence[tuple[Sequence[float], Sequence[float]]], draws: int = BOOTSTRAP_DRAWS
+    pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
 ) -> tuple[float, float] | None:
     """A 95% interval of the geometric mean over scenarios of mean(a) / mean(b), from
-    `pairs` of per-seed values (a, b) of each scenario: each scenario's seeds are resampled
-    with replacement, the same seeds for a and b (a paired bootstrap, percentile interval;
-    a fixed rng, so a report repeats). None with fewer than 2 seeds in every scenario, or
-    where a resample's mean(b) is 0; a resample with mean(a) 0 counts 0, as
-    `geometric_mean` does."""
+    `pairs` of per-seed values (a, b) of each scenario, the same seeds for both: the mean of
+    the log ratios with its delta-method variance (a seed's share of a scenario's log ratio
+    is a_i / mean(a) - b_i / mean(b), paired), and a Student-t quantile with
+    Welch-Satterthwaite's degrees of freedom over the scenarios. (A percentile bootstrap of
+    the seeds, used before, excluded a true ratio of 1 from 11-28% of its 95% intervals at 3
+    to 10 seeds.) None with fewer than 2 seeds in every scenario, or where a scenario's
+    mean(a) or mean(b) is 0 (no log ratio); a scenario of one seed adds its ratio, not
+    its spread."""
     if not pairs or all(len(a) < 2 for a, _ in pairs):
         return None
-    rng = np.random.default_rng(0)
-    ratios = []
+    logs, shares = [], []
     for a, b in pairs:
         a_arr, b_arr = np.asarray(a, float), np.asarray(b, float)
         if len(a_arr) != len(b_arr) or not len(a_arr):
             raise ValueError(f"paired values need the same seeds: {len(a_arr)}, {len(b_arr)}")
-        idx = rng.integers(len(a_arr), size=(draws, len(a_arr)))
-        den = b_arr[idx].mean(axis=1)
-        if (den <= 0).any():
+        mean_a, mean_b = a_arr.mean(), b_arr.mean()
+        if mean_a <= 0 or mean_b <= 0:
             return None
-        ratios.append(a_arr[idx].mean(axis=1) / den)
-    stacked = np.stack(ratios)  # scenarios x draws
-    with np.errstate(divide="ignore"):  # a zero ratio: a geometric mean of 0
-        means = np.exp(np.log(stacked).mean(axis=0))
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(low), float(high)
+        logs.append(math.log(mean_a / mean_b))
+        n = len(a_arr)
+        if n > 1:  # the variance of this scenario's log ratio, and its degrees of freedom
+            u = a_arr / mean_a - b_arr / mean_b
+            shares.append((float(u.var(ddof=1)) / n, n - 1))
+    k = len(logs)
+    centre = sum(logs) / k
+    var = sum(v for v, _ in shares) / k**2
+    if var == 0:  # every seed's ratio the same
+        return math.exp(centre), math.exp(centre)
+    dof = sum(v for v, _ in shares) ** 2 / sum(v**2 / d for v, d in shares if v)
+    half = t975(max(1, math.floor(dof))) * math.sqrt(var)
+    return math.exp(centre - half), math.exp(centre + half)

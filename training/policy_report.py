@@ -72,7 +72,7 @@ def tally(results: dict[str, Any], label: str) -> Tally:
             static.append(mean[label] / mean[BEST_STATIC])
             static_pairs.append((own, seed_values(res[BEST_STATIC], "output_goodput")))
         p = paired_vs(sc, label, ref, "output_goodput")
-        outcome = "tie (no significant difference)"
+        outcome = "no significant difference"
         if p.significant and not p.decisive:
             outcome = f"tie (significant but under {MIN_EFFECT:.0%})"
         small = p.rel is not None and abs(p.rel) < MIN_EFFECT
@@ -100,13 +100,15 @@ def tally(results: dict[str, Any], label: str) -> Tally:
 
 def ratio_text(ratio: float, pairs: Pairs) -> str:
     """``1.121x (1.098-1.145)``: a geometric mean of ratios and its paired 95% interval
-    (`geomean_interval`); with one seed, none; where resampled seeds leave the reference
-    without goodput, none and the reason."""
+    (`geomean_interval`); with one seed, none; where a scenario's mean goodput is 0, none and
+    the reason; ``—`` where no scenario gave a ratio."""
+    if not pairs:
+        return "—"
     interval = geomean_interval(pairs)
     if interval:
         return f"{ratio:.3f}x ({interval[0]:.3f}-{interval[1]:.3f})"
     if any(len(a) > 1 for a, _ in pairs):
-        return f"{ratio:.3f}x (no interval: resampled seeds leave the reference no goodput)"
+        return f"{ratio:.3f}x (no interval: a mean goodput of 0)"
     return f"{ratio:.3f}x"
 
 
@@ -123,7 +125,8 @@ def _outcome(wins: int, losses: int, n: int, untested: int = 0) -> str:
         return f"**The learned policy lost** on {losses} of {n} scenarios"
     if wins or losses:
         return f"**The learned policy won on {wins} and lost on {losses} of {n} scenarios**"
-    return f"**The learned policy tied** on {'the scenario' if n == 1 else f'all {n} scenarios'}"
+    of = "the scenario" if n == 1 else f"any of the {n} scenarios"
+    return f"**The learned policy neither won nor lost** on {of}"
 
 
 def learned_verdict(results: dict[str, Any], label: str) -> str:
@@ -222,8 +225,8 @@ def write_suites_report(
         "",
         "Goodput ratios are geometric means over the suite's scenarios of the policy's mean "
         "goodput over the best reference's and over the tuned static pair's (best-static), "
-        "with paired 95% intervals (each scenario's seeds resampled, the same seeds for "
-        "both).",
+        "with paired 95% intervals (the delta method over each scenario's seeds, the same "
+        "seeds for both, and Student's t).",
         "",
         f"Command: `{command}`",
         "",

@@ -150,13 +150,17 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
 
 
 def latency_vs(sc: dict[str, Any], a: str, b: str) -> str:
-    """``p99 TTFT 550 vs 182 ms, p99 TPOT 21 vs 20 ms``: `a`'s mean tail latencies beside
-    `b`'s (a goodput tie can hide a latency cost)."""
+    """``p99 TTFT 550 vs 182 ms, p99 TPOT 21 vs 20 ms, preemptions 3 vs 0``: `a`'s mean tail
+    latencies and preemptions a run beside `b`'s (a goodput win can hide a latency or
+    recompute cost)."""
     ma, mb = sc["results"][a]["mean"], sc["results"][b]["mean"]
-    return ", ".join(
+    parts = [
         f"p99 {name} {ma[key]:,.0f} vs {mb[key]:,.0f} ms"
         for name, key in (("TTFT", "p99_ttft_ms"), ("TPOT", "p99_tpot_ms"))
-    )
+    ]
+    if "num_preemptions" in ma and "num_preemptions" in mb:
+        parts.append(f"preemptions {ma['num_preemptions']:,.0f} vs {mb['num_preemptions']:,.0f}")
+    return ", ".join(parts)
 
 
 def summary_table(results: dict[str, Any]) -> Table:

@@ -108,6 +108,13 @@ def main(args: argparse.Namespace) -> int:
         references = split_specs(args.references)
     except ValueError as exc:
         raise ValueError(f"--references {args.references!r}: {exc}") from None
+    from batchpilot.training.report import is_reference
+
+    if not any(is_reference(r) for r in references):
+        raise ValueError(
+            f"--references {args.references!r} names no reference (vLLM's default, a static "
+            "pair or a rule): the policy is judged against the best of them; add best-static"
+        )
     candidates = {spec_key(label) for label in labels}
     if twice := next((r for r in references if spec_key(r) in candidates), None):
         raise ValueError(
