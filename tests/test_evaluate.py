@@ -316,6 +316,21 @@ def test_no_difference_on_one_scenario_is_said_as_one_and_not_as_a_tie() -> None
     assert _outcome(0, 0, 3).endswith("neither won nor lost** on any of the 3 scenarios")
 
 
+def test_a_scenario_goodput_cannot_rank_is_left_out_of_the_learned_verdict() -> None:
+    """The verdict judged goodput where the scenario ranks by throughput (its own verdict
+    then named another best reference, and called the opposite result)."""
+    from batchpilot.training.policy_report import learned_verdict, tally
+
+    judged = _fake_scenario([100.0, 200.0, 300.0], [110.0, 215.0, 320.0])
+    thr = {**_fake_scenario([100.0, 200.0, 300.0], [10.0, 20.0, 30.0]), "name": "T"}
+    thr["scenario"] = {"score": "output_throughput"}
+    t = tally({"controllers": ["alg1", "mpc"], "scenarios": [judged, thr]}, "mpc")
+    assert (len(t.lines), t.wins, len(t.ratios)) == (1, 1, 1)
+    assert t.skipped == ("- T: not judged on goodput (the scenario is scored on output_throughput)",)
+    text = learned_verdict({"controllers": ["alg1", "mpc"], "scenarios": [thr]}, "mpc")
+    assert text.startswith("**The learned policy was not judged** (goodput ranks none")
+
+
 def test_evaluate_refuses_references_of_which_none_is_one(tmp_path: Path, capsys) -> None:
     """With --references oracle it said "tied on all 0 scenarios ... 0.000x"."""
     argv = ["evaluate", "--policy", "training/reports/learned/policy.onnx", "--suite",
@@ -397,7 +412,8 @@ def test_tally_gives_geometric_means_vs_best_reference_and_tuned_static_pair() -
     def scenario(name: str, static: float, alg1: float, policy: float) -> dict:
         rows = {"best-static": static, "alg1": alg1, "policy:p": policy}
         tails = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 20.0}
-        out = {c: {"per_seed": [{"output_goodput": v}] * 2, "mean": {"output_goodput": v} | tails}
+        mean = {"output_throughput": 1000.0} | tails
+        out = {c: {"per_seed": [{"output_goodput": v}] * 2, "mean": {"output_goodput": v} | mean}
                for c, v in rows.items()}  # fmt: skip
         return {"name": name, "scenario": {"score": "output_goodput"}, "results": out}
 

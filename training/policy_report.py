@@ -20,6 +20,7 @@ from batchpilot.training.report import (
     latency_vs,
     md_table,
     paired_vs,
+    ranking_metric,
     seed_values,
 )
 
@@ -46,6 +47,9 @@ class Tally:
     """The per-seed goodputs behind `static_ratios`."""
     untested: int = 0
     """Scenarios run on one seed: neither won, lost nor tied (no interval to test)."""
+    skipped: tuple[str, ...] = ()
+    """One line per scenario goodput cannot rank (`ranking_metric`): left out of the counts
+    and ratios, with the reason."""
 
     @property
     def geomean(self) -> float:
@@ -58,9 +62,15 @@ def tally(results: dict[str, Any], label: str) -> Tally:
     lines, wins, losses, untested, ratios, static = [], 0, 0, 0, [], []
     pairs: Pairs = []
     static_pairs: Pairs = []
+    skipped = []
     for sc in results["scenarios"]:
         ref = best_reference(sc, results["controllers"], "output_goodput")
         if ref is None:
+            continue
+        key, note = ranking_metric(sc)
+        if key != "output_goodput":  # the scenario's own verdict ranks by another metric
+            why = note or f"the scenario is scored on {key}"
+            skipped.append(f"- {sc['name']}: not judged on goodput ({why})")
             continue
         res = sc["results"]
         mean = {c: e["mean"]["output_goodput"] for c, e in res.items()}
@@ -95,7 +105,9 @@ def tally(results: dict[str, Any], label: str) -> Tally:
         latency = latency_vs(sc, label, ref)
         line = f"- {sc['name']}: {outcome}, goodput {describe(p)} vs {ref} ({n}; {latency})"
         lines.append(line)
-    return Tally(lines, wins, losses, ratios, static, pairs, static_pairs, untested)
+    return Tally(
+        lines, wins, losses, ratios, static, pairs, static_pairs, untested, tuple(skipped)
+    )
 
 
 def ratio_text(ratio: float, pairs: Pairs) -> str:
@@ -113,6 +125,8 @@ def ratio_text(ratio: float, pairs: Pairs) -> str:
 
 
 def _outcome(wins: int, losses: int, n: int, untested: int = 0) -> str:
+    if not n:
+        return "**The learned policy was not judged** (goodput ranks none of the scenarios)"
     if untested and untested >= n:
         of = "the scenario" if n == 1 else f"each of the {n} scenarios"
         return f"**The learned policy was not tested** (one seed of {of}: no interval)"
@@ -142,7 +156,7 @@ def learned_verdict(results: dict[str, Any], label: str) -> str:
             f"best reference's (geometric mean of the ratios; above it on {above} of "
             f"{len(t.ratios)}):"
         )
-    return "\n".join([head, *t.lines])
+    return "\n".join([head, *t.lines, *t.skipped])
 
 
 def compare_policy(argv: list[str], labels: Sequence[str]) -> dict[str, Any]:
@@ -214,6 +228,7 @@ def write_suites_report(
                 static = ratio_text(geometric_mean(t.static_ratios), t.static_pairs)
             name = [f"`{label}`"] if len(labels) > 1 else []
             once = f" ({t.untested} not tested)" if t.untested else ""
+            once += f" ({len(t.skipped)} not judged on goodput)" if t.skipped else ""
             counts = [f"{len(t.lines)}{once}", str(t.wins), str(t.losses)]
             above = str(sum(r > 1 for r in t.ratios))
             ratio = ratio_text(t.geomean, t.pairs)
