@@ -297,6 +297,9 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
     assert verdict(sc, ["alg1", "mpc"]).endswith("p99 TPOT 20 vs 20 ms, preemptions 12 vs 0")
     line = verdict(_fake_scenario([100.0, 200.0, 300.0], [120.0, 190.0, 300.0]), ["alg1", "mpc"])
     assert "no significant difference on goodput between mpc and alg1" in line
+    # equal means that differ seed by seed: no difference shown, not equality
+    line = verdict(_fake_scenario([100.0, 200.0, 300.0], [150.0, 150.0, 300.0]), ["alg1", "mpc"])
+    assert "no significant difference on goodput between" in line and "equal" not in line
     # consistently ahead by 0.05%: significant, but a tie for anyone choosing a controller
     line = verdict(_fake_scenario([100.0, 200.0, 300.0], [100.1, 200.1, 300.12]), ["alg1", "mpc"])
     assert line.startswith("**S**: mpc and alg1 tie on goodput (significant but under 1%)")

@@ -117,7 +117,7 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
         return head + f"only {ranked[0]} ran"
     win, second = ranked[0], ranked[1]
     p = paired_vs(sc, win, second, key)
-    if p.diff == 0:
+    if p.diff == 0 and p.low == p.high:  # equal on every seed (or the one run)
         line = f"{win} and {second} tie on {what}: equal ({p.n} paired seed{'s' * (p.n > 1)})"
     elif p.n == 1 and p.rel is not None and abs(p.rel) < MIN_EFFECT:
         line = (
