@@ -26,6 +26,7 @@ from batchpilot.baselines.specs import make_controller
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.json_objects import read_json_object
 from batchpilot.envs.metrics import SLO, geometric_mean
+from batchpilot.envs.plain_numbers import is_number
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
@@ -198,7 +199,7 @@ def read_eval_record(best_dir: Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{path}: baselines must be a JSON object")
     for where, scores in (("", record), *((f"baselines.{b}.", s) for b, s in baselines.items())):
         goodput = scores.get("output_goodput") if isinstance(scores, dict) else None
-        if isinstance(goodput, bool) or not isinstance(goodput, int | float) or not goodput >= 0:
+        if not is_number(goodput) or not goodput >= 0:
             raise CheckpointError(
                 f"{path}: {where}output_goodput is {brief(goodput)}; need a number >= 0"
             )

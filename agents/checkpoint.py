@@ -30,6 +30,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from batchpilot.agents.schema import mapping_problems, number, signature_hints
 from batchpilot.envs.input_files import regular_file
 from batchpilot.envs.json_objects import read_json_object
+from batchpilot.envs.plain_numbers import is_number
 
 FORMAT = "batchpilot-checkpoint"
 FORMAT_VERSION = 1
@@ -118,7 +119,7 @@ def _floats(data: dict[str, Any], key: str, path: Path, n: int | None = None) ->
 
 def _number(data: dict[str, Any], key: str, path: Path, low: float = -math.inf) -> float:
     value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value:
+    if not is_number(value) or not low <= value:
         raise CheckpointError(f"{path}: {key} is {value!r}; need a number >= {low}")
     return float(value)
 
@@ -253,6 +254,9 @@ def save_checkpoint(model: Any, directory: Path) -> None:
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
+    # a save over an earlier one (``final``) first drops its state: cut short, the directory
+    # then holds no checkpoint, not new weights beside the old state
+    (directory / STATE).unlink(missing_ok=True)
     policy = model.policy
     tensors = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
     opt = policy.optimizer.state_dict()
@@ -277,7 +281,7 @@ def save_checkpoint(model: Any, directory: Path) -> None:
     if vecnorm is not None:
         save_vecnormalize(vecnorm, directory / VECNORMALIZE)
     # the state last, whole (renamed into place): a save cut short leaves no checkpoint.json,
-    # and `latest_checkpoint` passes the directory over
+    # and `resume_point` passes the directory over
     partial = directory / f".{STATE}.partial"
     partial.write_text(json.dumps(state, indent=1) + "\n")
     partial.replace(directory / STATE)
@@ -523,12 +527,9 @@ def resume_point(run: Path) -> Path | None:
     checkpoint, or its ``final`` one where that is newer (a run that ended between periodic
     checkpoints, or before its first); None if neither is there."""
     latest, final = latest_checkpoint(run / "checkpoints"), run / "final"
-    if not _complete(final):
+    if not _complete(final):  # none, or a save cut short
         return latest
-    try:
-        steps = read_state(final)["num_timesteps"]
-    except CheckpointError:  # an unreadable final state: go on from the periodic ones
-        return latest
+    steps = read_state(final)["num_timesteps"]  # unreadable: a CheckpointError naming it
     if latest is None or steps >= int(latest.name.removeprefix("step_")):
         return final
     return latest

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from batchpilot.envs.names import did_you_mean
+from batchpilot.envs.plain_numbers import is_number
 
 Check = Callable[[Any], str | None]
 """A value check: None if the value is fine, else what is wrong with it."""
@@ -97,7 +98,7 @@ def type_problem(value: Any, annotation: Any) -> str | None:
         ok = isinstance(value, int) and not isinstance(value, bool)
         return None if ok else f"{value!r} is not of type int"
     if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if not is_number(value):
             return f"{value!r} is not of type float"
         return None if math.isfinite(value) else f"{value!r} is not finite"
     if annotation is str:

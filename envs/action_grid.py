@@ -98,9 +98,10 @@ class ActionGrid:
     def action_for(self, limits: Limits) -> np.ndarray:
         """The action that moves towards `limits` (a teacher's label): the nearest grid
         points in ``grid`` mode, one step in their direction in ``step`` mode."""
-        target = (
-            nearest(SEQ_GRID, limits.max_num_seqs),
-            nearest(BUDGET_GRID, limits.max_num_batched_tokens or self.max_budget),
+        seqs, budget = limits.max_num_seqs, limits.max_num_batched_tokens or self.max_budget
+        target = (  # a limit at an engine's cap is the grid point acting as it (`reset`)
+            self.top[0] if seqs == self.max_seqs else nearest(SEQ_GRID, seqs),
+            self.top[1] if budget == self.max_budget else nearest(BUDGET_GRID, budget),
         )
         if self.mode == "grid":
             return np.array(target, np.int64)

@@ -16,6 +16,7 @@ from batchpilot.envs.controller import check_interval_iters, check_interval_s
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, goodput_slo, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer
+from batchpilot.envs.plain_numbers import is_number, is_whole
 from batchpilot.envs.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from batchpilot.envs.telemetry import Telemetry
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS
@@ -76,8 +77,7 @@ class WorkloadSpec:
                     got = f"{data[key]!r} ({type(data[key]).__name__})"
                     raise ValueError(f"workload spec: {key} must be a string, got {got}")
             n = data.get("num_requests", cls.num_requests)
-            whole = isinstance(n, numbers.Integral) and not isinstance(n, bool)
-            if not whole or not 1 <= n <= MAX_REQUESTS:
+            if not is_whole(n) or not 1 <= n <= MAX_REQUESTS:
                 raise ValueError(
                     f"workload spec: num_requests must be a whole number in [1, {MAX_REQUESTS}], "
                     f"got {n!r}"
@@ -163,8 +163,7 @@ def log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
 
 def draw_weight(w: object, what: str) -> float:
     """`w` as a draw weight: a finite number > 0, else an error naming `what`."""
-    real = isinstance(w, numbers.Real) and not isinstance(w, bool)
-    if not real or not 0 < w < np.inf:
+    if not is_number(w) or not 0 < w < np.inf:
         raise ValueError(f"{what}: weight must be a number > 0, got {w!r}")
     return float(w)
 

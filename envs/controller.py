@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import numbers
 import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from batchpilot.envs.engine import Engine
+from batchpilot.envs.plain_numbers import is_number, is_whole
 from batchpilot.envs.telemetry import Limits, Telemetry
 
 
@@ -36,16 +36,14 @@ MAX_INTERVAL_ITERS = 1_000_000
 def check_interval_s(seconds: object, what: str) -> float:
     """`seconds` as a float, if a number of seconds within `INTERVAL_RANGE_S`."""
     lo, hi = INTERVAL_RANGE_S
-    real = isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
-    if not real or not lo <= seconds <= hi:
+    if not is_number(seconds) or not lo <= seconds <= hi:
         raise ValueError(f"{what} must be a number of seconds in [{lo:g}, {hi:g}], got {seconds!r}")
     return float(seconds)
 
 
 def check_interval_iters(iterations: object, what: str) -> int:
     """`iterations` as an int, if a whole number in [1, `MAX_INTERVAL_ITERS`]."""
-    whole = isinstance(iterations, numbers.Integral) and not isinstance(iterations, bool)
-    if not whole or not 1 <= iterations <= MAX_INTERVAL_ITERS:
+    if not is_whole(iterations) or not 1 <= iterations <= MAX_INTERVAL_ITERS:
         raise ValueError(
             f"{what} must be a whole number in [1, {MAX_INTERVAL_ITERS:,}], got {iterations!r}"
         )

@@ -1,6 +1,19 @@
-"""Numbers as users write them in files and on the command line."""
+"""Numbers as users write them in files and on the command line, and as values."""
 
 from __future__ import annotations
+
+import numbers
+from typing import Any
+
+
+def is_number(value: Any) -> bool:
+    """Whether `value` is a real number (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_whole(value: Any) -> bool:
+    """Whether `value` is an integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def plain_float(text: str, *, padded: bool = False) -> float:

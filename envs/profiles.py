@@ -40,6 +40,7 @@ from batchpilot.envs.input_files import regular_file, user_path
 from batchpilot.envs.json_objects import read_json, read_json_object
 from batchpilot.envs.names import did_you_mean
 from batchpilot.envs.output_files import replace_file
+from batchpilot.envs.plain_numbers import is_number
 from batchpilot.envs.profile_tables import load_tables
 from batchpilot.envs.step_models import (
     LinearStepModel,
@@ -529,7 +530,7 @@ def _context(
         if kind not in UNSCALED_ROPE:
             factor = params.get("factor", factor)
     factor = 1.0 if factor is None else factor
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < 2**10:
+    if not is_number(factor) or not 0 < factor < 2**10:
         raise ValueError(f"{file}: the RoPE scaling factor {brief(factor)} is not in (0, 1024)")
     if factor == 1:
         return length, key

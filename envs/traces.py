@@ -37,7 +37,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from batchpilot.envs import trace_fast
 from batchpilot.envs.input_files import regular_file, user_path
 from batchpilot.envs.json_objects import DuplicateKeys, unique_object
-from batchpilot.envs.plain_numbers import plain_float
+from batchpilot.envs.plain_numbers import is_number, plain_float
 
 
 class TraceError(ValueError):
@@ -348,7 +348,7 @@ def _text_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[str]:
 
 def _json_number(value: Any, what: str, where: str) -> float:
     """A JSON number (not a string, bool or null)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         raise TraceError(f"{where}: {what} is {value!r}, not a number")
     try:
         return float(value)

@@ -10,6 +10,8 @@ from typing import overload
 
 import numpy as np
 
+from batchpilot.envs.plain_numbers import is_number
+
 
 class WorkloadError(ValueError):
     """A workload that cannot be served as given (bad lengths, context overflow, ...)."""
@@ -281,7 +283,7 @@ def scale_factor(value: float, what: str) -> float:
     """`value` if it is a number within `SCALE_BOUNDS`, else an error naming `what`."""
     low, high = SCALE_BOUNDS
     if not (
-        isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+        is_number(value) and low <= value <= high
     ):
         raise ValueError(f"{what} must be a number in [{low:g}, {high:g}], got {value!r}")
     return float(value)

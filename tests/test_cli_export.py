@@ -752,3 +752,21 @@ def test_resume_takes_a_config_that_spells_the_same_network_otherwise(tmp_path: 
     new.write_text(yaml.safe_dump({"batchpilot/Batching-v0": same | {"policy_kwargs": {"net_arch": [8]}}}))
     with pytest.raises(ValueError, match="policy_kwargs"):
         _check_same_config(new, kept)
+
+
+def test_a_run_whose_final_state_is_unreadable_is_not_overwritten(tmp_path: Path, capsys) -> None:
+    """A run with only a final state of another version stopped counting as a run: a fresh
+    train replaced it, and --resume passed it over without a word."""
+    body = CONFIG["batchpilot/Batching-v0"] | {"n_timesteps": 32}
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump({"batchpilot/Batching-v0": body}))
+    run = tmp_path / "run"
+    argv = ["train", "--config", str(config), "--out", str(run), "--no-progress"]
+    assert main(argv) == 0
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)
+    state = json.loads((run / "final" / "checkpoint.json").read_text()) | {"format_version": 0}
+    (run / "final" / "checkpoint.json").write_text(json.dumps(state))
+    assert main(argv) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 2
+    assert "final/checkpoint.json: not a" in capsys.readouterr().err

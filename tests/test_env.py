@@ -624,6 +624,8 @@ def test_a_cap_between_grid_points_is_reached_and_actions_keep_their_shape() -> 
     assert grid.apply(np.array([SEQ_GRID.index(256), BUDGET_GRID.index(2048)])) == Limits(256, 2048)
     with pytest.raises(ValueError, match="action must be 2 finite entries"):
         grid.apply(np.array([[3, 4]]))
+    # a teacher holding the cap is labelled with the point acting as it, not the nearest (256)
+    assert grid.limits_at(tuple(grid.action_for(Limits(300, None)))) == Limits(300, 3000)
     env = make()
     with pytest.raises(RuntimeError, match=r"call reset\(\) first"):
         _ = env.unwrapped.telemetry

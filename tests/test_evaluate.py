@@ -950,7 +950,7 @@ def test_compare_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture
     (pages / "a-timeline.png").write_text("mine")
     for command in (["compare", "--controllers", "alg1"], ["paper"], ["quickstart"]):
         assert main([*command, "--out", str(pages), "--no-progress"]) == 2, command
-        assert "holds report.md but no results.json, so no batchpilot report wrote it" in (
+        assert "holds report.md but no results.json, which a report would replace" in (
             capsys.readouterr().err
         )
     assert (pages / "a-timeline.png").read_text() == "mine"

@@ -35,6 +35,7 @@ from typing import Any
 from batchpilot.agents.specs import spec_key
 from batchpilot.baselines.specs import given_twice, split_specs
 from batchpilot.envs.input_files import regular_file, user_path
+from batchpilot.envs.plain_numbers import is_number
 from batchpilot.envs.profiles import DEFAULT_PROFILE, check_profile_name
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS
@@ -216,10 +217,6 @@ def _is_count(value: Any, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high
 
 
-def _is_number(value: Any) -> bool:
-    """Whether `value` is an int or a float (not a bool)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
 
 def _as_profiles(value: Any, where: str) -> list[str]:
     """A suite's `profiles` value as a list of profile names, each given once."""
@@ -273,7 +270,7 @@ def _field(key: str, value: Any, where: str) -> Any:
     """Scenario field `key`'s `value` on one profile, type (and choice) checked; a range as a
     tuple (its bounds are checked by `Scenario`)."""
     if key in RANGES:
-        if not (isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))):
+        if not (isinstance(value, list) and len(value) == 2 and all(map(is_number, value))):
             raise SuiteError(f"{where}: {key!r} must be [LOW, HIGH] (two numbers), got {value!r}")
         return (float(value[0]), float(value[1]))
     if key == "num_requests":

@@ -789,7 +789,10 @@ def _effective(key: str, body: dict[str, Any]) -> Any:
     if key == "policy_kwargs":  # PPO's: none given is SB3's defaults, as {} is
         return body.get(key) or {}
     if key == "imitation" and body.get(key) is not None:  # as the run reads it
-        return ImitationSpec(**body[key]).to_dict()
+        try:
+            return ImitationSpec(**body[key]).to_dict()
+        except (TypeError, ValueError):  # a kept config of another version: as written
+            return body[key]
     if key in body:
         return body[key]
     setting = TrainConfig.__dataclass_fields__.get(key)
@@ -954,8 +957,10 @@ def _imitate(run: _Run, episodes: Collector, named: bool, advance: Callable[[], 
 
 
 def _holds_run(out: Path) -> bool:
-    """`out` has a run with something to resume (`resume_point`; a run that failed before
-    its first checkpoint may be started again)."""
-    from batchpilot.agents.checkpoint import resume_point
+    """`out` has a run that saved a checkpoint or its final state, readable or not (a run
+    that failed before its first checkpoint may be started again)."""
+    from batchpilot.agents.checkpoint import STATE, latest_checkpoint
 
-    return (out / "run.json").exists() and resume_point(out) is not None
+    return (out / "run.json").exists() and (
+        latest_checkpoint(out / "checkpoints") is not None or (out / "final" / STATE).exists()
+    )

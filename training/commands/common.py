@@ -339,8 +339,8 @@ def check_results_dir(out: Path) -> None:
         pages := [name for name in REPORT_PAGES if (out / name).exists()]
     ):
         raise ValueError(
-            f"--out {out}: holds {' and '.join(pages)} but no results.json, so no batchpilot "
-            "report wrote it; choose a new or empty directory"
+            f"--out {out}: holds {' and '.join(pages)} but no results.json, which a report "
+            "would replace with no record of what they were; choose a new or empty directory"
         )
     check_replaceable(
         out / "results.json",
