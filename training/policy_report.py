@@ -240,8 +240,8 @@ def write_suites_report(
         "",
         "Goodput ratios are geometric means over the suite's scenarios of the policy's mean "
         "goodput over the best reference's and over the tuned static pair's (best-static), "
-        "with paired 95% intervals (the delta method over each scenario's seeds, the same "
-        "seeds for both, and Student's t).",
+        "with paired 95% intervals (the delta method over the seeds, the same seeds for "
+        "both, summed seed by seed over scenarios that share their seeds, and Student's t).",
         "",
         f"Command: `{command}`",
         "",
