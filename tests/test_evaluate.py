@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 import batchpilot.training.evaluate as ev
 from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
@@ -1271,3 +1272,34 @@ def test_a_suite_that_is_a_directory_or_device_is_named_so(tmp_path: Path) -> No
         load_suite("/dev/null")
     with pytest.raises(SuiteError, match="unknown suite 'nosuch'; known: bursty"):
         load_suite("nosuch")
+
+
+def test_compare_options_that_were_ignored_or_mis_parsed_are_named(tmp_path: Path, capsys) -> None:
+    """--capacity --no-capacity kept the last; bad_rows on a source with no rows was ignored;
+    a suite's tuning_seeds without best-static were recorded though never used."""
+    out = str(tmp_path / "o")
+    with pytest.raises(SystemExit):
+        main(["compare", "--capacity", "--no-capacity", "--out", out])
+    assert "--capacity/--no-capacity: given more than once (or both ways)" in capsys.readouterr().err
+    assert main(["compare", "--workload", "embedded:gsm8k@poisson:4", "--bad-rows", "skip", "--out", out]) == 2
+    assert "bad_rows 'skip' says what a trace file's bad rows do; embedded:gsm8k is no trace file" in capsys.readouterr().err
+    suite = tmp_path / "s.yml"
+    suite.write_text(yaml.safe_dump({
+        "description": "d", "controllers": ["alg1", "static:64"], "tuning_seeds": 2,
+        "scenarios": [{"name": "a", "source": "embedded:gsm8k", "arrival": "poisson:4", "num_requests": 10}],
+    }))
+    assert main(["compare", "--suite", str(suite), "--out", out]) == 2
+    assert "tuning_seeds, but no best-static among its controllers to tune" in capsys.readouterr().err
+
+
+def test_evaluate_passes_a_suite_path_that_begins_with_a_dash(tmp_path: Path, monkeypatch, capsys) -> None:
+    """evaluate --suite=-s.yml died in its inner compare's parser with compare's usage."""
+    monkeypatch.chdir(tmp_path)
+    Path("-s.yml").write_text(yaml.safe_dump({
+        "description": "d", "scenarios": [{"name": "a", "source": "fixed:64:8", "arrival": "poisson:4", "num_requests": 8}],
+    }))
+    policy = Path(__file__).resolve().parents[1] / "training" / "reports" / "learned" / "policy.onnx"
+    argv = ["evaluate", "--policy", str(policy), "--suite=-s.yml", "--references", "static:64",
+            "--seeds", "2", "--out", "o", "--no-progress"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert Path("o/-s/results.json").is_file()

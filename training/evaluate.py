@@ -156,6 +156,11 @@ class Scenario:
                 continue
             bounds = CV_RANGE if key == "cv" else SCALE_BOUNDS  # gamma arrivals' own
             scale_range(value, f"scenario {self.name!r}: {key}", bounds)
+        if self.bad_rows != DEFAULT_BAD_ROWS and not is_trace_file(self.source):
+            raise ValueError(
+                f"scenario {self.name!r}: bad_rows {self.bad_rows!r} says what a trace file's "
+                f"bad rows do; {self.source} is no trace file: drop it"
+            )
         if self.cv is not None and arrival.kind != "gamma":
             raise ValueError(
                 f"scenario {self.name!r}: cv is drawn for gamma arrivals only; drop it from "

@@ -87,6 +87,24 @@ def once(hint: str = "give it once") -> type[argparse.Action]:
     return Once
 
 
+class OnceFlag(argparse.BooleanOptionalAction):
+    """``--x`` / ``--no-x`` (argparse's `BooleanOptionalAction`), refused a second time in
+    either spelling, where argparse keeps the last."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given = vars(namespace).setdefault(GIVEN, set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given more than once (or both ways); give one")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class OnceParser(argparse.ArgumentParser):
     """An argument parser whose options (and its subparsers', which are of its class) refuse
     being given twice (`once`) where argparse would keep the last value silently."""

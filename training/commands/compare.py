@@ -44,6 +44,7 @@ from batchpilot.training.commands.common import (
     TUNING_SEEDS,
     WORKERS,
     WORKLOAD_HELP,
+    OnceFlag,
     add_engine_arguments,
     check_output,
     check_results_dir,
@@ -173,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--capacity",
-        action=argparse.BooleanOptionalAction,
+        action=OnceFlag,
         help="search each controller's capacity (default: on the simulator; off on --engine "
         "vllm, where every probe is a full real-time run)",
     )
@@ -285,6 +286,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tuned = any(part == BEST_STATIC for c in controllers for part in spec_parts(c))
     if args.tuning_seeds is not None and not tuned:  # it was ignored
         raise ValueError("--tuning-seeds: no best-static among the controllers to tune")
+    if args.suite and args.controllers is None and not tuned and suites[0].tuning_seeds:
+        raise ValueError(
+            f"{names[0]}: tuning_seeds, but no best-static among its controllers to tune"
+        )
     if args.interval is None and (trained := trained_interval(controllers)):
         untimed = [sc.name for sc in scenarios if sc.name not in timed]
         scenarios = [
@@ -322,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scenarios,
         controllers,
         list(range(args.first_seed, args.first_seed + seeds)),
-        tuning_seeds=[TUNING_SEED_BASE + i for i in range(tuning)],
+        tuning_seeds=[TUNING_SEED_BASE + i for i in range(tuning if tuned else 0)],
         capacity=capacity,
         workers=args.workers,
         progress=not args.no_progress,

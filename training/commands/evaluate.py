@@ -195,13 +195,13 @@ def run_suite(
 
     labels = [policy_spec(p) for p in policies]
     argv = [
-        "--suite", suite,
+        f"--suite={suite}",  # a value beginning with '-' is no option
         "--controllers", ",".join([references, *labels]),
         "--interval", interval,
         *(["--seeds", str(seeds)] if seeds else []),
         "--first-seed", str(first_seed),
         "--no-capacity",
-        "--out", str(dest),
+        f"--out={dest}",
         *([] if progress else ["--no-progress"]),
     ]  # fmt: skip
     return compare_policy(argv, labels)
