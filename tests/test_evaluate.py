@@ -1302,3 +1302,18 @@ def test_evaluate_passes_a_suite_path_that_begins_with_a_dash(tmp_path: Path, mo
             "--seeds", "2", "--out", "o", "--no-progress"]
     assert main(argv) == 0, capsys.readouterr().err
     assert Path("o/-s/results.json").is_file()
+
+
+def test_a_home_path_is_expanded_and_profiles_are_given_once(tmp_path: Path, monkeypatch, capsys) -> None:
+    """--json=~/r.json made a directory named '~' (no shell expands it after '='); --suite
+    ~/s.yml was unknown; a top-level profiles: beside a defaults one was dropped."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "--num-requests", "5", "--json=~/r.json"]) == 0
+    assert (tmp_path / "r.json").is_file() and not (tmp_path / "~").exists()
+    body = {"description": "d", "scenarios": [{"name": "a", "source": "embedded:gsm8k", "arrival": "poisson:4"}]}
+    (tmp_path / "s.yml").write_text(yaml.safe_dump(body))
+    assert load_suite("~/s.yml").scenarios[0].source == "embedded:gsm8k"
+    (tmp_path / "p.yml").write_text(yaml.safe_dump(body | {"profiles": ["llama-2-7b-a100"], "defaults": {"profiles": ["llama-2-7b-h100"]}}))
+    with pytest.raises(ValueError, match="'profiles' given at the top and in 'defaults': give one"):
+        load_suite(tmp_path / "p.yml")

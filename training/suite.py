@@ -103,7 +103,7 @@ def shipped_suite(name: str) -> Path | None:
 
 def load_suite(name_or_path: str | Path) -> Suite:
     """A shipped suite by name, or a suite YAML file (with or without .yml)."""
-    path = shipped_suite(str(name_or_path)) or Path(name_or_path)
+    path = shipped_suite(str(name_or_path)) or user_path(name_or_path, SuiteError)
     blank = not str(name_or_path).strip()  # Path('') is '.', a directory
     if blank or (not path.suffix and not path.exists()):  # a directory: regular_file says
         known = ", ".join(p.stem for p in sorted(suite_dir().glob("*.yml")))
@@ -133,6 +133,8 @@ def parse_suite(data: Any, path: Path) -> Suite:
     description = data.get("description", "")
     if not isinstance(description, str):
         raise SuiteError(f"{path}: 'description' must be a string, got {description!r}")
+    if "profiles" in data and "profiles" in defaults:  # the defaults' were taken, silently
+        raise SuiteError(f"{path}: 'profiles' given at the top and in 'defaults': give one")
     profiles = _as_profiles(data.get("profiles", [DEFAULT_PROFILE]), f"{path}: 'profiles'")
     scenarios, timed = [], set()
     for i, entry in enumerate(entries):
