@@ -295,3 +295,11 @@ def test_a_static_limit_over_the_engines_cap_is_named_once(
     assert len(caplog.records) == 1
     assert f"max_num_seqs {engine.max_num_seqs + 1:,} is over the engine's cap" in caplog.text
     assert "max_num_batched_tokens" in caplog.text
+
+
+def test_a_name_typed_in_another_case_is_offered_its_own() -> None:
+    """llama-2-7b-A100 was offered llama-2-7b-h100, another GPU; ALG1 was offered nothing."""
+    with pytest.raises(ValueError, match="did you mean 'llama-2-7b-a100'"):
+        get_profile("llama-2-7b-A100")
+    with pytest.raises(ControllerSpecError, match="did you mean 'alg1'"):
+        make_controller("ALG1")
