@@ -218,6 +218,13 @@ def make_controller(
             f"empty controller spec in {spec!r}; use e.g. alg1, static:256 or alg1+alg2"
         )
     if len(parts) > 1:
+        if resolved := [p for p in parts if p.split(":")[0] in (BEST_STATIC, "default")]:
+            entries = [*resolved, "+".join(p for p in parts if p not in resolved)]
+            raise ControllerSpecError(
+                f"{spec!r}: {resolved[0]} is resolved per workload by `batchpilot compare` (to "
+                "static limits) and runs alone, not in an A+B combination; give it as its own "
+                f"entry: --controllers {','.join(e for e in entries if e)}"
+            )
         return MinController([make_controller(p, factories) for p in parts])
     name, *args = parts[0].split(":")
     if "" in args:

@@ -303,3 +303,11 @@ def test_a_name_typed_in_another_case_is_offered_its_own() -> None:
         get_profile("llama-2-7b-A100")
     with pytest.raises(ControllerSpecError, match="did you mean 'alg1'"):
         make_controller("ALG1")
+
+
+def test_a_controller_compare_resolves_per_workload_is_refused_inside_a_combination() -> None:
+    """default+alg1 was "unknown controller 'default' ... (compare also takes default)"."""
+    with pytest.raises(ControllerSpecError, match=r"'default\+alg1': default is resolved per workload .* --controllers default,alg1$"):
+        make_controller("default+alg1")
+    with pytest.raises(ControllerSpecError, match=r"--controllers best-static,alg1\+alg2$"):
+        make_controller("best-static+alg1+alg2")
