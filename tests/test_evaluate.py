@@ -941,25 +941,22 @@ def test_compare_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):  # the first list was dropped
         main(["compare", "--controllers", "alg1", "--controllers", "alg2", "--out", str(tmp_path)])
     assert "argument --controllers: given more than once" in capsys.readouterr().err
-    mine = tmp_path / "mine"  # a results.json no report wrote was overwritten
-    mine.mkdir()
-    (mine / "results.json").write_text('{"mine": 1}')
-    for command in (["compare", "--controllers", "alg1"], ["paper"], ["quickstart"]):
-        assert main([*command, "--out", str(mine), "--no-progress"]) == 2, command
-        assert "results.json: the file exists and is not a results file a batchpilot report" in (
-            capsys.readouterr().err
-        )
-    assert (mine / "results.json").read_text() == '{"mine": 1}'
-    pages = tmp_path / "pages"  # its report.md was replaced, and plots it linked removed
-    pages.mkdir()
-    (pages / "report.md").write_text("![a](a-timeline.png)\n")
-    (pages / "a-timeline.png").write_text("mine")
-    for command in (["compare", "--controllers", "alg1"], ["paper"], ["quickstart"]):
-        assert main([*command, "--out", str(pages), "--no-progress"]) == 2, command
-        assert "holds report.md but no results.json, which a report would replace" in (
-            capsys.readouterr().err
-        )
-    assert (pages / "a-timeline.png").read_text() == "mine"
+    # a results.json no report wrote was overwritten; report pages without one were replaced,
+    # and the plots they linked removed
+    for name, kept, message in (
+        ("mine", {"results.json": '{"mine": 1}'},
+         "results.json: the file exists and is not a results file a batchpilot report"),
+        ("pages", {"report.md": "![a](a-timeline.png)\n", "a-timeline.png": "mine"},
+         "holds report.md but no results.json, which a report would replace"),
+    ):  # fmt: skip
+        out = tmp_path / name
+        out.mkdir()
+        for file, text in kept.items():
+            (out / file).write_text(text)
+        for command in (["compare", "--controllers", "alg1"], ["paper"], ["quickstart"]):
+            assert main([*command, "--out", str(out), "--no-progress"]) == 2, command
+            assert message in capsys.readouterr().err
+        assert all((out / file).read_text() == text for file, text in kept.items())
     assert main(["compare", "--workload", "embedded:gsm8k", "--out", str(tmp_path)]) == 2
     assert "SOURCE@ARRIVAL" in capsys.readouterr().err
     assert main(["compare", "--suite", "nope", "--out", str(tmp_path)]) == 2

@@ -66,6 +66,15 @@ GIVEN = "given_options"
 """The namespace attribute where a `once` action records the options given."""
 
 
+def _given_once(action: argparse.Action, namespace: argparse.Namespace, problem: str) -> None:
+    """Record `action`'s option in the namespace's `GIVEN` set; an `ArgumentError` saying
+    `problem` where it was given before."""
+    given = vars(namespace).setdefault(GIVEN, set())
+    if action.dest in given:
+        raise argparse.ArgumentError(action, problem)
+    given.add(action.dest)
+
+
 def once(hint: str = "give it once") -> type[argparse.Action]:
     """An argparse action that stores an option's value and refuses the option a second time
     (argparse keeps the last one silently), saying `hint`; it records the options given in
@@ -79,10 +88,7 @@ def once(hint: str = "give it once") -> type[argparse.Action]:
             values: Any,
             option_string: str | None = None,
         ) -> None:
-            given = vars(namespace).setdefault(GIVEN, set())
-            if self.dest in given:
-                raise argparse.ArgumentError(self, f"given more than once; {hint}")
-            given.add(self.dest)
+            _given_once(self, namespace, f"given more than once; {hint}")
             setattr(namespace, self.dest, values)
 
     return Once
@@ -99,10 +105,7 @@ class OnceFlag(argparse.BooleanOptionalAction):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        given = vars(namespace).setdefault(GIVEN, set())
-        if self.dest in given:
-            raise argparse.ArgumentError(self, "given more than once (or both ways); give one")
-        given.add(self.dest)
+        _given_once(self, namespace, "given more than once (or both ways); give one")
         super().__call__(parser, namespace, values, option_string)
 
 
