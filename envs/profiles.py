@@ -297,10 +297,13 @@ class Architecture:
     dtype_bytes: int = 2
     tied_embeddings: bool = False
     """The LM head shares the embedding's weights (``tie_word_embeddings``)."""
+    head_size: int | None = None
+    """A head's width where the config sets it (``head_dim``: Qwen3, Mistral-Nemo), else
+    hidden / heads."""
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     def weight_bytes_per_gpu(self, tp: int) -> float:
         """Embedding and LM head (one matrix when tied) split by vocabulary, attention and
@@ -366,6 +369,7 @@ ARCHITECTURE_LIMITS: dict[str, int] = {
     "hidden": 2**20,
     "heads": 2**14,
     "kv_heads": 2**14,
+    "head_size": 2**14,
     "intermediate": 2**22,
     "vocab": 2**24,
     "max_model_len": INT_LIMITS["max_model_len"],
@@ -465,16 +469,13 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
     kv_heads = shape["heads"]
     if data.get("num_key_value_heads") is not None:
         kv_heads = count("kv_heads", ("num_key_value_heads",))
-    if shape["hidden"] % shape["heads"] or shape["heads"] % kv_heads:
+    head_size = None
+    if data.get("head_dim") is not None:  # heads of their own width (Qwen3, Mistral-Nemo)
+        head_size = count("head_size", ("head_dim",))
+    if (head_size is None and shape["hidden"] % shape["heads"]) or shape["heads"] % kv_heads:
         raise ValueError(
             f"{file}: hidden_size {shape['hidden']}, {shape['heads']} attention heads and "
             f"{kv_heads} KV heads do not divide evenly"
-        )
-    head_dim = data.get("head_dim")
-    if head_dim is not None and head_dim != shape["hidden"] // shape["heads"]:
-        raise ValueError(
-            f"{file}: head_dim {brief(head_dim)} is not hidden_size / num_attention_heads "
-            f"({shape['hidden'] // shape['heads']}); only Llama-family shapes are modelled"
         )
     dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
@@ -499,6 +500,7 @@ def architecture_from_hf_config(path: Path, vidur_name: str | None = None) -> Ar
         title=label.rstrip("/").rsplit("/", 1)[-1] or name.rstrip("/").rsplit("/", 1)[-1],
         vidur_name=name,
         kv_heads=kv_heads,
+        head_size=head_size,
         dtype_bytes=DTYPE_BYTES[dtype],
         tied_embeddings=tied,
         **shape,

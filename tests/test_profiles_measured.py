@@ -783,6 +783,18 @@ def _write(path: Path, data: object) -> Path:
     return path
 
 
+def test_a_config_s_own_head_width_sizes_the_kv_cache_and_weights(tmp_path: Path) -> None:
+    """Qwen3 and Mistral-Nemo set ``head_dim`` apart from hidden / heads (were refused)."""
+    plain = architecture(str(_write(tmp_path / "a.json", LLAMA_2_7B_CONFIG)))
+    wide = architecture(str(_write(tmp_path / "b.json", dict(LLAMA_2_7B_CONFIG, head_dim=160))))
+    uneven = dict(LLAMA_2_7B_CONFIG, num_attention_heads=48, num_key_value_heads=48, head_dim=128)
+    assert architecture(str(_write(tmp_path / "c.json", uneven))).head_dim == 128  # 4096 / 48
+    assert (plain.head_dim, wide.head_dim) == (128, 160)
+    assert wide.kv_bytes_per_token_per_gpu(1) == plain.kv_bytes_per_token_per_gpu(1) * 160 / 128
+    qkvo = 32 * 4 * 4096 * 32 * (160 - 128) * 2  # layers x four projections x their widening
+    assert wide.weight_bytes_per_gpu(1) - plain.weight_bytes_per_gpu(1) == qkvo
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -795,7 +807,8 @@ def _write(path: Path, data: object) -> Path:
         (lambda c: c.update(torch_dtype="int4"), "torch_dtype 'int4'"),
         (lambda c: c.update(torch_dtype=["bf16"]), "torch_dtype"),
         (lambda c: c.pop("_name_or_path"), "name the model's Vidur directory"),
-        (lambda c: c.update(head_dim=96), "head_dim 96 is not hidden_size / num_attention_heads"),
+        (lambda c: c.update(head_dim=0), "head_dim must be a positive integer"),
+        (lambda c: c.update(head_dim=2**15), "head_dim is 32768, over 16,384"),
         (lambda c: c.update(model_type="gpt2"), "model_type 'gpt2' is not a Llama-family decoder"),
         (
             lambda c: c.update(model_type="mixtral", num_local_experts=8),
