@@ -309,6 +309,13 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
     assert line.startswith("**S**: mpc and alg1 tie on goodput (under 1%): +0.00% (one run")
     line = verdict(_fake_scenario([100.0], [103.0]), ["alg1", "mpc"])
     assert line.startswith("**S**: mpc leads on goodput, +3.0% vs alg1 (one run: no interval)")
+    # one run of a scenario nothing in which depends on the seed is exact: it wins, as the
+    # learned verdict says (it said "leads ... (one run: no interval)" beside "won")
+    exact = {**_fake_scenario([100.0], [103.0]), "seed_note": "nothing depends on the seed"}
+    line = verdict(exact, ["alg1", "mpc"])
+    assert line.startswith("**S**: mpc wins on goodput, +3.0% vs alg1 (one exact run)")
+    exact = {**_fake_scenario([100.0], [100.001]), "seed_note": "nothing depends on the seed"}
+    assert "(under 1%): +0.00% (one exact run)" in verdict(exact, ["alg1", "mpc"])
 
 
 def test_no_difference_on_one_scenario_is_said_as_one_and_not_as_a_tie() -> None:

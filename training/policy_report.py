@@ -15,6 +15,8 @@ from batchpilot.baselines.specs import BEST_STATIC
 from batchpilot.envs.metrics import geometric_mean
 from batchpilot.training.paired import MIN_EFFECT, describe, geomean_interval
 from batchpilot.training.report import (
+    ONE_EXACT_RUN,
+    ONE_RUN,
     best_reference,
     is_reference,
     latency_vs,
@@ -90,13 +92,13 @@ def tally(results: dict[str, Any], label: str) -> Tally:
             untested += 1
             lead = "ahead" if p.diff > 0 else "behind"
             lead = f"within {MIN_EFFECT:.0%}" if small or not p.diff else lead
-            outcome = f"{lead} (one run: no interval, so no test)"
+            outcome = f"{lead} ({ONE_RUN}, so no test)"
         elif p.n < 2:  # nothing depends on the seed: the one run is exact
-            outcome = f"tie (under {MIN_EFFECT:.0%}; one exact run)"
+            outcome = f"tie (under {MIN_EFFECT:.0%}; {ONE_EXACT_RUN})"
             if not small and p.diff:
                 won = p.diff > 0
                 wins, losses = wins + won, losses + (not won)
-                outcome = f"{'won' if won else 'lost'} (one exact run)"
+                outcome = f"{'won' if won else 'lost'} ({ONE_EXACT_RUN})"
         elif p.decisive:
             won = p.diff > 0
             wins, losses = wins + won, losses + (not won)

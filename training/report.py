@@ -107,6 +107,12 @@ def best_reference(sc: dict[str, Any], labels: list[str], key: str) -> str | Non
     return max(refs, key=lambda c: sc["results"][c]["mean"][key]) if refs else None
 
 
+ONE_RUN = "one run: no interval"
+ONE_EXACT_RUN = "one exact run"
+"""How a verdict of one run says so: a sample of one seed, or exact (nothing in the scenario
+depends on the seed: ``seed_note``)."""
+
+
 def verdict(sc: dict[str, Any], labels: list[str]) -> str:
     """One line: who wins the scenario on its ranking metric, and by how much (computed)."""
     key, note = ranking_metric(sc)
@@ -121,11 +127,13 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
         line = f"{win} and {second} tie on {what}: equal ({p.n} paired seed{'s' * (p.n > 1)})"
     elif p.n == 1 and p.rel is not None and abs(p.rel) < MIN_EFFECT:
         line = (
-            f"{win} and {second} tie on {what} (under {MIN_EFFECT:.0%}): {describe(p)} (one "
-            "run: no interval)"
+            f"{win} and {second} tie on {what} (under {MIN_EFFECT:.0%}): {describe(p)} "
+            f"({ONE_EXACT_RUN if sc.get('seed_note') else ONE_RUN})"
         )
+    elif p.n == 1 and sc.get("seed_note"):  # nothing depends on the seed: the run is exact
+        line = f"{win} wins on {what}, {describe(p)} vs {second} ({ONE_EXACT_RUN})"
     elif p.n == 1:
-        line = f"{win} leads on {what}, {describe(p)} vs {second} (one run: no interval)"
+        line = f"{win} leads on {what}, {describe(p)} vs {second} ({ONE_RUN})"
     elif p.decisive:
         line = f"{win} wins on {what}, {describe(p)} vs {second} ({p.n} paired seeds)"
     elif p.significant:
