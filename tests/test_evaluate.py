@@ -883,6 +883,18 @@ def test_compare_writes_report_html_and_json(tmp_path: Path) -> None:
     assert not any(p.suffix == ".svg" for p in out.iterdir())
 
 
+def test_the_itl_plot_draws_the_tpot_target_the_run_was_scored_on(tmp_path: Path, monkeypatch) -> None:
+    """A target written ``tpot:1e6`` was read as 1 ms by a regex of its own."""
+    from matplotlib.axes import Axes
+
+    lines: list[float] = []
+    monkeypatch.setattr(Axes, "axvline", lambda self, x=0, **kw: lines.append(x))
+    argv = ["compare", "--workload", "fixed:64:16@poisson:5", "--num-requests", "10",
+            "--controllers", "static:8", "--seeds", "1", "--slo", "ttft:2000,tpot:1e6"]
+    assert main([*argv, "--no-capacity", "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    assert lines == [1e6]
+
+
 def test_scenarios_whose_names_make_one_file_name_keep_their_own_plots(tmp_path: Path) -> None:
     """'Burst A' and 'burst-a' slug alike; each links plots of its own run, not the other's."""
     suite = tmp_path / "collide.yml"

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.specs import BEST_STATIC, spec_parts
-from batchpilot.training.evaluate import SEPARATION
+from batchpilot.envs.metrics import SLO
+from batchpilot.training.evaluate import ITL_QUANTILES, SEPARATION
 from batchpilot.training.paired import (
     MIN_EFFECT,
     PairedDifference,
@@ -318,12 +319,12 @@ def plot_scenario(
     paths.append(_save(fig, out_dir / f"{base}-timeline.png"))
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    q = np.linspace(0, 1, 201)
+    q = ITL_QUANTILES / 100
     for c in labels:
         values = sc["itl_ms_quantiles"][c]
         if values:
             ax.plot(values, q, color=colors[c], label=c, lw=1.5)
-    tpot = _slo_ms(sc["scenario"]["slo"], "tpot")
+    tpot = SLO.parse(sc["scenario"]["slo"]).tpot_ms
     if tpot:
         ax.axvline(tpot, color="k", ls="--", lw=1, label=f"TPOT SLO {tpot:g} ms")
     ax.set_xscale("log")
@@ -369,11 +370,6 @@ def plot_scenario(
         fig.tight_layout()
         paths.append(_save(fig, out_dir / f"{base}-rate.png"))
     return paths
-
-
-def _slo_ms(spec: str, key: str) -> float | None:
-    m = re.search(rf"{key}:([0-9.]+)", spec)
-    return float(m.group(1)) if m else None
 
 
 def _save(fig: Any, path: Path) -> Path:
