@@ -30,6 +30,19 @@ def geometric_mean(values: Sequence[float] | np.ndarray, floor: float = 0.0) -> 
     return float(np.exp(np.mean(np.log(clipped))))
 
 
+def key_values(spec: str, what: str) -> list[tuple[str, str]]:
+    """``a:1,b:2`` (comma or space separated) as [(key, value), ...] in order: an empty item
+    between commas or a key given twice is a ValueError naming `what` and `spec`."""
+    if "," in spec and any(not item.strip() for item in spec.split(",")):
+        raise ValueError(f"{what} {spec!r}: an empty item between commas")
+    items = [part.partition(":")[::2] for part in spec.replace(",", " ").split()]
+    keys = [key for key, _ in items]
+    twice = next((key for key in keys if keys.count(key) > 1), None)
+    if twice is not None:
+        raise ValueError(f"{what} {spec!r}: {twice} given twice")
+    return items
+
+
 @dataclass(frozen=True)
 class SLO:
     """Service-level objectives for goodput (``--goodput ttft:<ms> tpot:<ms> e2el:<ms>``).
@@ -49,14 +62,9 @@ class SLO:
         most once.
         """
         values: dict[str, float] = {}
-        if "," in spec and any(not item.strip() for item in spec.split(",")):
-            raise ValueError(f"SLO {spec!r}: an empty item between commas")
-        for part in spec.replace(",", " ").split():
-            key, _, value = part.partition(":")
+        for key, value in key_values(spec, "SLO"):
             if key not in ("ttft", "tpot", "e2el"):
                 raise ValueError(f"SLO {spec!r}: unknown objective {key!r}; use ttft, tpot, e2el")
-            if f"{key}_ms" in values:
-                raise ValueError(f"SLO {spec!r}: {key} given twice")
             try:
                 ms = plain_float(value)
             except ValueError:

@@ -60,6 +60,8 @@ def test_capacity_target_parses_and_checks() -> None:
     )
     with pytest.raises(ValueError, match="capacity SLO 'p90_itl_ms:50,p90_itl_ms:60': p90_itl_ms given twice"):
         CapacityTarget.parse("p90_itl_ms:50,p90_itl_ms:60")
+    with pytest.raises(ValueError, match="an empty item between commas"):  # as SLO.parse: was read
+        CapacityTarget.parse("p90_itl_ms:50,,p90_ttft_ms:2000")
 
 
 @pytest.mark.parametrize("bound", ["nan", "inf", "-inf", "0", "-5"])

@@ -39,7 +39,7 @@ from batchpilot.baselines.specs import BEST_STATIC, given_twice, simulator_only
 from batchpilot.envs.action_grid import BUDGET_GRID
 from batchpilot.envs.arrivals import CV_RANGE, Arrival
 from batchpilot.envs.controller import ControlInterval
-from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics
+from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics, key_values
 from batchpilot.envs.plain_numbers import plain_float
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
@@ -317,11 +317,11 @@ class CapacityTarget:
     def parse(cls, spec: str, **kw: Any) -> CapacityTarget:
         """``p90_itl_ms:50,p90_ttft_ms:2000`` (metric names as in the results)."""
         bounds = []
-        for part in spec.replace(",", " ").split():
-            key, _, value = part.partition(":")
+        for key, value in key_values(spec, "capacity SLO"):
             try:
                 bound = plain_float(value)
             except ValueError:
+                part = f"{key}:{value}" if value else key
                 raise ValueError(
                     f"capacity SLO {spec!r}: {part!r} is not METRIC:MAX (e.g. p90_itl_ms:50)"
                 ) from None
@@ -336,8 +336,6 @@ class CapacityTarget:
                     f"capacity SLO {spec!r}: {key!r} is no metric a run reports that lower is "
                     f"better in (one of {', '.join(sorted(BOUNDED_METRICS))})"
                 )
-            if key in dict(bounds):
-                raise ValueError(f"capacity SLO {spec!r}: {key} given twice")
             bounds.append((key, bound))
         if not bounds:
             raise ValueError(f"capacity SLO {spec!r}: name at least one METRIC:MAX")
