@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from batchpilot.envs.arrivals import ArrivalSpecError
+from batchpilot.envs.input_files import path_arg
+from batchpilot.envs.output_files import replace_file
 
 EMBEDDED_PREFIX = "embedded:"
 NUM_QUANTILES = 201
@@ -128,17 +130,17 @@ def derive(traces_dir: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("traces_dir", type=Path, help="the shared traces folder")
+    parser.add_argument("traces_dir", type=path_arg, help="the shared traces folder")
     parser.add_argument(
         "--out",
-        type=Path,
+        type=path_arg,
         default=Path(__file__).parent / "data" / "embedded_workloads.json",
         help="where to write the tables (default: the JSON batchpilot ships)",
     )
     args = parser.parse_args()
     try:
         tables = derive(args.traces_dir)
-        args.out.write_text(json.dumps(tables, indent=1) + "\n")
+        replace_file(args.out, json.dumps(tables, indent=1) + "\n")
     except (OSError, ValueError) as exc:  # a missing or bad trace (TraceError), --out
         parser.error(str(exc))
     print(f"wrote {args.out}")

@@ -1,10 +1,12 @@
 """The one check of a path handed in as an input file (a trace, profile, suite, config or
 policy): a directory, or a pipe, device or socket (which a read would block on or misread),
 is an error naming the path (`regular_file`); and the one expansion of its ``~``
-(`user_path`), which no shell does inside a spec or a config."""
+(`user_path`), which no shell does inside a spec or a config, nor after ``--out=``
+(`path_arg`, every command's path options)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 
@@ -15,6 +17,17 @@ def user_path(text: str | Path, error: type[Exception] = ValueError) -> Path:
         return Path(text).expanduser()
     except RuntimeError:
         raise error(f"{text}: no home directory to expand its '~' to (an unknown user?)") from None
+
+
+def path_arg(text: str) -> Path:
+    """An argparse ``type=`` for a file or directory, ``~`` expanded (no shell does after
+    ``--json=``): an empty or blank one is refused, where ``Path("")`` would be the current
+    directory (an unset shell variable wrote a whole run into the working tree)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is an empty or blank path; name a file or directory (an unset variable?)"
+        )
+    return user_path(text, argparse.ArgumentTypeError)
 
 
 def regular_file(path: Path, what: str, error: type[Exception] = ValueError) -> bool:

@@ -38,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+from batchpilot.envs.input_files import path_arg
+from batchpilot.envs.output_files import replace_file
+
 DATA_PATH = Path(__file__).resolve().parent / "data" / "profile_tables.json"
 LAYER_OPS = (
     "input_layernorm",
@@ -398,13 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m batchpilot.envs.profile_tables", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("vidur_dir", type=Path, help="Vidur profiling directory")
-    parser.add_argument("--out", type=Path, default=DATA_PATH, help="default: %(default)s")
+    parser.add_argument("vidur_dir", type=path_arg, help="Vidur profiling directory")
+    parser.add_argument("--out", type=path_arg, default=DATA_PATH, help="default: %(default)s")
     args = parser.parse_args(argv)
     try:
         tables = derive(args.vidur_dir)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(tables, separators=(",", ":")) + "\n")
+        replace_file(args.out, json.dumps(tables, separators=(",", ":")) + "\n")
     except ValueError as exc:  # bad input: say what is wrong, no traceback
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     except OSError as exc:

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.metrics import LatencySketch
+from batchpilot.envs.output_files import replace_file
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 
 
@@ -256,9 +258,7 @@ def bounded(kind: type, low: float, high: float) -> Callable[[str], int | float]
 def writable(text: str) -> Path:
     """An argparse type: a file path whose directory exists and that is not a directory
     (checked before a run that may last hours, whose numbers it holds)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is an empty or blank path; name a file")
-    path = Path(text)
+    path = path_arg(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: is a directory; name a file")
     if not path.parent.is_dir():
@@ -331,7 +331,7 @@ def main() -> None:
         max_tokens=args.max_tokens,
     )
     try:  # first: the numbers outlive a table a server's odd answer breaks
-        args.out.write_text(json.dumps(result.summary(), indent=2, allow_nan=False) + "\n")
+        replace_file(args.out, json.dumps(result.summary(), indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         print(table(result))
         parser.exit(1, f"--out {args.out}: cannot write it ({exc}); the table holds the numbers\n")

@@ -193,6 +193,12 @@ def test_a_load_test_where_no_request_succeeded_exits_non_zero(
         loadtest.main()
     assert done.value.code == 1 and "no request succeeded (3 failed)" in capsys.readouterr().err
     assert json.loads(out.read_text())["requests_failed"] == 3  # the numbers are kept
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.setattr("sys.argv", ["loadtest", "--seconds", "0.01", "--out=~/lt.json"])
+    with pytest.raises(SystemExit):  # '~' expanded as in every command (was a '~' directory)
+        loadtest.main()
+    assert json.loads((tmp_path / "home" / "lt.json").read_text())["requests_failed"] == 3
     monkeypatch.setattr("sys.argv", ["loadtest", "--model", "other", "--out", str(out)])
     with pytest.raises(SystemExit) as done:  # a model the server does not serve: every request
         loadtest.main()  # would fail

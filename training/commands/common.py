@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.specs import ControllerSpecError, split_specs
-from batchpilot.envs.input_files import user_path
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.output_files import replace_file, streamed, written
 from batchpilot.envs.plain_numbers import plain_float, plain_int
@@ -41,17 +40,6 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "whole number"
     return parse
-
-
-def path_arg(text: str) -> Path:
-    """An argparse ``type=`` for a file or directory, ``~`` expanded (no shell does after
-    ``--json=``): an empty or blank one is refused, where ``Path("")`` would be the current
-    directory (an unset shell variable wrote a whole run into the working tree)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is an empty or blank path; name a file or directory (an unset variable?)"
-        )
-    return user_path(text, argparse.ArgumentTypeError)
 
 
 def title_arg(text: str) -> str:
