@@ -27,6 +27,7 @@ import argparse
 import sys
 
 from batchpilot.envs.calibration import FORMS
+from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.profiles import INT_LIMITS, check_profile_name
 from batchpilot.envs.vllm_tracker import CLOCKS
 from batchpilot.training.commands.common import (
@@ -34,7 +35,6 @@ from batchpilot.training.commands.common import (
     check_output,
     check_replaceable,
     is_profile_json,
-    path_arg,
     whole,
     write_json,
 )

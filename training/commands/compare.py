@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.specs import BEST_STATIC, spec_parts, split_specs
+from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
@@ -51,7 +52,6 @@ from batchpilot.training.commands.common import (
     command_line,
     once,
     parse_workload,
-    path_arg,
     slo_spec,
 )
 from batchpilot.training.evaluate import (

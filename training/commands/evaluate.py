@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from batchpilot.agents.specs import policy_spec, spec_key
 from batchpilot.baselines.specs import split_specs
+from batchpilot.envs.input_files import path_arg
 from batchpilot.training.commands.common import (
     FIRST_SEED,
     SEEDS,
     check_output,
     command_line,
     once,
-    path_arg,
     title_arg,
 )
 from batchpilot.training.evaluate import DEFAULT_SEEDS, TUNING_SEED_BASE

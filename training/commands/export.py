@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from batchpilot.training.commands.common import path_arg
+from batchpilot.envs.input_files import path_arg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from batchpilot.agents.specs import is_learned
 from batchpilot.baselines.specs import given_twice, spec_key, split_specs
+from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.sim_engine import SCHEDULERS
 from batchpilot.envs.traces import SKIP_HINT, load_trace
 from batchpilot.training.commands.common import (
@@ -29,7 +30,6 @@ from batchpilot.training.commands.common import (
     REQUESTS,
     WORKERS,
     command_line,
-    path_arg,
     whole,
 )
 from batchpilot.training.evaluate import CapacityTarget
@@ -221,16 +221,16 @@ def main(args: argparse.Namespace) -> int:
         "wall_s": results["wall_s"],
         "scenarios": [],
     }
-    report = write_report(
-        merged, args.out, title="The paper's Tables I and II in simulation, V0 and V1",
-        command=command, preamble=preamble,
-    )  # fmt: skip
     t1_report = write_report(r1, args.out / "table1", title="Table I settings", command=command)
     t2_report = write_report(r2, args.out / "table2", title="Table II settings", command=command)
-    report.write_text(
-        report.read_text() + f"\nDetails: [Table I settings]({t1_report.relative_to(args.out)}), "
-        f"[Table II settings]({t2_report.relative_to(args.out)}).\n"
+    details = (
+        f"Details: [Table I settings]({t1_report.relative_to(args.out)}), "
+        f"[Table II settings]({t2_report.relative_to(args.out)})."
     )
+    report = write_report(
+        merged, args.out, title="The paper's Tables I and II in simulation, V0 and V1",
+        command=command, preamble=[*preamble, "", details],
+    )  # fmt: skip
     print("\n".join(preamble[:30]))
     print(f"wrote {report}, {t1_report}, {t2_report}; wall time {results['wall_s']:.0f} s")
     return 0

@@ -31,6 +31,7 @@ import inspect
 import json
 from pathlib import Path
 
+from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.profiles import (
     GPUS,
     INT_LIMITS,
@@ -49,7 +50,6 @@ from batchpilot.training.commands.common import (
     fraction,
     is_profile_json,
     non_negative,
-    path_arg,
     positive,
     whole,
 )

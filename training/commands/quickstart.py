@@ -25,6 +25,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
@@ -35,7 +36,6 @@ from batchpilot.training.commands.common import (
     check_output,
     check_results_dir,
     parse_workload,
-    path_arg,
 )
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.training.commands.common import (
     add_engine_arguments,
@@ -22,7 +23,6 @@ from batchpilot.training.commands.common import (
     check_replaceable,
     one_controller,
     parse_workload,
-    path_arg,
     slo_spec,
     write_json,
 )

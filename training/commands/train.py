@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from batchpilot.training.commands.common import check_output, path_arg, whole
+from batchpilot.envs.input_files import path_arg
+from batchpilot.training.commands.common import check_output, whole
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
