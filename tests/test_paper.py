@@ -239,3 +239,19 @@ def test_an_extra_controller_a_table_already_runs_runs_once(
     with pytest.raises(KeyboardInterrupt):
         main(argv)
     assert asked == [["static:256", "alg1", "alg1+alg2", "oracle"]]
+
+
+def test_the_report_links_both_tables_on_both_pages(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The links to Table I's and II's pages were appended to report.md after report.html was
+    written from it: the HTML page had none."""
+    import functools
+
+    from batchpilot.training.cli import main
+    from batchpilot.training.commands import paper
+
+    monkeypatch.setattr(paper, "scenarios", functools.partial(paper.scenarios, scale=0.01))
+    argv = ["paper", "--out", str(tmp_path), "--no-progress", "--schedulers", "v1"]
+    assert main([*argv, "--capacity-requests", "20", "--workers", "1"]) == 0
+    line = "Details: [Table I settings](table1/report.md), [Table II settings](table2/report.md)."
+    assert line in (tmp_path / "report.md").read_text()
+    assert line in (tmp_path / "report.html").read_text()
