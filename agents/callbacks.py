@@ -1,7 +1,7 @@
 """SB3 callbacks: domain metrics in tensorboard, and evaluation against the baselines.
 
 `EvalScenario` runs (profile, workload, seeds) through `batchpilot.envs.run.run`, the
-runner a comparison uses, on the simulated V1 engine; the policy runs there as a
+runner a comparison uses, on the simulated engine it trained on; the policy runs there as a
 `PolicyController` around the live model and its VecNormalize statistics, so what is
 evaluated is what is exported. A trace file's ``num_requests`` are a window per seed, as a
 comparison takes them (`batchpilot.envs.workloads.trace_window`); unlike a comparison's

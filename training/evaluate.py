@@ -30,13 +30,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from batchpilot.agents.specs import make_controller, spec_key
 from batchpilot.baselines.specs import BEST_STATIC, given_twice, simulator_only
-from batchpilot.envs.action_grid import BUDGET_GRID
+from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID
 from batchpilot.envs.arrivals import CV_RANGE, Arrival
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics, key_values
@@ -53,6 +54,7 @@ from batchpilot.envs.workloads import (
     trace_window,
 )
 from batchpilot.training.engines import check_engine, make_engine
+from batchpilot.training.limits import MAX_SEEDS
 
 DEFAULT = "default"
 """Pseudo-controller: vLLM's default limits for the scenario's profile."""
@@ -61,10 +63,11 @@ ITL_QUANTILES = np.linspace(0.0, 100.0, 201)
 """Percentiles of the inter-token latency kept per run for distribution plots."""
 TIMELINE_POINTS = 400
 """Timeline rows kept per run (evenly spaced) for plots."""
-TUNING_SEED_BASE = 1000
+TUNING_SEED_BASE = MAX_SEEDS
 """Tuning seeds are TUNING_SEED_BASE, +1, ...: disjoint from the evaluation seeds 0, 1, ..."""
 DEFAULT_SEEDS = 3
-"""Evaluation seeds where neither the command nor the suite gives a number."""
+"""Evaluation seeds where neither the command nor the suite gives a number (and those of the
+report `batchpilot train` ends with, whatever its suites say: training's time)."""
 DEFAULT_TUNING_SEEDS = 2
 """best-static's tuning seeds where neither the command nor the suite gives a number."""
 TIE = 5e-3
@@ -271,11 +274,29 @@ def short_traces(scenarios: Sequence[Scenario]) -> list[str]:
     return notes
 
 
+def check_seed_range(first_seed: int, seeds: int) -> None:
+    """Evaluation seeds `first_seed`.. `first_seed` + `seeds` - 1 stay below the tuning seeds
+    (`TUNING_SEED_BASE`): a ValueError naming the seed that reaches them."""
+    if first_seed + seeds > TUNING_SEED_BASE:
+        raise ValueError(
+            f"--first-seed {first_seed} with {seeds} seeds reaches seed {first_seed + seeds - 1}; "
+            f"evaluation seeds stay below {TUNING_SEED_BASE}, where the tuning seeds start"
+        )
+
+
+def suite_stems(suites: Sequence[str | Path]) -> list[str]:
+    """Each suite's file stem (its section and directory in a report): a ValueError where two
+    share one."""
+    stems = [Path(suite).stem for suite in suites]
+    if len(set(stems)) < len(stems):
+        raise ValueError(f"two suites share a name ({', '.join(stems)})")
+    return stems
+
+
 def unreachable_slos(scenarios: Sequence[Scenario]) -> list[str]:
     """A note for each simulated scenario ranked by goodput whose TPOT target no request can
     meet on its profile (`unreachable_tpot`); one ranked by throughput (the paper's Table I)
     has no use for the target."""
-    from batchpilot.envs.metrics import SLO
     from batchpilot.envs.profiles import get_profile, unreachable_tpot
 
     problems = {
@@ -560,9 +581,7 @@ class StaticGrid:
     max_num_seqs (`SchedulerConfig`: max_num_batched_tokens >= max_num_seqs).
     """
 
-    seqs: tuple[int, ...] = (
-        1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
-    )  # fmt: skip
+    seqs: tuple[int, ...] = tuple(sorted({*SEQ_GRID, 768}))  # the policy's grid, and 768
     tokens: tuple[int, ...] = BUDGET_GRID[::2]
     first_seqs: int = 8
 

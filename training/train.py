@@ -486,16 +486,14 @@ def _check_report(report: dict[str, Any], interval: str, path: Path) -> None:
     """`report`'s suites (each file parsed whole, as `checked_suite` takes them at the
     policy's `interval`) and controller specs, as `write_report` reads them."""
     from batchpilot.training.commands.evaluate import REFERENCES, checked_suite
-    from batchpilot.training.evaluate import DEFAULT_SEEDS, check_controllers
+    from batchpilot.training.evaluate import DEFAULT_SEEDS, check_controllers, suite_stems
     from batchpilot.training.suite import SuiteError
 
     suites = _report_suites(report)
-    stems = [Path(suite).stem for suite in suites]
     try:
         if not suites:
             raise ValueError("needs at least one suite (a name under training/scenarios or a file)")
-        if len(set(stems)) < len(stems):
-            raise ValueError(f"two suites share a name ({', '.join(stems)})")
+        suite_stems(suites)
         for suite in suites:
             where = _suite_path(suite, path)
             try:

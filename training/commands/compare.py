@@ -59,6 +59,7 @@ from batchpilot.training.evaluate import (
     DEFAULT_TUNING_SEEDS,
     TUNING_SEED_BASE,
     CapacityTarget,
+    check_seed_range,
 )
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
@@ -159,8 +160,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--first-seed",
         type=FIRST_SEED,
         default=0,
-        help="evaluation seeds FIRST..FIRST+N-1 instead, all below 1000 (the tuning seeds): "
-        "seeds no earlier choice was made on. Default: %(default)s",
+        help=f"evaluation seeds FIRST..FIRST+N-1 instead, all below {TUNING_SEED_BASE} (the "
+        "tuning seeds): seeds no earlier choice was made on. Default: %(default)s",
     )
     parser.add_argument(
         "--capacity-slo",
@@ -303,12 +304,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
     seeds = args.seeds or seeds
     tuning = args.tuning_seeds or tuning
-    if args.first_seed + seeds > TUNING_SEED_BASE:
-        raise ValueError(
-            f"--first-seed {args.first_seed} with {seeds} seeds reaches seed "
-            f"{args.first_seed + seeds - 1}; evaluation seeds stay below {TUNING_SEED_BASE}, "
-            "where the tuning seeds start"
-        )
+    check_seed_range(args.first_seed, seeds)
     default = CapacityTarget()
     slo = default.slo if args.capacity_slo is None else args.capacity_slo
     probe = default.num_requests if args.capacity_requests is None else args.capacity_requests

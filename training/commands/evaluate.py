@@ -32,7 +32,12 @@ from batchpilot.training.commands.common import (
     once,
     title_arg,
 )
-from batchpilot.training.evaluate import DEFAULT_SEEDS, TUNING_SEED_BASE
+from batchpilot.training.evaluate import (
+    DEFAULT_SEEDS,
+    TUNING_SEED_BASE,
+    check_seed_range,
+    suite_stems,
+)
 
 if TYPE_CHECKING:
     from batchpilot.training.suite import Suite
@@ -75,8 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--first-seed",
         type=FIRST_SEED,
         default=0,
-        help="evaluation seeds FIRST..FIRST+N-1 instead (below 1000): to score a policy chosen "
-        "on the report's seeds on seeds its choice never saw. Default: %(default)s",
+        help=f"evaluation seeds FIRST..FIRST+N-1 instead (below {TUNING_SEED_BASE}): to score a "
+        "policy chosen on the report's seeds on seeds its choice never saw. Default: "
+        "%(default)s",
     )
     parser.add_argument(
         "--title", type=title_arg, default=TITLE, help="the report's title (one line)"
@@ -127,9 +133,10 @@ def main(args: argparse.Namespace) -> int:
         (suite, checked_suite(suite, interval, args.seeds, args.first_seed).description)
         for suite in names
     ]  # every suite before the first runs
-    stems = [Path(suite).stem for suite, _ in suites]
-    if len(set(stems)) < len(stems):
-        raise ValueError(f"--suite: two suites share a name ({', '.join(stems)})")
+    try:
+        stems = suite_stems([suite for suite, _ in suites])
+    except ValueError as exc:
+        raise ValueError(f"--suite: {exc}") from None
     sections = []
     for (suite, description), stem in zip(suites, stems, strict=True):
         print(f"[{len(sections) + 1}/{len(suites)}] {suite}")
@@ -168,13 +175,10 @@ def checked_suite(suite: str, interval: str, seeds: int | None, first_seed: int 
                 f"decides every {interval}, and every controller runs at that interval here: "
                 "leave the scenario's interval out"
             )
-    n = seeds or loaded.seeds or DEFAULT_SEEDS
-    if first_seed + n > TUNING_SEED_BASE:
-        raise ValueError(
-            f"{suite}: --first-seed {first_seed} with {n} seeds reaches seed "
-            f"{first_seed + n - 1}; evaluation seeds stay below {TUNING_SEED_BASE}, where the "
-            "tuning seeds start"
-        )
+    try:
+        check_seed_range(first_seed, seeds or loaded.seeds or DEFAULT_SEEDS)
+    except ValueError as exc:
+        raise ValueError(f"{suite}: {exc}") from None
     return loaded
 
 

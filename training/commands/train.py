@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 
 from batchpilot.envs.input_files import path_arg
-from batchpilot.training.commands.common import check_output, whole
+from batchpilot.training.commands.common import SEED, check_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seed",
-        type=whole(0, 2**32 - 1),
+        type=SEED,
         nargs="+",
         help="training seed, instead of the config's (as rl-zoo3's --seed; recorded in "
         "run.json); several: one run each, in OUT/seed<N>",
