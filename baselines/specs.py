@@ -21,7 +21,7 @@ from batchpilot.baselines.oracle import OracleController
 from batchpilot.baselines.static import StaticController
 from batchpilot.envs.controller import Controller
 from batchpilot.envs.names import did_you_mean
-from batchpilot.envs.plain_numbers import plain_float, plain_int
+from batchpilot.envs.plain_numbers import plain_float, plain_int, plain_switch
 from batchpilot.envs.profiles import limits_problem
 
 BEST_STATIC = "best-static"
@@ -81,9 +81,7 @@ def keyword_args(name: str, args: list[str], types: dict[str, type]) -> dict[str
             continue
         try:
             if kind is bool:
-                if text not in ("0", "1", "true", "false"):
-                    raise ValueError
-                out[key] = text in ("1", "true")
+                out[key] = plain_switch(text)
             else:
                 out[key] = PLAIN.get(kind, kind)(text)
         except ValueError:

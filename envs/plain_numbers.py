@@ -37,3 +37,15 @@ def plain_int(text: str, *, signed: bool = False) -> int:
     if not (digits.isascii() and digits.isdigit()):
         raise ValueError(text)
     return int(text)
+
+
+SWITCHES = {"1": True, "true": True, "0": False, "false": False}
+"""How an on/off setting is written in a spec (``alg2:chunk=1``) or an option
+(``--engine-arg enable_chunked_prefill=true``)."""
+
+
+def plain_switch(text: str) -> bool:
+    """`SWITCHES`' value of `text`; a `ValueError` for anything else."""
+    if text not in SWITCHES:
+        raise ValueError(text)
+    return SWITCHES[text]

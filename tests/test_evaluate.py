@@ -1145,7 +1145,7 @@ def test_compare_refuses_engine_options_beside_a_suite(
         ("num_gpu_blocks=1000000000000", "num_gpu_blocks must be a whole number in [1, 2,147,"),
         ("max_num_seqs=0", "max_num_seqs must be a whole number in [1, 1,048,576]"),
         ("clock=gpu", "clock must be one of wall, cpu"),
-        ("enable_chunked_prefill=1", "enable_chunked_prefill must be true or false"),
+        ("enable_chunked_prefill=yes", "enable_chunked_prefill must be true or false (or 1 or 0)"),
         ("max_model_len", "use KEY=VALUE"),
     ],
 )
@@ -1159,6 +1159,8 @@ def test_engine_args_parse_to_sorted_typed_pairs() -> None:
         ("clock", "cpu"), ("num_gpu_blocks", 17), ("time_scale", 0.5)
     )  # fmt: skip
     assert parse_engine_args(["enable_chunked_prefill=false"]) == (("enable_chunked_prefill", False),)
+    # as a controller spec takes alg2:chunk=1 (was refused here)
+    assert parse_engine_args(["enable_chunked_prefill=1"]) == (("enable_chunked_prefill", True),)
     with pytest.raises(ValueError, match="num_gpu_blocks is given twice"):
         parse_engine_args(["num_gpu_blocks=17", "num_gpu_blocks=18"])
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
-from batchpilot.envs.plain_numbers import plain_float, plain_int
+from batchpilot.envs.plain_numbers import plain_float, plain_int, plain_switch
 from batchpilot.envs.profiles import INT_LIMITS
 from batchpilot.envs.vllm_tracker import CLOCKS
 from batchpilot.envs.workload import SCALE_BOUNDS, scale_factor
@@ -15,7 +15,6 @@ ENGINES = ("sim", "vllm")
 WHOLE_ARGS = ("num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens")
 POSITIVE_ARGS = ("time_scale", "kv_cache_gib")
 SWITCH_ARGS = ("enable_chunked_prefill",)
-SWITCHES = {"true": True, "false": False}
 ENGINE_ARGS = (*WHOLE_ARGS, *POSITIVE_ARGS, *SWITCH_ARGS, "clock")
 """The `VLLMEngine` settings ``--engine-arg`` takes (whole numbers up to a profile's
 `INT_LIMITS`, a factor and a size in GiB within `SCALE_BOUNDS`, true/false, the clock's
@@ -89,9 +88,10 @@ def parse_engine_args(items: list[str]) -> tuple[tuple[str, Any], ...]:
                 raise ValueError(f"{where}: clock must be one of {', '.join(CLOCKS)}")
             out[key] = text
         elif key in SWITCH_ARGS:
-            if text not in SWITCHES:
-                raise ValueError(f"{where}: {key} must be true or false")
-            out[key] = SWITCHES[text]
+            try:
+                out[key] = plain_switch(text)
+            except ValueError:
+                raise ValueError(f"{where}: {key} must be true or false (or 1 or 0)") from None
         else:
             value = _number(text)
             high = INT_LIMITS.get(key, 0)

@@ -135,7 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "max_model_len, max_num_batched_tokens (whole numbers); time_scale (arrival times "
         "times this: 2 serves the workload at half its rates, in twice the wall time) and "
         "kv_cache_gib (the KV cache's size, exactly), numbers in [0.001, 1000]; "
-        "enable_chunked_prefill (true or false); clock (wall or cpu)",
+        "enable_chunked_prefill (true or false, 1 or 0); clock (wall or cpu)",
     )
     add_engine_arguments(parser, unset=True)
     parser.add_argument(
