@@ -22,7 +22,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from batchpilot.agents.checkpoint import CheckpointError, save_checkpoint
 from batchpilot.agents.policy import PolicyController
-from batchpilot.baselines.specs import make_controller
+from batchpilot.baselines.specs import RULES, make_controller
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.json_objects import read_json_object
 from batchpilot.envs.metrics import SLO, geometric_mean
@@ -221,7 +221,7 @@ class BaselineEvalCallback(BaseCallback):
         slo: SLO,
         eval_freq: int,
         best_dir: Path,
-        baselines: tuple[str, ...] = ("alg1+alg2", "alg2:chunk=1"),
+        baselines: tuple[str, ...] = RULES,
         fields: Sequence[str] | None = None,
     ) -> None:
         super().__init__()

@@ -26,6 +26,9 @@ from batchpilot.envs.profiles import limits_problem
 
 BEST_STATIC = "best-static"
 """Not a controller but a search over static limits, resolved by the evaluation harness."""
+RULES = ("alg1+alg2", "alg2:chunk=1")
+"""The analytical rules a learned policy is measured against: Algorithms 1+2 (the batch-size
+limit), and Algorithm 2 setting the token budget too."""
 
 
 class ControllerSpecError(ValueError):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchpilot.agents.specs import policy_spec, spec_key
-from batchpilot.baselines.specs import split_specs
+from batchpilot.baselines.specs import BEST_STATIC, RULES, split_specs
 from batchpilot.envs.input_files import path_arg
 from batchpilot.training.commands.common import (
     FIRST_SEED,
@@ -42,9 +42,9 @@ from batchpilot.training.evaluate import (
 if TYPE_CHECKING:
     from batchpilot.training.suite import Suite
 
-REFERENCES = "default,best-static,alg1+alg2,alg2:chunk=1,mpc"
+REFERENCES = ",".join(("default", BEST_STATIC, *RULES, "mpc"))
 """The controllers a policy is compared with by default: vLLM's default limits, the tuned
-static pair, Algorithms 1+2, Algorithm 2 with the token budget, and the lookahead oracle."""
+static pair, the rules (`RULES`) and the lookahead oracle."""
 TITLE = "The learned controller against the references"
 
 

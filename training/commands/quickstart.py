@@ -25,6 +25,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchpilot.baselines.specs import BEST_STATIC, RULES
 from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.metrics import DEFAULT_SLO
 from batchpilot.envs.profiles import DEFAULT_PROFILE
@@ -42,8 +43,10 @@ if TYPE_CHECKING:
     from batchpilot.training.train import TrainConfig
 
 QUICK_CONFIG = "quick.yml"
-CONTROLLERS = "default,best-static,alg1+alg2,alg2:chunk=1,oracle"
-"""The references the learned policy is compared with (and the clairvoyant oracle)."""
+CONTROLLERS = ",".join(("default", BEST_STATIC, *RULES, "oracle"))
+"""The references the learned policy is compared with (`batchpilot evaluate`'s, with the
+clairvoyant packing bound in place of the lookahead oracle, a planner that simulates ahead at
+every decision)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
