@@ -57,6 +57,7 @@ from batchpilot.envs.workload import Request, Requests, Workload
 
 SCHEDULERS = ("v1", "v0")
 """`v1`: vLLM V1's scheduler (chunked prefill mixed with decodes); `v0`: vLLM V0's default."""
+DEFAULT_SCHEDULER = SCHEDULERS[0]
 V0_WATERMARK = 0.01
 """Fraction of KV blocks V0's block manager keeps free when admitting a prompt."""
 
@@ -137,7 +138,7 @@ class SimEngine:
         slo: SLO | None = None,
         length_prior: tuple[float, float, float, float] = LENGTH_PRIOR,
         fast_forward: bool = True,
-        scheduler: str = "v1",
+        scheduler: str = DEFAULT_SCHEDULER,
         keep_records: bool = False,
     ) -> None:
         if scheduler not in SCHEDULERS:

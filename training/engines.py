@@ -8,6 +8,7 @@ from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.plain_numbers import plain_float, plain_int, plain_switch
 from batchpilot.envs.profiles import INT_LIMITS
+from batchpilot.envs.sim_engine import DEFAULT_SCHEDULER
 from batchpilot.envs.vllm_tracker import CLOCKS
 from batchpilot.envs.workload import SCALE_BOUNDS, scale_factor
 
@@ -30,7 +31,7 @@ def make_engine(
     model: str | None = None,
     slo: SLO,
     engine_args: tuple[tuple[str, Any], ...] = (),
-    scheduler: str = "v1",
+    scheduler: str = DEFAULT_SCHEDULER,
 ) -> Engine:
     """``sim``: `SimEngine` for a profile, with vLLM V1's or V0's scheduling (`scheduler`);
     ``vllm``: a real engine for the model directory (`engine_args` go to `VLLMEngine`; one

@@ -44,6 +44,7 @@ from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics, key_values
 from batchpilot.envs.plain_numbers import plain_float
 from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.run import check_interval, run
+from batchpilot.envs.sim_engine import DEFAULT_SCHEDULER
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS, load_trace
 from batchpilot.envs.workload import DEFAULT_OVERLONG, SCALE_BOUNDS, Workload, scale_range
 from batchpilot.envs.workloads import (
@@ -130,7 +131,7 @@ class Scenario:
     model: str | None = None
     engine_args: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments of the real engine (`VLLMEngine`), e.g. num_gpu_blocks."""
-    scheduler: str = "v1"
+    scheduler: str = DEFAULT_SCHEDULER
     """The simulator's scheduling: vLLM ``v1`` (chunked prefill) or ``v0`` (prefill first)."""
     slo: str = str(DEFAULT_SLO)
     """Goodput SLOs (``vllm bench serve --goodput``)."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from batchpilot.baselines.specs import BEST_STATIC, spec_parts
 from batchpilot.envs.metrics import SLO
+from batchpilot.envs.sim_engine import DEFAULT_SCHEDULER
 from batchpilot.training.evaluate import ITL_QUANTILES, SEPARATION
 from batchpilot.training.paired import (
     MIN_EFFECT,
@@ -462,7 +463,7 @@ def _inline_html(text: str) -> str:
 def engine_label(scenario: dict[str, Any]) -> str:
     """``profile NAME (sim engine)`` or ``model DIR (vllm engine, num_gpu_blocks=40)``."""
     if scenario["engine"] == "sim":
-        scheduler = scenario.get("scheduler", "v1")
+        scheduler = scenario.get("scheduler", DEFAULT_SCHEDULER)
         return f"profile {scenario['profile']} (sim engine, vLLM {scheduler.upper()} scheduling)"
     args = ", ".join(f"{k}={v}" for k, v in scenario.get("engine_args") or ())
     return f"model {scenario['model']} (vllm engine{', ' + args if args else ''})"

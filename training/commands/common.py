@@ -17,7 +17,7 @@ from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.output_files import replace_file, streamed, written
 from batchpilot.envs.plain_numbers import plain_float, plain_int
 from batchpilot.envs.profiles import DEFAULT_PROFILE
-from batchpilot.envs.sim_engine import SCHEDULERS
+from batchpilot.envs.sim_engine import DEFAULT_SCHEDULER, SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
 from batchpilot.envs.workloads import ARRIVAL_KINDS, DRAWN_REQUESTS, is_trace_file, split_arrival
@@ -261,9 +261,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, unset: bool = False
     parser.add_argument(
         "--scheduler",
         choices=SCHEDULERS,
-        default=None if unset else "v1",
+        default=None if unset else DEFAULT_SCHEDULER,
         help="simulated scheduling: v1 (vLLM V1: chunked prefills share steps with decodes) "
-        "or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: v1",
+        f"or v0 (vLLM V0: whole-prompt prefill steps first, decodes stall). Default: "
+        f"{DEFAULT_SCHEDULER}",
     )
 
 

@@ -32,7 +32,6 @@ from typing import Any
 from batchpilot.baselines.specs import BEST_STATIC, spec_parts, split_specs
 from batchpilot.envs.input_files import path_arg
 from batchpilot.envs.metrics import DEFAULT_SLO
-from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
 from batchpilot.envs.workloads import DRAWN_REQUESTS
@@ -260,6 +259,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         default_controllers = ",".join(first.controllers or SUITE_CONTROLLERS.split(","))
     else:
         scenarios, timed = [], frozenset()
+        options = ("profile", "scheduler", "slo", "interval", "overlong", "bad_rows")
+        given = {key: getattr(args, key) for key in options if getattr(args, key) is not None}
         for text in args.workload or [DEFAULT_WORKLOAD]:
             source, arrival = parse_workload(text)
             scenarios.append(
@@ -268,15 +269,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     source=source,
                     arrival=arrival,
                     num_requests=num_requests,
-                    profile=DEFAULT_PROFILE if args.profile is None else args.profile,
                     engine=engine,
                     model=args.model,
                     engine_args=parse_engine_args(args.engine_arg),
-                    scheduler=args.scheduler or "v1",
-                    slo=args.slo or str(DEFAULT_SLO),
-                    interval=args.interval or "1it",
-                    overlong=args.overlong or DEFAULT_OVERLONG.value,
-                    bad_rows=args.bad_rows or DEFAULT_BAD_ROWS,
+                    **given,  # the rest: Scenario's defaults
                 )
             )
     spec = default_controllers if args.controllers is None else args.controllers

@@ -23,7 +23,7 @@ from typing import Any
 from batchpilot.agents.specs import is_learned
 from batchpilot.baselines.specs import BEST_STATIC, given_twice, spec_key, split_specs
 from batchpilot.envs.input_files import path_arg
-from batchpilot.envs.sim_engine import SCHEDULERS
+from batchpilot.envs.sim_engine import DEFAULT_SCHEDULER, SCHEDULERS
 from batchpilot.envs.traces import SKIP_HINT, load_trace
 from batchpilot.training.commands.common import (
     MAX_SEEDS,
@@ -260,7 +260,7 @@ def _key(name: str, table: dict) -> str:
 
 
 def _scheduler(sc: dict) -> str:
-    return sc["scenario"].get("scheduler", "v1")
+    return sc["scenario"].get("scheduler", DEFAULT_SCHEDULER)
 
 
 def classify(gain: float | None, low: float | None = None, high: float | None = None) -> str:
