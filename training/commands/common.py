@@ -233,7 +233,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         help="first N requests of a trace (default: all), or N drawn from an embedded table "
         f"(default: {DRAWN_REQUESTS})",
     )
-    g.add_argument("--seed", type=SEED, default=0, help="seed for sampled lengths and arrivals")
+    g.add_argument(
+        "--seed", type=SEED, default=0,
+        help="seed for sampled lengths and arrivals. Default: %(default)s",
+    )  # fmt: skip
     g.add_argument(
         "--overlong",
         choices=[p.value for p in OverlongPolicy],

@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "A+B: the lower of A's and B's limits, oracle: the most requests that never need a "
         "preemption, from the true lengths (a packing bound, not a goodput bound), mpc: the "
         "lookahead oracle, policy:PATH, best-static, default). Default: "
-        f"{DEFAULT_CONTROLLERS}; with --suite, the suite's or {SUITE_CONTROLLERS}",
+        f"{DEFAULT_CONTROLLERS}; with --engine vllm, {VLLM_CONTROLLERS}; with --suite, the "
+        f"suite's or {SUITE_CONTROLLERS}",
     )
     parser.add_argument(
         "--suite",

@@ -2,8 +2,9 @@
 (training/configs/quick.yml: Llama-2-70B on 4 A100s under a math/chat regime shift, where
 no static pair suits both regimes; imitation of the lookahead oracle, then PPO), export it, and
 compare it on fresh seeds of the config's evaluation workloads with vLLM's default limits,
-the tuned static pair, Algorithms 1+2, Algorithm 2 with the token budget and the
-clairvoyant oracle (DIR/report.md, DIR/report.html, DIR/results.json). The report's first
+the tuned static pair, Algorithms 1+2, Algorithm 2 with the token budget and the memory
+oracle (no preemption with the true lengths: a packing bound, not a goodput bound)
+(DIR/report.md, DIR/report.html, DIR/results.json). The report's first
 lines say whether the learned policy beat the best reference on goodput and by how much
 (paired over seeds).
 
@@ -45,8 +46,8 @@ if TYPE_CHECKING:
 QUICK_CONFIG = "quick.yml"
 CONTROLLERS = ",".join(("default", BEST_STATIC, *RULES, "oracle"))
 """The references the learned policy is compared with (`batchpilot evaluate`'s, with the
-clairvoyant packing bound in place of the lookahead oracle, a planner that simulates ahead at
-every decision)."""
+memory oracle, a packing bound, in place of the lookahead oracle, a planner that simulates
+ahead at every decision)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -71,7 +71,8 @@ def own_arguments(parser: argparse.ArgumentParser, required: bool = True) -> Non
         action=once(),
         type=one_controller("serve"),
         required=required,
-        help="controller spec (required): static:N, alg1[:k=v...], alg2[:...], A+B, policy:PATH",
+        help="controller spec (required): static:N[:T], alg1[:k=v...], alg2[:...], A+B (the "
+        "lower of their limits, e.g. policy:P+alg1), policy:PATH",
     )
     parser.add_argument(
         "--slo",
