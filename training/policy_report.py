@@ -9,10 +9,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from batchpilot.baselines.specs import BEST_STATIC
+from batchpilot.agents.specs import policy_spec
+from batchpilot.baselines.specs import BEST_STATIC, RULES
 from batchpilot.envs.metrics import geometric_mean
+from batchpilot.training.evaluate import DEFAULT_SEEDS, check_seed_range
 from batchpilot.training.paired import MIN_EFFECT, describe, geomean_interval
 from batchpilot.training.report import (
     ONE_EXACT_RUN,
@@ -26,8 +28,16 @@ from batchpilot.training.report import (
     seed_values,
 )
 
+if TYPE_CHECKING:
+    from batchpilot.training.suite import Suite
+
 Pairs = list[tuple[list[float], list[float]]]
 """Per scenario, the policy's goodput per seed and a reference's, the same seeds."""
+
+REFERENCES = ",".join(("default", BEST_STATIC, *RULES, "mpc"))
+"""The controllers a policy is compared with by default: vLLM's default limits, the tuned
+static pair, the rules (`RULES`) and the lookahead oracle."""
+TITLE = "The learned controller against the references"
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,58 @@ def learned_verdict(results: dict[str, Any], label: str) -> str:
             f"{len(t.ratios)}):"
         )
     return "\n".join([head, *t.lines, *t.skipped])
+
+
+def checked_suite(suite: str, interval: str, seeds: int | None, first_seed: int = 0) -> Suite:
+    """The suite, parsed whole, as `run_suite` will run it: refused (ValueError naming it)
+    where a scenario sets another control interval than the policies' (every controller runs
+    at theirs), or its seeds (`seeds`, else the suite's) from `first_seed` reach the tuning
+    seeds. Commands call it for every suite before the first runs."""
+    from batchpilot.envs.controller import ControlInterval
+    from batchpilot.training.suite import load_suite
+
+    loaded = load_suite(suite)
+    for sc in loaded.scenarios:
+        if sc.name in loaded.timed and ControlInterval.parse(sc.interval) != ControlInterval.parse(
+            interval
+        ):
+            raise ValueError(
+                f"{suite}: scenario {sc.name!r} sets interval {sc.interval}; the policy "
+                f"decides every {interval}, and every controller runs at that interval here: "
+                "leave the scenario's interval out"
+            )
+    try:
+        check_seed_range(first_seed, seeds or loaded.seeds or DEFAULT_SEEDS)
+    except ValueError as exc:
+        raise ValueError(f"{suite}: {exc}") from None
+    return loaded
+
+
+def run_suite(
+    policies: list[Path],
+    suite: str,
+    dest: Path,
+    *,
+    references: str,
+    interval: str,
+    seeds: int | None,
+    first_seed: int = 0,
+    progress: bool,
+) -> dict[str, Any]:
+    """`batchpilot compare` of `policies` with `references` on `suite` into `dest`, its
+    report headed by whether each policy won; returns the results."""
+    labels = [policy_spec(p) for p in policies]
+    argv = [
+        f"--suite={suite}",  # a value beginning with '-' is no option
+        "--controllers", ",".join([references, *labels]),
+        "--interval", interval,
+        *(["--seeds", str(seeds)] if seeds else []),
+        "--first-seed", str(first_seed),
+        "--no-capacity",
+        f"--out={dest}",
+        *([] if progress else ["--no-progress"]),
+    ]  # fmt: skip
+    return compare_policy(argv, labels)
 
 
 def compare_policy(argv: list[str], labels: Sequence[str]) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import base64
 import html
 import re
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,12 @@ TABLE_METRICS = (
 METRIC_NAMES = {"output_goodput": "goodput", "output_throughput": "output throughput"}
 CHALLENGERS = ("oracle", "mpc", "policy")
 """Controllers that are not references: clairvoyant or learned."""
+
+
+def command_line() -> str:
+    """The ``batchpilot ...`` command this process runs, quoted as a shell would take it:
+    what a report says made it."""
+    return "batchpilot " + shlex.join(sys.argv[1:])
 
 
 def is_reference(label: str) -> bool:

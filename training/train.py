@@ -485,8 +485,8 @@ def _eval_scenario(cfg: TrainConfig, slo: str) -> Any:
 def _check_report(report: dict[str, Any], interval: str, path: Path) -> None:
     """`report`'s suites (each file parsed whole, as `checked_suite` takes them at the
     policy's `interval`) and controller specs, as `write_report` reads them."""
-    from batchpilot.training.commands.evaluate import REFERENCES, checked_suite
     from batchpilot.training.evaluate import DEFAULT_SEEDS, check_controllers, suite_stems
+    from batchpilot.training.policy_report import REFERENCES, checked_suite
     from batchpilot.training.suite import SuiteError
 
     suites = _report_suites(report)
@@ -883,10 +883,15 @@ def write_report(cfg: TrainConfig, config_path: Path, out: Path, *, progress: bo
     all: `batchpilot evaluate`'s report); returns the latter."""
     from batchpilot.agents.export import export
     from batchpilot.agents.specs import policy_spec
-    from batchpilot.training.commands.common import command_line
-    from batchpilot.training.commands.evaluate import REFERENCES, TITLE, run_suite
     from batchpilot.training.evaluate import DEFAULT_SEEDS
-    from batchpilot.training.policy_report import SuiteSection, write_suites_report
+    from batchpilot.training.policy_report import (
+        REFERENCES,
+        TITLE,
+        SuiteSection,
+        run_suite,
+        write_suites_report,
+    )
+    from batchpilot.training.report import command_line
     from batchpilot.training.suite import load_suite
 
     assert cfg.report is not None

@@ -6,8 +6,6 @@ import argparse
 import json
 import math
 import os
-import shlex
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -368,9 +366,3 @@ def check_results_dir(out: Path) -> None:
 def write_json(path: Path, data: object, indent: int | None = 2) -> None:
     """Write `data` to `path` as JSON (`replace_file`: whole, or an `OSError` naming `path`)."""
     replace_file(path, json.dumps(data, indent=indent, sort_keys=True) + "\n")
-
-
-def command_line() -> str:
-    """The ``batchpilot ...`` command this process runs, quoted as a shell would take it:
-    what a report says made it."""
-    return "batchpilot " + shlex.join(sys.argv[1:])

@@ -48,7 +48,6 @@ from batchpilot.training.commands.common import (
     add_engine_arguments,
     check_output,
     check_results_dir,
-    command_line,
     once,
     parse_workload,
     slo_spec,
@@ -60,6 +59,7 @@ from batchpilot.training.evaluate import (
     CapacityTarget,
     check_seed_range,
 )
+from batchpilot.training.report import command_line
 
 DEFAULT_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2,oracle"
 VLLM_CONTROLLERS = "static:256,alg1,alg2,alg1+alg2"

@@ -18,35 +18,28 @@ examples:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchpilot.agents.specs import policy_spec, spec_key
-from batchpilot.baselines.specs import BEST_STATIC, RULES, split_specs
+from batchpilot.baselines.specs import split_specs
 from batchpilot.envs.input_files import path_arg
 from batchpilot.training.commands.common import (
     FIRST_SEED,
     SEEDS,
     check_output,
-    command_line,
     once,
     title_arg,
 )
 from batchpilot.training.evaluate import (
     DEFAULT_SEEDS,
     TUNING_SEED_BASE,
-    check_seed_range,
     suite_stems,
 )
+from batchpilot.training.policy_report import REFERENCES, TITLE
+from batchpilot.training.report import command_line
 
 if TYPE_CHECKING:
-    from batchpilot.training.suite import Suite
-
-REFERENCES = ",".join(("default", BEST_STATIC, *RULES, "mpc"))
-"""The controllers a policy is compared with by default: vLLM's default limits, the tuned
-static pair, the rules (`RULES`) and the lookahead oracle."""
-TITLE = "The learned controller against the references"
-
+    pass
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -93,7 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.policy import read_sidecar
-    from batchpilot.training.policy_report import SuiteSection, write_suites_report
+    from batchpilot.training.policy_report import (
+        SuiteSection,
+        checked_suite,
+        run_suite,
+        write_suites_report,
+    )
     from batchpilot.training.suite import expand_all
 
     check_output(args.out, "--out", directory=True)
@@ -155,57 +153,3 @@ def main(args: argparse.Namespace) -> int:
     report = write_suites_report(sections, labels, args.out, title=args.title, command=command)
     print(f"wrote {report}")
     return 0
-
-
-def checked_suite(suite: str, interval: str, seeds: int | None, first_seed: int = 0) -> Suite:
-    """The suite, parsed whole, as `run_suite` will run it: refused (ValueError naming it)
-    where a scenario sets another control interval than the policies' (every controller runs
-    at theirs), or its seeds (`seeds`, else the suite's) from `first_seed` reach the tuning
-    seeds. Commands call it for every suite before the first runs."""
-    from batchpilot.envs.controller import ControlInterval
-    from batchpilot.training.suite import load_suite
-
-    loaded = load_suite(suite)
-    for sc in loaded.scenarios:
-        if sc.name in loaded.timed and ControlInterval.parse(sc.interval) != ControlInterval.parse(
-            interval
-        ):
-            raise ValueError(
-                f"{suite}: scenario {sc.name!r} sets interval {sc.interval}; the policy "
-                f"decides every {interval}, and every controller runs at that interval here: "
-                "leave the scenario's interval out"
-            )
-    try:
-        check_seed_range(first_seed, seeds or loaded.seeds or DEFAULT_SEEDS)
-    except ValueError as exc:
-        raise ValueError(f"{suite}: {exc}") from None
-    return loaded
-
-
-def run_suite(
-    policies: list[Path],
-    suite: str,
-    dest: Path,
-    *,
-    references: str,
-    interval: str,
-    seeds: int | None,
-    first_seed: int = 0,
-    progress: bool,
-) -> dict[str, Any]:
-    """`batchpilot compare` of `policies` with `references` on `suite` into `dest`, its
-    report headed by whether each policy won; returns the results."""
-    from batchpilot.training.policy_report import compare_policy
-
-    labels = [policy_spec(p) for p in policies]
-    argv = [
-        f"--suite={suite}",  # a value beginning with '-' is no option
-        "--controllers", ",".join([references, *labels]),
-        "--interval", interval,
-        *(["--seeds", str(seeds)] if seeds else []),
-        "--first-seed", str(first_seed),
-        "--no-capacity",
-        f"--out={dest}",
-        *([] if progress else ["--no-progress"]),
-    ]  # fmt: skip
-    return compare_policy(argv, labels)

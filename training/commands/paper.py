@@ -29,10 +29,10 @@ from batchpilot.training.commands.common import (
     MAX_SEEDS,
     REQUESTS,
     WORKERS,
-    command_line,
     whole,
 )
 from batchpilot.training.evaluate import CapacityTarget
+from batchpilot.training.report import command_line
 
 TABLE1_CONTROLLERS = "static:256,alg1,alg1+alg2,oracle"
 TABLE2_CONTROLLERS = "static:256,alg2,alg1+alg2,oracle"
