@@ -453,6 +453,9 @@ class BatchingEnv(gym.Env):
         return [w for w in self.workloads if not w.profiles or profile in w.profiles]
 
     def _make_engine(self, profile: EngineProfile, slo: SLO) -> Engine:
+        """The episode's engine: a simulator of the drawn profile, or this env's own real
+        engine (not `batchpilot.envs.engines.make_engine`'s one per process: the envs of a
+        vectorised env step theirs in turn)."""
         if self.engine_kind == "vllm":
             if self._vllm_engine is None:  # one real engine per env: start-up is costly
                 from batchpilot.envs.vllm_engine import VLLMEngine

@@ -17,11 +17,11 @@ import yaml
 
 import batchpilot.training.evaluate as ev
 from batchpilot.envs.arrivals import Arrival, ArrivalSpecError
+from batchpilot.envs.engines import make_engine, parse_engine_args
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.workload import WorkloadError
 from batchpilot.envs.workloads import make_workload
 from batchpilot.training.cli import main
-from batchpilot.training.engines import make_engine, parse_engine_args
 from batchpilot.training.evaluate import (
     CapacityTarget,
     Scenario,

@@ -116,9 +116,9 @@ def test_watermark_keeps_one_percent_of_blocks_free_at_admission() -> None:
 def test_engines_and_the_simulate_command_take_the_scheduler(tmp_path) -> None:
     import json
 
+    from batchpilot.envs.engines import make_engine
     from batchpilot.envs.metrics import SLO
     from batchpilot.training.cli import main
-    from batchpilot.training.engines import make_engine
 
     assert make_engine("sim", profile="llama-7b-a100", slo=SLO(), scheduler="v0").scheduler == "v0"
     with pytest.raises(ValueError, match="simulated only"):

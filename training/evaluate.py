@@ -40,6 +40,7 @@ from batchpilot.baselines.specs import BEST_STATIC, given_twice, simulator_only
 from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID
 from batchpilot.envs.arrivals import CV_RANGE, Arrival
 from batchpilot.envs.controller import ControlInterval
+from batchpilot.envs.engines import check_engine, make_engine
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics, key_values
 from batchpilot.envs.plain_numbers import plain_float
 from batchpilot.envs.profiles import DEFAULT_PROFILE
@@ -54,7 +55,6 @@ from batchpilot.envs.workloads import (
     short_trace_note,
     trace_window,
 )
-from batchpilot.training.engines import check_engine, make_engine
 from batchpilot.training.limits import MAX_SEEDS
 
 DEFAULT = "default"

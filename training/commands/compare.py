@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate the controllers `args` name on their scenarios (`evaluate`'s results, with
     the command line that asked for them)."""
     from batchpilot.envs.controller import ControlInterval
-    from batchpilot.training.engines import parse_engine_args
+    from batchpilot.envs.engines import parse_engine_args
     from batchpilot.training.evaluate import (
         Scenario,
         evaluate,
