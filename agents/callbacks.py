@@ -24,13 +24,12 @@ from batchpilot.agents.checkpoint import CheckpointError, save_checkpoint
 from batchpilot.agents.policy import PolicyController
 from batchpilot.baselines.specs import RULES, make_controller
 from batchpilot.envs.controller import ControlInterval, Controller
-from batchpilot.envs.json_objects import read_json_object
+from batchpilot.envs.json_objects import brief, read_json_object
 from batchpilot.envs.metrics import SLO, geometric_mean
 from batchpilot.envs.plain_numbers import is_number
 from batchpilot.envs.profiles import get_profile
 from batchpilot.envs.run import run
 from batchpilot.envs.sim_engine import SimEngine
-from batchpilot.envs.step_models import brief
 from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import Workload
 from batchpilot.envs.workloads import (

@@ -38,10 +38,9 @@ from batchpilot.agents.policy import (
     sidecar_path,
 )
 from batchpilot.envs.action_grid import MODES
-from batchpilot.envs.json_objects import read_json_object
+from batchpilot.envs.json_objects import brief, read_json_object
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, goodput_slo, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, checked_fields
-from batchpilot.envs.step_models import brief
 
 
 class OnnxablePolicy(th.nn.Module):

@@ -2,7 +2,7 @@
 checkpoints, policy sidecars: `read_json`, `read_json_object`): every way a file can fail to
 be JSON is one error naming the file and the problem, and a key given twice is an error
 (`unique_object`, which the trace reader's JSON Lines rows use too), where `json` keeps
-the last value silently."""
+the last value silently; `brief` shows a value read from one in an error message."""
 
 from __future__ import annotations
 
@@ -15,6 +15,16 @@ from typing import Any
 
 class DuplicateKeys(ValueError):
     """A JSON object that gives a key twice; its argument lists the keys."""
+
+
+def brief(value: object) -> str:
+    """`value`'s repr, or where that is long its digits (an integer) or its start."""
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    if isinstance(value, int):
+        return f"a {len(text.lstrip('-'))}-digit integer"
+    return text[:40] + "..."
 
 
 def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

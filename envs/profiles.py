@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from batchpilot.envs.input_files import regular_file, user_path
-from batchpilot.envs.json_objects import read_json, read_json_object
+from batchpilot.envs.json_objects import brief, read_json, read_json_object
 from batchpilot.envs.names import did_you_mean
 from batchpilot.envs.output_files import replace_file
 from batchpilot.envs.plain_numbers import is_number
@@ -46,7 +46,6 @@ from batchpilot.envs.step_models import (
     LinearStepModel,
     StepModel,
     TableStepModel,
-    brief,
     check_step_range,
     step_model_from_dict,
 )

@@ -34,6 +34,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
 
+from batchpilot.envs.json_objects import brief
+
 
 class StepModel(ABC):
     """The interface the simulator calls."""
@@ -321,16 +323,6 @@ MAX_ANY_STEP_S = 3600.0
 step takes a measured 70B profile 100 s; an hour is no engine step."""
 
 STEP_MODELS: dict[str, type[StepModel]] = {"linear": LinearStepModel, "table": TableStepModel}
-
-
-def brief(value: object) -> str:
-    """`value`'s repr, or where that is long its digits (an integer) or its start."""
-    text = repr(value)
-    if len(text) <= 40:
-        return text
-    if isinstance(value, int):
-        return f"a {len(text.lstrip('-'))}-digit integer"
-    return text[:40] + "..."
 
 
 def _finite(value: object, where: str) -> float:
