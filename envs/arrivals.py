@@ -32,11 +32,16 @@ class ArrivalSpecError(ValueError):
     """An arrival spec that cannot be parsed or does not fit the trace."""
 
 
+ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
+"""The arrival processes' names (`Arrival.kind`), as ``SOURCE@ARRIVAL`` is split
+(`batchpilot.envs.workloads.split_arrival`)."""
+
+
 @dataclass(frozen=True)
 class Arrival:
     """A parsed arrival process."""
 
-    kind: str  # "all-at-once" | "poisson" | "gamma" | "replay" | "steps" | "ramp"
+    kind: str  # one of ARRIVAL_KINDS
     rate: float = 0.0
     cv: float = 1.0
     scale: float = 1.0

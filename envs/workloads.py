@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from batchpilot.envs.arrivals import Arrival
+from batchpilot.envs.arrivals import ARRIVAL_KINDS, Arrival
 from batchpilot.envs.embedded import (
     EMBEDDED_PREFIX,
     NO_REPLAY,
@@ -46,10 +46,6 @@ def is_trace_file(source: str) -> bool:
     blank: `make_workload` refuses that)."""
     prefixes = (EMBEDDED_PREFIX, FIXED_PREFIX, MIX_PREFIX, SHIFT_PREFIX)
     return bool(source.strip()) and not source.startswith(prefixes)
-
-
-ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
-"""The arrival processes' names, as ``SOURCE@ARRIVAL`` is split (`split_arrival`)."""
 
 
 def _is_file(text: str) -> bool:

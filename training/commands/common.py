@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.baselines.specs import ControllerSpecError, split_specs
+from batchpilot.envs.arrivals import ARRIVAL_KINDS
 from batchpilot.envs.metrics import SLO, goodput_slo
 from batchpilot.envs.output_files import replace_file, streamed, written
 from batchpilot.envs.plain_numbers import plain_float, plain_int
@@ -18,7 +19,7 @@ from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import DEFAULT_SCHEDULER, SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
-from batchpilot.envs.workloads import ARRIVAL_KINDS, DRAWN_REQUESTS, is_trace_file, split_arrival
+from batchpilot.envs.workloads import DRAWN_REQUESTS, is_trace_file, split_arrival
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
