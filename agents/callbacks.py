@@ -23,6 +23,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from batchpilot.agents.checkpoint import CheckpointError, save_checkpoint
 from batchpilot.agents.policy import PolicyController
 from batchpilot.baselines.specs import RULES, make_controller
+from batchpilot.envs.arrivals import DEFAULT_ARRIVAL
 from batchpilot.envs.controller import ControlInterval, Controller
 from batchpilot.envs.json_objects import brief, read_json_object
 from batchpilot.envs.metrics import SLO, geometric_mean
@@ -148,7 +149,7 @@ class EvalScenario:
         num_requests, start = trace_window(spec["source"], spec.get("num_requests"), seed, bad_rows)
         return make_workload(
             spec["source"],
-            spec.get("arrival", "replay"),
+            spec.get("arrival", DEFAULT_ARRIVAL),
             num_requests=num_requests,
             seed=seed,
             max_model_len=max_model_len,

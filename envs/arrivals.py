@@ -35,6 +35,9 @@ class ArrivalSpecError(ValueError):
 ARRIVAL_KINDS = ("all-at-once", "poisson", "gamma", "steps", "ramp", "replay")
 """The arrival processes' names (`Arrival.kind`), as ``SOURCE@ARRIVAL`` is split
 (`batchpilot.envs.workloads.split_arrival`)."""
+DEFAULT_ARRIVAL = "replay"
+"""Where a workload names no arrival process: a trace's own times (a length table's: the
+fitted process, `batchpilot.envs.workloads.make_workload`)."""
 
 
 @dataclass(frozen=True)

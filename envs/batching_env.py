@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from batchpilot.envs.action_grid import ActionGrid
-from batchpilot.envs.arrivals import Arrival
+from batchpilot.envs.arrivals import DEFAULT_ARRIVAL, Arrival
 from batchpilot.envs.controller import check_interval_iters, check_interval_s
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, goodput_slo, slo_ranges
@@ -48,7 +48,7 @@ class WorkloadSpec:
     """
 
     source: str = DEFAULT_SOURCE
-    arrival: str = "replay"
+    arrival: str = DEFAULT_ARRIVAL
     num_requests: int = 400
     rate_scale: tuple[float, float] = (1.0, 1.0)
     length_scale: tuple[float, float] = (1.0, 1.0)

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from batchpilot.envs.arrivals import ARRIVAL_KINDS, Arrival
+from batchpilot.envs.arrivals import ARRIVAL_KINDS, DEFAULT_ARRIVAL, Arrival
 from batchpilot.envs.embedded import (
     EMBEDDED_PREFIX,
     NO_REPLAY,
@@ -127,7 +127,7 @@ def short_trace_note(label: str, held: int, asked: int | None, each: str = "run"
 
 def make_workload(
     source: str = DEFAULT_SOURCE,
-    arrival: str | Arrival = "replay",
+    arrival: str | Arrival = DEFAULT_ARRIVAL,
     *,
     num_requests: int | None = None,
     seed: int = 0,

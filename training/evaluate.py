@@ -38,7 +38,7 @@ import numpy as np
 from batchpilot.agents.specs import make_controller, spec_key
 from batchpilot.baselines.specs import BEST_STATIC, given_twice, simulator_only
 from batchpilot.envs.action_grid import BUDGET_GRID, SEQ_GRID
-from batchpilot.envs.arrivals import CV_RANGE, Arrival
+from batchpilot.envs.arrivals import CV_RANGE, DEFAULT_ARRIVAL, Arrival
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engines import check_engine, make_engine
 from batchpilot.envs.metrics import DEFAULT_SLO, SLO, RunMetrics, key_values
@@ -124,7 +124,7 @@ class Scenario:
 
     name: str
     source: str
-    arrival: str = "replay"
+    arrival: str = DEFAULT_ARRIVAL
     num_requests: int | None = None
     profile: str = DEFAULT_PROFILE
     engine: str = "sim"

@@ -53,6 +53,7 @@ from batchpilot.agents.schema import (
 )
 from batchpilot.baselines.specs import split_specs
 from batchpilot.envs import ENV_ID
+from batchpilot.envs.arrivals import DEFAULT_ARRIVAL
 from batchpilot.envs.batching_env import CONTROL_INTERVAL_S
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.input_files import regular_file
@@ -416,7 +417,7 @@ def _eval_workload_key(spec: dict[str, Any]) -> tuple:
     from batchpilot.envs.arrivals import Arrival
     from batchpilot.envs.traces import DEFAULT_BAD_ROWS
 
-    arrival = spec.get("arrival", "replay")
+    arrival = spec.get("arrival", DEFAULT_ARRIVAL)
     with contextlib.suppress(ValueError):  # a bad one is refused as the workload is drawn
         arrival = Arrival.parse(arrival)
     profiles = frozenset(spec.get("profiles", ()))
