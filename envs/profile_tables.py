@@ -408,10 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         tables = derive(args.vidur_dir)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         replace_file(args.out, json.dumps(tables, separators=(",", ":")) + "\n")
-    except ValueError as exc:  # bad input: say what is wrong, no traceback
+    except (ValueError, OSError) as exc:  # bad input or --out: say what is wrong, no traceback
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
-    except OSError as exc:
-        parser.exit(2, f"{parser.prog}: error: {args.out}: cannot write ({exc.strerror})\n")
     att = tables["attention"]
     print(
         f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB): "

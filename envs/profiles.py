@@ -547,7 +547,7 @@ def architecture(model: str, vidur_name: str | None = None) -> Architecture:
         if vidur_name is not None:
             raise ValueError(f"{model!r} is a known model: its Vidur directory is fixed")
         return ARCHITECTURES[model]
-    path = Path(model)
+    path = user_path(model)
     if path.exists() or path.suffix == ".json":
         return architecture_from_hf_config(path, vidur_name)
     raise ValueError(

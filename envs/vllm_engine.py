@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.envs.engine import RunResult
+from batchpilot.envs.input_files import user_path
 from batchpilot.envs.metrics import SLO
 from batchpilot.envs.telemetry import Limits, Telemetry
 from batchpilot.envs.vllm_tracker import CLOCKS, STEP_LOG_LEN
@@ -32,8 +33,9 @@ DEFAULT_KV_GIB = 1.0
 
 
 def check_model_dir(model: str | Path) -> Path:
-    """`model` as a path, if it is a model directory vLLM can load (it holds config.json)."""
-    path = Path(model)
+    """`model` as a path (``~`` expanded), if it is a model directory vLLM can load (it holds
+    config.json)."""
+    path = user_path(model)
     if not (path / "config.json").is_file():
         raise ValueError(f"{model}: not a model directory (no config.json)")
     return path

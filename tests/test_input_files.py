@@ -3,6 +3,7 @@ an error naming the path; otherwise it says whether the file exists."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -60,3 +61,20 @@ def test_a_json_file_with_a_number_json_does_not_allow_names_the_field(
     assert str(err.value) == f"{path}: the file: {message}"
     path.write_text('{"a": [1.5, -2, 1e308, true, null]}')
     assert read_json(path, "the file") == {"a": [1.5, -2, 1e308, True, None]}
+
+
+def test_a_model_given_with_a_tilde_is_read_from_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`profiles build --model=~/x.json` and `compare --engine vllm --model=~/DIR` took '~'
+    literally (no shell expands it after '='), where every path option expands it."""
+    from test_profiles_measured import LLAMA_2_7B_CONFIG
+
+    from batchpilot.envs.profiles import architecture
+    from batchpilot.envs.vllm_engine import check_model_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(LLAMA_2_7B_CONFIG))
+    assert architecture("~/m/config.json").layers == architecture("~/m").layers == 32
+    assert check_model_dir("~/m") == tmp_path / "m"

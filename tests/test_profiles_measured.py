@@ -762,6 +762,7 @@ def test_profiles_build_from_a_hugging_face_config(tmp_path: Path, capsys) -> No
         ({"num_key_value_heads": 8}, "kv_heads 8 vs 32"),
         ({"hidden_size": 5120, "num_attention_heads": 40, "num_key_value_heads": 40},
          "hidden 5,120 vs 4,096; heads 40 vs 32; kv_heads 40 vs 32"),
+        ({"head_dim": 256}, "head_dim 256 vs 128"),  # its own heads' width: built, silently
     ],
 )
 def test_a_model_paired_with_another_models_table_is_refused(
@@ -1181,3 +1182,11 @@ def test_max_model_len_serves_a_shorter_context_and_a_hub_config_names_its_model
     assert built.max_model_len == 8192 and "Llama-3.1-8B-Instruct (8,192-token context" in built.description
     assert cli([*args, "--max-model-len", "131073"]) == 2
     assert "max_model_len 131,073 is outside [2, 131,072]" in capsys.readouterr().err
+
+
+def test_the_table_derivation_names_why_it_cannot_write(tmp_path: Path, capsys) -> None:
+    """--out naming a directory said "cannot write (None)"."""
+    with pytest.raises(SystemExit) as info:
+        table_main([str(VIDUR), "--out", str(tmp_path)])
+    assert info.value.code == 2
+    assert f"cannot write {tmp_path}: Is a directory" in capsys.readouterr().err

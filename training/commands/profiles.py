@@ -210,6 +210,7 @@ def _check_shape(model: Architecture, table: Path) -> None:
     if not shape:
         print(f"note: {table} names no model shape ({', '.join(SHAPE_COLUMNS)}): not checked")
         return
+    shape = {**shape, "head_dim": shape["hidden"] // shape["heads"]}  # Vidur's heads: even
     mine = {k: getattr(model, k) for k in shape}
     differ = [f"{k} {mine[k]:,} vs {v:,}" for k, v in shape.items() if mine[k] != v]
     if differ:
