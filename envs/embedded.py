@@ -109,6 +109,11 @@ def derive(traces_dir: Path) -> dict:
     grid = np.linspace(0.0, 1.0, NUM_QUANTILES)
     out: dict[str, dict] = {}
     for name, rel in SOURCES.items():
+        if not (traces_dir / rel).is_file():  # load_trace's hint is for a workload's source
+            raise ValueError(
+                f"{traces_dir / rel}: no such file; TRACES_DIR is the shared traces folder, "
+                f"holding {', '.join(sorted(SOURCES.values()))}"
+            )
         trace = load_trace(traces_dir / rel)
         p, o = trace.prompt_tokens, trace.output_tokens
         rank_p = np.argsort(np.argsort(p, kind="stable"), kind="stable")

@@ -54,6 +54,8 @@ def test_capacity_target_parses_and_checks() -> None:
     for metric in ("p91_itl_ms", "output_goodput"):  # an upper bound: lower must be better
         with pytest.raises(ValueError, match=f"'{metric}' is no metric a run reports that lower"):
             CapacityTarget.parse(f"{metric}:50")
+    with pytest.raises(ValueError, match="'unfinished' is no metric"):  # was: its bound, first
+        CapacityTarget.parse("unfinished:0")
     assert CapacityTarget.parse("p99_tpot_ms:80,num_preemptions:5").bounds[1] == (
         "num_preemptions",
         5.0,

@@ -653,6 +653,8 @@ def test_embedded_tables_reproduce_the_traces(traces: Path) -> None:
         (Path(__file__).parents[1] / "envs/data/embedded_workloads.json").read_text()
     )
     assert derive(traces) == shipped  # the committed file is what the script derives
+    with pytest.raises(ValueError, match="TRACES_DIR is the shared traces folder, holding azure"):
+        derive(traces / "azure2023")  # was: "the embedded workloads need no file"
     table = embedded_lengths("azure-conv")
     prompt, output = table.sample(50000, np.random.default_rng(1))
     assert np.median(prompt) == pytest.approx(1020, rel=0.05)

@@ -340,6 +340,11 @@ class CapacityTarget:
         """``p90_itl_ms:50,p90_ttft_ms:2000`` (metric names as in the results)."""
         bounds = []
         for key, value in key_values(spec, "capacity SLO"):
+            if key not in BOUNDED_METRICS and value:
+                raise ValueError(
+                    f"capacity SLO {spec!r}: {key!r} is no metric a run reports that lower is "
+                    f"better in (one of {', '.join(sorted(BOUNDED_METRICS))})"
+                )
             try:
                 bound = plain_float(value)
             except ValueError:
@@ -352,11 +357,6 @@ class CapacityTarget:
                 raise ValueError(
                     f"capacity SLO {spec!r}: {key} bound must be a finite number "
                     f"{'>=' if count else '>'} 0, got {value}"
-                )
-            if key not in BOUNDED_METRICS:
-                raise ValueError(
-                    f"capacity SLO {spec!r}: {key!r} is no metric a run reports that lower is "
-                    f"better in (one of {', '.join(sorted(BOUNDED_METRICS))})"
                 )
             bounds.append((key, bound))
         if not bounds:
