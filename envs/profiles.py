@@ -877,11 +877,12 @@ def measured_profile(
     if usable < arch.max_model_len:
         raise ValueError(
             f"{arch.title} on {tp} x {memory_gib:g} GiB at gpu_memory_utilization "
-            f"{gpu_memory_utilization}: KV cache {usable} tokens after vLLM's null block, "
-            f"less than one {arch.max_model_len}-token context (per GPU: weights "
+            f"{gpu_memory_utilization}: KV cache {usable:,} tokens after vLLM's null block, "
+            f"less than one {arch.max_model_len:,}-token context (per GPU: weights "
             f"{weights / GIB:.1f} GiB, activations at {max_num_seqs:,} requests and "
             f"{max_num_batched_tokens:,} tokens a step {activations / GIB:.1f} GiB, runtime "
-            f"reserve {runtime_reserve_gib:g} GiB); a shorter max_model_len fits more"
+            f"reserve {runtime_reserve_gib:g} GiB); a shorter max_model_len (`profiles build "
+            "--max-model-len`) fits more"
         )
     reach = max(max_num_batched_tokens, max_num_seqs)
     if reach > MAX_EXTENSION * xs[-1]:
