@@ -1,4 +1,5 @@
-"""Numbers as users write them in files and on the command line, and as values."""
+"""Numbers, and on/off switches, as users write them in files and on the command line, and as
+values."""
 
 from __future__ import annotations
 

@@ -18,7 +18,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from batchpilot.agents.specs import policy_spec, spec_key
 from batchpilot.baselines.specs import split_specs
@@ -38,8 +37,6 @@ from batchpilot.training.evaluate import (
 from batchpilot.training.policy_report import REFERENCES, TITLE
 from batchpilot.training.report import command_line
 
-if TYPE_CHECKING:
-    pass
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
