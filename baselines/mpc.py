@@ -143,7 +143,6 @@ def parse_grid(text: str) -> tuple[int, ...]:
     return values
 
 
-
 def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     """The parser of a keyword taking one of `choices` (see the module doc); errors say what
     it takes (`keyword_value` names the keyword and the text)."""

@@ -623,7 +623,6 @@ def test_export_onto_a_directory_names_it_before_exporting(
     assert not list(tmp_path.glob(".p.onnx*"))  # nothing begun
 
 
-
 def test_export_onto_a_pipe_names_it_before_exporting(
     run_dir: Path, tmp_path: Path, capsys
 ) -> None:

@@ -878,7 +878,6 @@ def test_model_names_and_paths_are_told_apart(tmp_path: Path) -> None:
         architecture("llama-2-7b", "meta-llama/Llama-2-7b-hf")
 
 
-
 def test_a_float32_checkpoint_is_served_in_16_bits(tmp_path: Path) -> None:
     """vLLM's --dtype auto serves float32 checkpoints in float16: the profile doubled their
     weights and KV cache (and still called itself 16-bit, with 16-bit step times)."""

@@ -219,7 +219,6 @@ def _is_count(value: Any, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high
 
 
-
 def _as_profiles(value: Any, where: str) -> list[str]:
     """A suite's `profiles` value as a list of profile names, each given once."""
     if isinstance(value, str):
