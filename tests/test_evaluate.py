@@ -320,6 +320,8 @@ def test_verdict_names_the_winner_from_the_numbers() -> None:
     assert line.startswith("**S**: mpc wins on goodput, +3.0% vs alg1 (one exact run)")
     exact = {**_fake_scenario([100.0], [100.001]), "seed_note": "nothing depends on the seed"}
     assert "(under 1%): +0.00% (one exact run)" in verdict(exact, ["alg1", "mpc"])
+    exact = {**_fake_scenario([100.0], [100.0]), "seed_note": "nothing depends on the seed"}
+    assert "alg1 and mpc tie on goodput: equal (one exact run)" in verdict(exact, ["alg1", "mpc"])
 
 
 def test_no_difference_on_one_scenario_is_said_as_one_and_not_as_a_tie() -> None:

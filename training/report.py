@@ -133,14 +133,16 @@ def verdict(sc: dict[str, Any], labels: list[str]) -> str:
         return head + f"only {ranked[0]} ran"
     win, second = ranked[0], ranked[1]
     p = paired_vs(sc, win, second, key)
+    exact = p.n == 1 and bool(sc.get("seed_note"))  # nothing depends on the seed
     if p.diff == 0 and p.low == p.high:  # equal on every seed (or the one run)
-        line = f"{win} and {second} tie on {what}: equal ({p.n} paired seed{'s' * (p.n > 1)})"
+        runs = f"{p.n} paired seed{'s' * (p.n > 1)}"
+        line = f"{win} and {second} tie on {what}: equal ({ONE_EXACT_RUN if exact else runs})"
     elif p.n == 1 and p.rel is not None and abs(p.rel) < MIN_EFFECT:
         line = (
             f"{win} and {second} tie on {what} (under {MIN_EFFECT:.0%}): {describe(p)} "
-            f"({ONE_EXACT_RUN if sc.get('seed_note') else ONE_RUN})"
+            f"({ONE_EXACT_RUN if exact else ONE_RUN})"
         )
-    elif p.n == 1 and sc.get("seed_note"):  # nothing depends on the seed: the run is exact
+    elif exact:
         line = f"{win} wins on {what}, {describe(p)} vs {second} ({ONE_EXACT_RUN})"
     elif p.n == 1:
         line = f"{win} leads on {what}, {describe(p)} vs {second} ({ONE_RUN})"
