@@ -653,8 +653,6 @@ def test_embedded_tables_reproduce_the_traces(traces: Path) -> None:
         (Path(__file__).parents[1] / "envs/data/embedded_workloads.json").read_text()
     )
     assert derive(traces) == shipped  # the committed file is what the script derives
-    with pytest.raises(ValueError, match="TRACES_DIR is the shared traces folder, holding azure"):
-        derive(traces / "azure2023")  # was: "the embedded workloads need no file"
     table = embedded_lengths("azure-conv")
     prompt, output = table.sample(50000, np.random.default_rng(1))
     assert np.median(prompt) == pytest.approx(1020, rel=0.05)
@@ -663,14 +661,16 @@ def test_embedded_tables_reproduce_the_traces(traces: Path) -> None:
 
 
 def test_the_tables_tool_names_a_missing_trace(tmp_path: Path, monkeypatch, capsys) -> None:
-    """`python -m batchpilot.envs.embedded DIR`: a traceback for a folder without the traces."""
+    """`python -m batchpilot.envs.embedded DIR`: a traceback for a folder without the traces,
+    then a workload source's hint ("the embedded workloads need no file")."""
     from batchpilot.envs import embedded
 
     monkeypatch.setattr("sys.argv", ["embedded", str(tmp_path), "--out", str(tmp_path / "t.json")])
     with pytest.raises(SystemExit) as done:
         embedded.main()
     assert done.value.code == 2
-    assert "AzureLLMInferenceTrace_conv.csv: no such trace file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "AzureLLMInferenceTrace_conv.csv: no such file; TRACES_DIR is the shared traces" in err
     assert not (tmp_path / "t.json").exists()
 
 
