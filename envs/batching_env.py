@@ -245,8 +245,11 @@ class BatchingEnv(gym.Env):
       `Telemetry.inflight_on_track_tokens`). A request's tokens are credited as they are
       generated while it is on track; when it falls off track, everything credited for it
       is debited; when it finishes, its credit becomes final if it met the SLO. Over an
-      episode the credit therefore sums to exactly the goodput's token count (over
-      `offered_output_tps`);
+      episode run to its end the credit therefore sums to exactly the goodput's token count
+      (over `offered_output_tps`); one cut short by a step limit keeps the credit of its
+      requests still on track. The reports' ``output_goodput`` divides those tokens by the
+      run's duration, which a policy that drains the last requests slower lengthens: the
+      reward does not see that (it counts tokens, not the tail);
     - ``off_track``: full output lengths of unfinished requests off track for the SLO,
       queued ones whose TTFT deadline passed before admission included
       (`Telemetry.inflight_off_track_output_tokens`); ``bad_finished``: output tokens of

@@ -1,5 +1,7 @@
 """Per-request latency records and streaming aggregate metrics named as in ``vllm bench
-serve``, in memory bounded by the requests in flight (`RunMetrics`, `LatencySketch`)."""
+serve`` (``output_goodput``, good requests' output tokens per second, and ``slo_attainment``,
+the share of finished requests meeting the SLO, are batchpilot's own), in memory bounded by
+the requests in flight (`RunMetrics`, `LatencySketch`)."""
 
 from __future__ import annotations
 
@@ -81,11 +83,12 @@ class SLO:
         return cls(**values)
 
     def met(self, ttft_s: float, tpot_s: float, e2el_s: float) -> bool:
-        """Whether a request with these latencies meets every set objective."""
+        """Whether a request with these latencies meets every set objective (``vllm bench
+        serve``'s test to the bit: the target in seconds >= the latency)."""
         return not (
-            (self.ttft_ms is not None and ttft_s * 1e3 > self.ttft_ms)
-            or (self.tpot_ms is not None and tpot_s * 1e3 > self.tpot_ms)
-            or (self.e2el_ms is not None and e2el_s * 1e3 > self.e2el_ms)
+            (self.ttft_ms is not None and ttft_s > self.ttft_ms / 1e3)
+            or (self.tpot_ms is not None and tpot_s > self.tpot_ms / 1e3)
+            or (self.e2el_ms is not None and e2el_s > self.e2el_ms / 1e3)
         )
 
     def scaled(self, ttft: float = 1.0, tpot: float = 1.0) -> SLO:
@@ -171,7 +174,7 @@ class RequestRecord:
 
 
 class LatencySketch:
-    """Mergeable streaming quantiles of latencies, in bounded memory.
+    """Streaming quantiles of latencies, in bounded memory.
 
     Values are kept exactly, as (value, count) entries (one per value added, or per value
     of a counted batch: equal values are not merged), until there are over `EXACT_LIMIT`

@@ -342,15 +342,15 @@ def on_track(
     end-to-end deadline not passed."""
     if slo.ttft_ms is not None:
         ttft = (first_token if first_token >= 0 else now) - arrival
-        if ttft * 1e3 > slo.ttft_ms:
+        if ttft > slo.ttft_ms / 1e3:  # as `SLO.met`, to the bit
             return False
     if (
         slo.tpot_ms is not None
         and generated > 1
-        and (last_token - first_token) / (generated - 1) * 1e3 > slo.tpot_ms
+        and (last_token - first_token) / (generated - 1) > slo.tpot_ms / 1e3
     ):
         return False
-    return slo.e2el_ms is None or (now - arrival) * 1e3 <= slo.e2el_ms
+    return slo.e2el_ms is None or now - arrival <= slo.e2el_ms / 1e3
 
 
 def first_token_limit_ms(slo: SLO) -> float:
@@ -420,7 +420,7 @@ class LapsedFirstTokens:
             self._total = 0
             self._reorder()
         order, held, lapsed = self._order, self._held, self._lapsed
-        while order and (now - order[0][0]) * 1e3 > limit:  # `on_track`'s test, to the bit
+        while order and now - order[0][0] > limit / 1e3:  # `on_track`'s test, to the bit
             arrival, key = order.popleft()
             entry = held.get(key)
             if entry is not None and entry[0] == arrival and key not in lapsed:
