@@ -8,8 +8,10 @@ One iteration follows vLLM V1's scheduler:
    recently admitted running request is preempted by recompute (blocks freed, back to
    the front of the queue, all its tokens to prefill again) until the allocation fits.
 2. If nothing was preempted, WAITING requests are admitted first-come first-served while
-   fewer than `max_num_seqs` run, token budget remains and their first chunk's blocks
-   are free.
+   fewer than `max_num_seqs` run, token budget remains and the blocks of their whole
+   sequence (prompt and output so far) are free, though only the first chunk's are taken:
+   vLLM 0.32's ``scheduler_reserve_full_isl`` (on by default), which keeps a chunked
+   prompt from being admitted only to be preempted a step later.
 
 A request that completes its prompt (or its recompute) samples a token in that step.
 Lowering `max_num_seqs` below the running count preempts nothing: the batch drains.
@@ -408,7 +410,7 @@ class SimEngine:
                 if n > budget:
                     n = budget
                 need = -(-n // bs)
-                if need > free:
+                if -(-(req.prompt + req.generated) // bs) > free:  # the whole sequence must fit
                     asked = self._budget - budget + req.prompt + req.generated - req.computed
                     break
                 waiting.popleft()
@@ -622,12 +624,11 @@ class SimEngine:
                 remaining = head.prompt + head.generated - head.computed
                 if n + remaining > self._peak_tokens:
                     self._peak_tokens = n + remaining
-                chunk = min(remaining, budget - n)
-                if -(-chunk // self.block_size) <= self._free:
-                    return False  # an admission is due
-                # the head's first chunk cannot get its blocks until a request finishes
-                # (decodes only take blocks): later arrivals queue behind it, and are
-                # admitted to the queue when `_step` would have (`queue_arrivals`)
+                if -(-(head.prompt + head.generated) // self.block_size) <= self._free:
+                    return False  # an admission is due (`_step`'s test)
+                # the head's blocks cannot be free until a request finishes (decodes only
+                # take blocks): later arrivals queue behind it, and are admitted to the
+                # queue when `_step` would have (`queue_arrivals`)
                 admission_open = False
                 queue_arrivals = True
         bs = self.block_size

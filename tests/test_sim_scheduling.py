@@ -137,3 +137,23 @@ def test_idle_engine_jumps_to_the_next_arrival() -> None:
     assert (t.time_s, t.iteration) == (5.0, 0)
     engine.advance()
     assert records(engine)["r0"].first_token_s == 11
+
+
+@FAST
+def test_a_waiting_request_is_admitted_when_its_whole_sequence_fits(fast: bool) -> None:
+    """vLLM 0.32's scheduler_reserve_full_isl (on by default): the simulator admitted r1 when
+    its first chunk's 2 blocks were free, then preempted it a step later for want of the rest;
+    vLLM waits until all 4 of its blocks are free, and preempts nothing."""
+    engine = SimEngine(
+        unit_profile(num_gpu_blocks=11, block_size=16, budget=64), keep_records=True,
+        fast_forward=fast,
+    )  # fmt: skip
+    engine.reset(workload((0, 100, 20), (0, 60, 5)), Limits(8))
+    assert engine.advance(max_iterations=1).step_prefill_tokens == 64  # r0's first chunk
+    t = engine.advance(max_iterations=1)  # r0's last 36; 3 blocks free, r1 needs 4
+    assert (t.step_prefill_tokens, t.num_requests_running, t.num_requests_waiting) == (36, 1, 1)
+    engine.advance()
+    assert engine.result().metrics()["num_preemptions"] == 0
+    recs = records(engine)
+    assert recs["r0"].finish_s == 21  # its first token at 2, 19 decodes
+    assert recs["r1"].first_token_s == 22  # its whole prompt in the step after

@@ -90,15 +90,19 @@ def test_overlong_request_is_an_error(engine) -> None:
         engine.reset(fixed(2000, 100, 1), Limits(1))
 
 
-def test_same_scheduling_decisions_as_the_simulator(engine) -> None:
-    """Deterministic case: per step, running/waiting and scheduled tokens are identical."""
+@pytest.mark.parametrize("budget", [None, 128])
+def test_same_scheduling_decisions_as_the_simulator(engine, budget: int | None) -> None:
+    """Deterministic case: per step, running/waiting and scheduled tokens are identical. At a
+    128-token budget prompts are chunked under KV pressure: the simulator admitted a request
+    whose first chunk fit and preempted it later (3 preemptions, vLLM none), where vLLM 0.32
+    admits one only when its whole sequence fits."""
     workload = fixed(300, 24, 12)
     step = LinearStepModel(base_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0, kv_token_s=0.0)
     profile = profile_like(engine, step, "match", "the test engine's shape")
     sim = SimEngine(profile, slo=SLO_SPEC, fast_forward=False)
     real_trace, sim_trace = [], []
     for eng, trace in ((engine, real_trace), (sim, sim_trace)):
-        eng.reset(workload, Limits(8))
+        eng.reset(workload, Limits(8, budget))
         while not eng.done:
             t = eng.advance(max_iterations=1)
             trace.append(
