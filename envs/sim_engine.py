@@ -64,6 +64,13 @@ V0_WATERMARK = 0.01
 """Fraction of KV blocks V0's block manager keeps free when admitting a prompt."""
 
 
+def _admissible(req: _Req, free_blocks: int, block_size: int) -> bool:
+    """Whether a waiting request may be admitted: the blocks of its whole sequence (prompt and
+    output so far) are free, though only its first chunk's are taken (vLLM 0.32's
+    ``scheduler_reserve_full_isl``)."""
+    return -(-(req.prompt + req.generated) // block_size) <= free_blocks
+
+
 def _arrival(req: _Req) -> float:
     return req.arrival
 
@@ -410,7 +417,7 @@ class SimEngine:
                 if n > budget:
                     n = budget
                 need = -(-n // bs)
-                if -(-(req.prompt + req.generated) // bs) > free:  # the whole sequence must fit
+                if not _admissible(req, free, bs):
                     asked = self._budget - budget + req.prompt + req.generated - req.computed
                     break
                 waiting.popleft()
@@ -624,8 +631,8 @@ class SimEngine:
                 remaining = head.prompt + head.generated - head.computed
                 if n + remaining > self._peak_tokens:
                     self._peak_tokens = n + remaining
-                if -(-(head.prompt + head.generated) // self.block_size) <= self._free:
-                    return False  # an admission is due (`_step`'s test)
+                if _admissible(head, self._free, self.block_size):
+                    return False  # an admission is due
                 # the head's blocks cannot be free until a request finishes (decodes only
                 # take blocks): later arrivals queue behind it, and are admitted to the
                 # queue when `_step` would have (`queue_arrivals`)
