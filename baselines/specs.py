@@ -152,6 +152,8 @@ FACTORIES: dict[str, Callable[[list[str]], Controller]] = {
 }
 """Spec name -> factory taking the spec's ':'-separated arguments. Learned policies
 (``policy:PATH``) live a layer up: `batchpilot.agents.specs.make_controller`."""
+SIMULATOR_ONLY = frozenset({"oracle", "mpc"})
+"""Specs whose controllers need the simulator (`simulator_only`): they cannot drive vLLM."""
 
 
 COMBINE = re.compile(r"\+(?!\d)")

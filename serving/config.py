@@ -18,11 +18,18 @@ import math
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from batchpilot.agents.specs import make_controller
-from batchpilot.baselines.specs import simulator_only
+from batchpilot.agents.specs import FACTORIES, make_controller
+from batchpilot.baselines.specs import (
+    BEST_STATIC,
+    SIMULATOR_ONLY,
+    ControllerSpecError,
+    simulator_only,
+    spec_parts,
+)
 from batchpilot.envs import metrics
 from batchpilot.envs.controller import Controller
 from batchpilot.envs.metrics import SLO, goodput_slo
+from batchpilot.envs.names import did_you_mean
 from batchpilot.envs.plain_numbers import plain_float
 
 CONTROLLER_ENV = "BATCHPILOT_CONTROLLER"
@@ -53,6 +60,7 @@ def serving_controller(controller: Controller | str) -> Controller:
     """The controller (or the one a spec names), refused (ValueError) if it cannot run
     inside vLLM."""
     if isinstance(controller, str):
+        _check_servable_names(controller)
         controller = make_controller(controller)
     if simulator_only(controller):
         raise ValueError(
@@ -60,6 +68,19 @@ def serving_controller(controller: Controller | str) -> Controller:
             "it to look ahead); it cannot serve"
         )
     return controller
+
+
+def _check_servable_names(spec: str) -> None:
+    """A ControllerSpecError for a part of `spec` naming no controller, listing those that
+    can serve (not the simulator's own, as `make_controller`'s message does)."""
+    servable = sorted(set(FACTORIES) - SIMULATOR_ONLY)
+    for part in spec_parts(spec):
+        name = part.split(":")[0]
+        if name not in FACTORIES and name != BEST_STATIC:  # best-static: make_controller says
+            raise ControllerSpecError(
+                f"unknown controller {part!r}; {did_you_mean(name, servable)}serve takes: "
+                f"{', '.join(servable)}, and A+B combinations (the lower of their limits)"
+            )
 
 
 def engine_settings(environ: Mapping[str, str]) -> EngineSettings:

@@ -13,6 +13,8 @@ from batchpilot.baselines.alg2 import SLAController
 from batchpilot.baselines.combined import MinController
 from batchpilot.baselines.oracle import OracleController, peak_blocks
 from batchpilot.baselines.specs import (
+    FACTORIES,
+    SIMULATOR_ONLY,
     ControllerSpecError,
     given_twice,
     make_controller,
@@ -225,6 +227,21 @@ def test_default_slo_is_one_object_and_parses_back() -> None:
 @pytest.mark.parametrize("spec", ["oracle", "alg1+oracle", "oracle+alg2:sla_ms=40", "alg1+alg2"])
 def test_simulator_only_is_any_part(spec: str) -> None:
     assert simulator_only(make_controller(spec)) == ("oracle" in spec)
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_simulator_only_names_the_simulators_controllers(name: str) -> None:
+    spec = {"static": "static:8"}.get(name, name)
+    assert simulator_only(make_controller(spec)) == (name in SIMULATOR_ONLY)
+
+
+@pytest.mark.parametrize(("spec", "hint"), [("orcale", ""), ("alg1+statik:8", "did you mean 'static'")])
+def test_serve_lists_the_controllers_that_can_serve(spec: str, hint: str) -> None:
+    from batchpilot.serving.config import serving_controller
+
+    with pytest.raises(ValueError, match="serve takes: alg1, alg2, policy, static,") as info:
+        serving_controller(spec)
+    assert hint in str(info.value) and "mpc" not in str(info.value)
 
 
 @pytest.mark.parametrize("spec", ["oracle", "alg1+oracle", "alg2+oracle:slack_blocks=2"])
