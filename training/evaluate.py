@@ -762,6 +762,11 @@ def trained_interval(specs: Sequence[str]) -> str | None:
     return intervals.pop() if len(intervals) == 1 else None
 
 
+def tuning_seed_list(count: int = DEFAULT_TUNING_SEEDS) -> list[int]:
+    """best-static's `count` tuning seeds: `TUNING_SEED_BASE`, +1, ..."""
+    return [TUNING_SEED_BASE + i for i in range(count)]
+
+
 def evaluate(
     scenarios: list[Scenario],
     controllers: list[str],
@@ -775,11 +780,11 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run every controller on every scenario and seed; results as a JSON-ready dict.
 
-    `tuning_seeds` (default: `DEFAULT_TUNING_SEEDS` from `TUNING_SEED_BASE`) are where
-    ``best-static`` is chosen; they must not overlap `seeds`.
+    `tuning_seeds` (default: `tuning_seed_list()`) are where ``best-static`` is chosen;
+    they must not overlap `seeds`.
     """
     grid = static_grid or StaticGrid()
-    tuning_seeds = tuning_seeds or [TUNING_SEED_BASE + i for i in range(DEFAULT_TUNING_SEEDS)]
+    tuning_seeds = tuning_seeds or tuning_seed_list()
     if set(tuning_seeds) & set(seeds):
         raise ValueError(f"tuning seeds {tuning_seeds} overlap the evaluation seeds {seeds}")
     check_controllers(controllers, scenarios)  # fail on a bad spec before starting any run

@@ -58,6 +58,7 @@ from batchpilot.training.evaluate import (
     TUNING_SEED_BASE,
     CapacityTarget,
     check_seed_range,
+    tuning_seed_list,
 )
 from batchpilot.training.report import command_line
 
@@ -320,7 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scenarios,
         controllers,
         list(range(args.first_seed, args.first_seed + seeds)),
-        tuning_seeds=[TUNING_SEED_BASE + i for i in range(tuning if tuned else 0)],
+        tuning_seeds=tuning_seed_list(tuning) if tuned else None,
         capacity=capacity,
         workers=args.workers,
         progress=not args.no_progress,
