@@ -113,7 +113,8 @@ def test_table1_rows_are_the_runs_numbers(table1: dict) -> None:
 def test_summary_states_the_computed_verdicts(table1: dict) -> None:
     r2 = {"seeds": [0, 1, 2], "scenarios": [capacity_scenario([4, 6, 8], [4.5, 6.4, 8.6], "v1")]}
     r2["scenarios"][0]["capacity_target"] = {"bounds": [["p90_itl_ms", 50.0]]}
-    lines = summary(table1, r2)
+    headline, tables = summary(table1, r2)
+    lines = headline + tables
     v = verdicts(table1, r2)
     text = "\n".join(lines)
     for row in v["table1"]:
@@ -124,6 +125,8 @@ def test_summary_states_the_computed_verdicts(table1: dict) -> None:
     assert "Table II" in v1 and "appears in 1 of 1" in v1
     assert "not an upper bound" in text
     assert TABLE2["257/62"][0] in text
+    assert headline[0].startswith("**Which of the paper's effects appear")
+    assert v1 in headline and not any(ln.startswith(("|", "#")) for ln in headline)
 
 
 def test_every_setting_runs_under_each_scheduler() -> None:
@@ -255,3 +258,5 @@ def test_the_report_links_both_tables_on_both_pages(tmp_path, monkeypatch: pytes
     line = "Details: [Table I settings](table1/report.md), [Table II settings](table2/report.md)."
     assert line in (tmp_path / "report.md").read_text()
     assert line in (tmp_path / "report.html").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert md.index("Which of the paper's effects appear") < md.index("Command:")  # was after

@@ -204,7 +204,7 @@ def main(args: argparse.Namespace) -> int:
         t2, controllers(TABLE2_CONTROLLERS), list(range(args.seeds)), capacity=target, **common
     )
     command = command_line()
-    preamble = summary(r1, r2)
+    headline, preamble = summary(r1, r2)
     results = {
         "command": command,
         "verdicts": verdicts(r1, r2),
@@ -228,9 +228,9 @@ def main(args: argparse.Namespace) -> int:
     )
     report = write_report(
         merged, args.out, title="The paper's Tables I and II in simulation, V0 and V1",
-        command=command, preamble=[*preamble, "", details],
+        command=command, headline=headline, preamble=[*preamble, "", details],
     )  # fmt: skip
-    print("\n".join(preamble[:30]))
+    print("\n".join([*headline, "", *preamble[:24]]))
     print(f"wrote {report}, {t1_report}, {t2_report}; wall time {results['wall_s']:.0f} s")
     return 0
 
@@ -360,8 +360,9 @@ def _tally(rows: list[dict], scheduler: str) -> str:
     return ", ".join(f"{v} in {n}" for v, n in counts.items() if n) + f" of {len(mine)} settings"
 
 
-def summary(r1: dict[str, Any], r2: dict[str, Any]) -> list[str]:
-    """Markdown lines: verdicts first, then the paper's figures beside the simulated ones."""
+def summary(r1: dict[str, Any], r2: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Markdown lines: the verdicts (the report's headline), and the paper's figures beside
+    the simulated ones (its preamble)."""
     from batchpilot.envs.profiles import get_profile
 
     def kv(name: str) -> int:
@@ -369,7 +370,7 @@ def summary(r1: dict[str, Any], r2: dict[str, Any]) -> list[str]:
 
     v = verdicts(r1, r2)
     schedulers = sorted({r["scheduler"] for r in v["table1"] + v["table2"]})
-    lines = ["## Which of the paper's effects appear", ""]
+    lines = ["**Which of the paper's effects appear:**", ""]
     for s in schedulers:
         lines.append(
             f"- **{s.upper()}**: Table I (Algorithm 1 over static:256, throughput): "
@@ -385,7 +386,8 @@ def summary(r1: dict[str, Any], r2: dict[str, Any]) -> list[str]:
         f"only what fits the KV cache without preemption) is a heuristic, not an upper bound: "
         f"Algorithm 1 (Table I) or Algorithms 1+2 (Table II) beat it in {len(oracle_beaten)} "
         f"of {len(v['table1']) + len(v['table2'])} settings here.",
-        "",
+    ]
+    headline, lines = lines, [
         "An effect *appears* when the gain is positive beyond noise: Table II by a paired 95% "
         f"interval over {len(r2['seeds'])} seeds that excludes zero; Table I runs are "
         f"deterministic (every request at t=0, fixed lengths or the whole trace: nothing a "
@@ -450,7 +452,7 @@ def summary(r1: dict[str, Any], r2: dict[str, Any]) -> list[str]:
     if not all(r["bracketed"] for r in v["table2"]):
         lines += ["", "Some capacity searches never failed a probe: those are lower bounds."]
     lines += ["", *scheduler_lines(v), "", *NOTES]
-    return lines
+    return headline, lines
 
 
 def scheduler_lines(v: dict[str, list[dict]]) -> list[str]:
