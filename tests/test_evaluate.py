@@ -827,7 +827,7 @@ def test_vllm_default_limits_per_gpu(tmp_path: Path) -> None:
     assert vllm_default_limits("llama-3-8b-24gb")[:2] == (256, 2048)
     assert vllm_default_limits("llama-2-7b-h100")[:2] == (1024, 8192)
     profile = json.loads(make_engine("sim", profile="cpu-tiny-llama", slo=SLO()).profile.to_json())
-    profile.update(name="mystery", description="some accelerator")
+    profile.update(name="mystery", description="some accelerator", gpu="")
     path = tmp_path / "p.json"
     path.write_text(json.dumps(profile))
     with pytest.raises(ValueError, match="cannot tell the GPU of profile"):
@@ -842,7 +842,30 @@ def test_vllm_default_limits_per_gpu(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot tell the GPU of profile"):
         vllm_default_limits(str(path))
     path.write_text(json.dumps(profile | {"name": "mystery", "gpu": "", "carried_from": ""}))
-    assert vllm_default_limits(str(path))[2].endswith("on A100 (80 GiB)")  # unmarked: its first GPU
+    # unmarked: the GPU its description names first, the deployment's (it was the A100 the
+    # timings came from, by the table's order)
+    assert vllm_default_limits(str(path))[2].endswith("on L4 (24 GiB)")
+
+
+@pytest.mark.parametrize(
+    ("name", "gpu", "limits"),
+    [
+        ("70b-vs-a100", "H100-SXM-80GB", (1024, 8192)),  # was the A100's: the name came first
+        ("8b-cpu-overhead-study", "H100-SXM-80GB", (1024, 8192)),  # was the CPU's
+        ("mine", "NVIDIA H100 80GB HBM3", (1024, 8192)),  # torch's device names
+        ("mine", "NVIDIA A100-SXM4-80GB", (256, 2048)),
+        ("mine", "NVIDIA L40S", (256, 2048)),
+        ("mine", "NVIDIA B200", (1024, 16384)),
+        ("mine-h100", "", (1024, 8192)),  # no GPU field: the name
+    ],
+)
+def test_vllm_default_limits_read_the_gpu_field_first(
+    tmp_path: Path, name: str, gpu: str, limits: tuple[int, int]
+) -> None:
+    profile = json.loads(make_engine("sim", profile="llama-3-8b-h100", slo=SLO()).profile.to_json())
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile | {"name": name, "gpu": gpu, "carried_from": ""}))
+    assert vllm_default_limits(str(path))[:2] == limits
 
 
 def test_shifting_arrivals_follow_their_rates() -> None:

