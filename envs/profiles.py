@@ -875,14 +875,28 @@ def measured_profile(
     num_blocks = int(free // (arch.kv_bytes_per_token_per_gpu(tp) * block_size))
     usable = max(0, num_blocks - NULL_BLOCKS) * block_size
     if usable < arch.max_model_len:
+        room = memory_gib * GIB * gpu_memory_utilization - runtime_reserve_gib * GIB
+        if weights >= room:  # no setting but the GPUs' helps
+            hint = (
+                f"the weights alone exceed the {room / GIB:.1f} GiB a GPU leaves vLLM: a "
+                "larger --tp splits them over more GPUs, or a GPU with more memory"
+            )
+            if weights < (memory_gib - runtime_reserve_gib) * GIB:  # all of it would hold them
+                hint += ", or a higher --gpu-memory-utilization"
+        elif usable > 0:
+            hint = "a shorter max_model_len (`profiles build --max-model-len`) fits more"
+        else:
+            hint = (
+                "no context fits: a larger --tp, a higher --gpu-memory-utilization, or lower "
+                "--max-num-seqs and --max-num-batched-tokens (activations)"
+            )
         raise ValueError(
             f"{arch.title} on {tp} x {memory_gib:g} GiB at gpu_memory_utilization "
             f"{gpu_memory_utilization}: KV cache {usable:,} tokens after vLLM's null block, "
             f"less than one {arch.max_model_len:,}-token context (per GPU: weights "
             f"{weights / GIB:.1f} GiB, activations at {max_num_seqs:,} requests and "
             f"{max_num_batched_tokens:,} tokens a step {activations / GIB:.1f} GiB, runtime "
-            f"reserve {runtime_reserve_gib:g} GiB); a shorter max_model_len (`profiles build "
-            "--max-model-len`) fits more"
+            f"reserve {runtime_reserve_gib:g} GiB); {hint}"
         )
     reach = max(max_num_batched_tokens, max_num_seqs)
     if reach > MAX_EXTENSION * xs[-1]:

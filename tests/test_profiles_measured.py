@@ -973,7 +973,9 @@ def test_a_model_config_at_every_bound_is_read(tmp_path: Path) -> None:
             r"compute/\{h100/acme/unmeasured,a100/acme/unmeasured,a40/acme/unmeasured\}",
         ),
         ("llama-2-70b", "l40s", 2, {}, "no all-reduce table for 2 x L40S.*TP 1 only"),
-        ("llama-2-70b", "a100", 1, {}, "less than one 4,096-token context"),
+        # no context fits: the weights alone (it said a shorter max_model_len would fit more)
+        ("llama-2-70b", "a100", 1, {}, "less than one 4,096-token context .*the weights alone exceed the 70.3 GiB a GPU leaves vLLM: a larger --tp .*more memory$"),
+        ("llama-2-70b", "a100", 2, {"gpu_memory_utilization": 0.55}, "the weights alone .* or a higher --gpu-memory-utilization$"),
         (  # the activations it names, not only the weights: here they fill the GPU
             "llama-2-7b", "a100", 1, {"max_num_seqs": 262144, "max_num_batched_tokens": 262144},
             r"activations at 262,144 requests and 262,144 tokens a step 84\.6 GiB",
@@ -1176,7 +1178,8 @@ def test_max_model_len_serves_a_shorter_context_and_a_hub_config_names_its_model
     out = tmp_path / "l4.json"
     args = ["profiles", "build", "--model", str(model_dir), "--vidur-model", "meta-llama/Meta-Llama-3-8B", "--gpu", "l4", "--vidur", str(VIDUR), "--out", str(out)]
     assert cli(args) == 2
-    assert "less than one 131,072-token context" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "less than one 131,072-token context" in err and "a shorter max_model_len" in err
     assert cli([*args, "--max-model-len", "8192"]) == 0
     built = get_profile(str(out))
     assert built.max_model_len == 8192 and "Llama-3.1-8B-Instruct (8,192-token context" in built.description
