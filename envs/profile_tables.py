@@ -73,6 +73,9 @@ beyond the tokens' own growth) by more than `MIN_JUMP_MS`: Vidur's tables change
 MIN_JUMP_MS = 1.0
 """A change smaller than this is no bad cell whatever its ratio (a timer's noise on a time of
 microseconds)."""
+REPEAT_SPREAD = 1.5
+"""The most two rows of a linear-layer table timing the same token count and TP may differ by
+(their layer's ops summed): Vidur's own repeats agree within 6%; more is two runs mixed."""
 
 
 MAX_COUNT = 2**53
@@ -218,6 +221,7 @@ def linear_tables(path: Path) -> dict[str, dict[str, list[float]]]:
     by_tp: dict[int, dict[int, list[tuple[float, float, float]]]] = defaultdict(
         lambda: defaultdict(list)
     )
+    lines: dict[tuple[int, int], list[int]] = defaultdict(list)
     for line, row in _rows(path):
         # each op > 0: a 0 is an op that was not timed, and would drop out of the step
         ops = [_time(path, row, f"time_stats.{op}.median", line) for op in LAYER_OPS]
@@ -232,6 +236,17 @@ def linear_tables(path: Path) -> dict[str, dict[str, list[float]]]:
                 "must be finite"
             )
         by_tp[tp][tokens].append((layer, emb, up))
+        lines[tp, tokens].append(line)
+    for (tp, tokens), at in lines.items():
+        times = [point[0] for point in by_tp[tp][tokens]]
+        low, high = int(np.argmin(times)), int(np.argmax(times))
+        if times[high] > REPEAT_SPREAD * times[low]:
+            raise ValueError(
+                f"{path}: lines {at[low]} and {at[high]} both time {tokens:,}-token steps at TP "
+                f"{tp}, {times[low]:.4g} and {times[high]:.4g} ms a layer "
+                f"({times[high] / times[low]:.2f}x apart; Vidur's repeats agree within 6%): "
+                "two profiling runs in one file?"
+            )
     out = {}
     for tp, points in sorted(by_tp.items()):
         x = np.array(sorted(points))

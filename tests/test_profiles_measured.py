@@ -581,6 +581,25 @@ def test_bad_vidur_files_are_named_by_file_and_line(tmp_path: Path, capsys, dama
     assert re.search(message, capsys.readouterr().err)
 
 
+@pytest.mark.parametrize(("factor", "built"), [(1.05, True), (3.0, False)])
+def test_repeated_rows_that_disagree_are_refused(tmp_path: Path, capsys, factor, built) -> None:
+    """Every row again with its times x3 (two runs in one file) was averaged into a one-request
+    decode nearly twice as slow; Vidur's own repeats (within 6%) still build."""
+    vidur = _small_vidur(tmp_path / "vidur")
+    path = vidur / "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv"
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    again = [{k: str(float(v) * factor) if k.startswith("time_stats") else v for k, v in r.items()} for r in rows]
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows + again)
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "out.json")]) == (0 if built else 2)
+    if not built:
+        assert re.search(r"mlp.csv: lines 2 and 16 both time 1-token steps at TP 1, .* \(3.00x apart", capsys.readouterr().err)
+
+
 def test_a_jump_of_microseconds_is_no_bad_cell(tmp_path: Path) -> None:
     """Vidur times embeddings of a few microseconds to the microsecond: 50x from 0.5 ms to
     0.01 ms is under `MIN_JUMP_MS` and builds; the same ratio over 5 ms does not."""
