@@ -605,8 +605,12 @@ def timing_sources(gpu: str) -> list[str]:
 
 def linear_table_keys(gpu: str, vidur_name: str) -> dict[str, str]:
     """`timing_sources` of `gpu`, best first, each with its Vidur table key
-    (``<gpu dir>/<org>/<name>``) for the model Vidur names `vidur_name`."""
-    return {g: f"{GPUS[g].vidur_compute}/{vidur_name}" for g in timing_sources(gpu)}
+    (``<gpu dir>/<org>/<name>``) for the model Vidur names `vidur_name`; for a GPU Vidur did
+    not time, its own directory (``<gpu>/<org>/<name>``, a user's measurements) first."""
+    keys = {g: f"{GPUS[g].vidur_compute}/{vidur_name}" for g in timing_sources(gpu)}
+    if GPUS[gpu].vidur_compute is None:
+        keys = {gpu: f"{gpu}/{vidur_name}", **keys}
+    return keys
 
 
 def carry_times(ms: Sequence[float], source: GPU, target: GPU) -> list[float]:

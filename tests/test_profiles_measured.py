@@ -1076,6 +1076,21 @@ def test_gpus_vidur_did_not_time_carry_the_nearest_measured_one() -> None:
     assert "carried" not in a100.description and "(measured)" in a100.step.source["linear_layers"]
 
 
+def test_a_users_own_tables_for_a_gpu_vidur_never_timed_come_first(tmp_path: Path) -> None:
+    """compute/l40s/... under --vidur was passed over for the A100's tables, carried."""
+    vidur = _small_vidur(tmp_path / "vidur")
+    own = vidur / "compute/l40s/meta-llama/Llama-2-7b-hf"
+    own.mkdir(parents=True)
+    (own / "mlp.csv").write_text((vidur / "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv").read_text())
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "l40s", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "own.json")]) == 0
+    built = get_profile(str(tmp_path / "own.json"))
+    assert built.carried_from == "" and "compute/l40s/meta-llama" in built.step.source["linear_layers"]
+    (own / "mlp.csv").unlink()
+    assert cli([*args, "--out", str(tmp_path / "carried.json")]) == 0
+    assert get_profile(str(tmp_path / "carried.json")).carried_from == "A100-SXM-80GB"
+
+
 def test_carried_timings_are_a_field_of_the_profile(tmp_path: Path, capsys) -> None:
     """Whose linear-layer timings a profile uses is `carried_from` (the GPU they were measured
     on; empty: its own), the one fact its description, its step source and `batchpilot

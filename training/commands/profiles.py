@@ -90,9 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(GPUS),
         help="the GPU: Vidur measured "
         + ", ".join(k for k, g in GPUS.items() if g.vidur_compute)
-        + " (some models on some); the others, and a model Vidur did not time on the GPU, "
-        "take the nearest measured GPU's timings, carried over by the datasheets' bandwidth "
-        "and FLOPs (the profile's step.source says which)",
+        + " (some models on some); the others take their own compute/<gpu>/ tables where "
+        "--vidur has them, and else (as a model Vidur did not time on the GPU) the nearest "
+        "measured GPU's timings, carried over by the datasheets' bandwidth and FLOPs (the "
+        "profile's step.source says which)",
     )
     build.add_argument(
         "--tp",
