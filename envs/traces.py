@@ -169,9 +169,9 @@ CACHED_TRACES = 4
 """Trace files kept read per process (`load_trace`)."""
 MAX_FIELD = csv.field_size_limit()
 """Longest CSV field read (the csv module's limit, 131,072 characters)."""
-MAX_GZIP_LINE = 2**24
-"""Longest line read from a gzip file, in bytes: the memory a read takes stays bounded
-(a plain file's lines are bounded by its size)."""
+MAX_LINE = 2**24
+"""Longest line read, in bytes (decompressed): the memory a read takes stays bounded, whatever
+the file (a trace's rows are under a kilobyte; a one-line file of gigabytes is no trace)."""
 
 
 PROGRESS_BYTES = 32 * 2**20
@@ -298,12 +298,11 @@ def _open(path: Path, shown: str = "") -> BinaryIO | gzip.GzipFile:
 
 def _raw_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[tuple[int, bytes]]:
     """The file's lines as bytes, numbered; a gzip file's corrupt or cut-short data, or a
-    line of it decompressing to over `MAX_GZIP_LINE` bytes, is a `TraceError` naming the
-    line."""
+    line over `MAX_LINE` bytes (decompressed), is a `TraceError` naming the line."""
     gzipped = isinstance(handle, gzip.GzipFile)
     for number in itertools.count(1):
         try:
-            raw = handle.readline(MAX_GZIP_LINE + 1 if gzipped else -1)
+            raw = handle.readline(MAX_LINE + 1)
         except (OSError, EOFError, zlib.error) as exc:
             if not gzipped:
                 raise
@@ -313,10 +312,13 @@ def _raw_lines(path: Path, handle: BinaryIO | gzip.GzipFile) -> Iterator[tuple[i
             ) from None
         if not raw:
             return
-        if len(raw) > MAX_GZIP_LINE:
+        if len(raw) > MAX_LINE:
+            if number == 1 and raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+                raise _json_array_error(path)
             raise TraceError(
-                f"{path}:{number}: the line decompresses to over {MAX_GZIP_LINE:,} bytes; not "
-                "a text trace"
+                f"{path}:{number}: the line is over {MAX_LINE:,} bytes"
+                + " decompressed" * gzipped
+                + "; a trace's rows are a line each (a one-line or binary file is no trace)"
             )
         yield number, raw
 
@@ -869,6 +871,17 @@ def load_trace(path: str | Path, *, bad_rows: str = DEFAULT_BAD_ROWS) -> Trace:
     return _read(path, (path.resolve(), stat.st_mtime_ns, stat.st_size), skip_bad_rows)
 
 
+def _json_array_error(path: Path) -> TraceError:
+    """The error for a file holding a JSON array (a ShareGPT export, say)."""
+    return TraceError(
+        f"{path}:1: a JSON array, not a trace format this reader knows; it reads "
+        f"{KNOWN_FORMATS}. Request records (timestamp, input_length, output_length) go one "
+        "JSON object a line (JSON Lines), not in an array; a ShareGPT conversations file "
+        "(ShareGPT_V3_unfiltered_cleaned_split.json) needs tokenizing into a length CSV "
+        "(num_prefill_tokens,num_decode_tokens) first"
+    )
+
+
 @functools.lru_cache(maxsize=CACHED_TRACES)
 def _read(path: Path, version: tuple[Path, int, int], skip_bad_rows: bool) -> Trace:
     """The trace in `path`, read once per process while its `version` (the file, its time
@@ -878,13 +891,7 @@ def _read(path: Path, version: tuple[Path, int, int], skip_bad_rows: bool) -> Tr
     if not first:
         raise TraceError(f"{path}:1: the first line is blank; expected a CSV header or JSON")
     if first.startswith("["):
-        raise TraceError(
-            f"{path}:1: a JSON array, not a trace format this reader knows; it reads "
-            f"{KNOWN_FORMATS}. Request records (timestamp, input_length, output_length) go one "
-            "JSON object a line (JSON Lines), not in an array; a ShareGPT conversations file "
-            "(ShareGPT_V3_unfiltered_cleaned_split.json) needs tokenizing into a length CSV "
-            "(num_prefill_tokens,num_decode_tokens) first"
-        )
+        raise _json_array_error(path)
     if first.startswith("{"):
         trace = _read_jsonl(path, skip_bad_rows)
     else:

@@ -524,7 +524,7 @@ def tar_of(data: bytes) -> bytes:
         (gzip.compress(b"a,b\n1,2\n"), "unknown trace format"),
         (gzip.compress(gzip.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n")), ":1: the file is gzip-compressed twice"),
         (gzip.compress(("num_prefill_tokens,num_decode_tokens\n" + "5,6\n" * 50_000).encode())[:-200], "gzip-compressed but its data is corrupt or cut short"),
-        (gzip.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n" + b"9" * 2**25), ":3: the line decompresses to over 16,777,216 bytes"),
+        (gzip.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n" + b"9" * 2**25), ":3: the line is over 16,777,216 bytes decompressed"),
         (bz2.compress(b"num_prefill_tokens,num_decode_tokens\n5,6\n"), ":1: the file is bzip2-compressed (bunzip2 it first)"),
         (gzip.compress(tar_of(b"num_prefill_tokens,num_decode_tokens\n5,6\n")), ":1: the file is a tar archive (extract the trace first)"),
     ],
@@ -536,6 +536,31 @@ def test_compressed_traces_name_file_and_line(tmp_path: Path, data: bytes, messa
     with pytest.raises(TraceError) as err:
         load_trace(path)
     assert str(err.value).startswith(str(path)) and message in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"[" + b'{"id": "x", "conversations": []},' * 600_000 + b"{}]", ":1: a JSON array, not a trace format"),
+        (b"\x01" * 2**25, ":1: the line is over 16,777,216 bytes; a trace's rows are a line each"),
+    ],
+    ids=["json-array", "binary"],
+)
+def test_a_one_line_file_is_read_a_bounded_line_at_most(tmp_path: Path, data: bytes, message: str) -> None:
+    """A plain file's first line was read whole (2x a 1.5 GB file's size in memory), then
+    said to 'decompress' past the limit, and a large JSON array lost its hint."""
+    import tracemalloc
+
+    path = tmp_path / "t.json"
+    path.write_bytes(data)
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError) as err:
+            load_trace(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert message in str(err.value) and peak < 2 * 2**24 + 2**22 < len(data) * 2, (peak, err.value)
 
 
 @pytest.mark.parametrize(
