@@ -48,7 +48,7 @@ def is_trace_file(source: str) -> bool:
     return bool(source.strip()) and not source.startswith(prefixes)
 
 
-def _is_file(text: str) -> bool:
+def names_a_file(text: str) -> bool:
     """Whether `text` names an existing file (``~`` expanded); a name no path can be (an
     unknown user's ``~``, too long) is none."""
     try:
@@ -69,9 +69,20 @@ def split_arrival(text: str) -> tuple[str, str] | None:
     arrival process (``steps:`` has ``@`` of its own), or at a later one where the text
     before it is an existing file (a trace named ``x@poisson.csv``); None where none does."""
     splits = [m for m in re.finditer(rf"@(?=({'|'.join(ARRIVAL_KINDS)})\b)", text) if m.start()]
-    files = [m for m in splits if _is_file(text[: m.start()])]
+    if names_a_file(text):  # a file named x@replay.csv, given with no arrival of its own
+        splits = [m for m in splits if _parses(text[m.end() :])]
+    files = [m for m in splits if names_a_file(text[: m.start()])]
     match = (files or splits or [None])[0]
     return None if match is None else (text[: match.start()], text[match.end() :])
+
+
+def _parses(arrival: str) -> bool:
+    """Whether `arrival` is an arrival process."""
+    try:
+        Arrival.parse(arrival)
+    except ValueError:
+        return False
+    return True
 
 
 def arrival_suffix(source: str) -> str | None:
@@ -79,12 +90,10 @@ def arrival_suffix(source: str) -> str | None:
     arrival process) and names no file: a message saying to give source and arrival as two
     keys; else None."""
     split = split_arrival(source)  # no '@ARRIVAL' (most sources): no file to look for
-    if split is None or _is_file(source):
+    if split is None or names_a_file(source):
         return None
     base, tail = split
-    try:
-        Arrival.parse(tail)
-    except ValueError:
+    if not _parses(tail):
         return None
     return (
         f"workload {source!r} ends in an arrival process (@{tail}); in a config or suite give "

@@ -188,6 +188,8 @@ def test_a_trace_whose_name_holds_an_at_sign_and_a_process_is_split_after_it(
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00,10,5\n")
     assert parse_workload(f"{trace}@{arrival}") == (str(trace), arrival)
     assert parse_workload("embedded:gsm8k@steps:1@0,2@10") == ("embedded:gsm8k", "steps:1@0,2@10")
+    with pytest.raises(ValueError, match=r"use SOURCE@ARRIVAL, e\.g\. .*x@poisson\.csv@replay$"):
+        parse_workload(str(trace))  # was "unknown arrival process 'poisson.csv'"
 
 
 @pytest.mark.parametrize(

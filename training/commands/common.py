@@ -19,7 +19,12 @@ from batchpilot.envs.profiles import DEFAULT_PROFILE
 from batchpilot.envs.sim_engine import DEFAULT_SCHEDULER, SCHEDULERS
 from batchpilot.envs.traces import BAD_ROWS, DEFAULT_BAD_ROWS
 from batchpilot.envs.workload import DEFAULT_OVERLONG, OverlongPolicy
-from batchpilot.envs.workloads import DRAWN_REQUESTS, is_trace_file, split_arrival
+from batchpilot.envs.workloads import (
+    DRAWN_REQUESTS,
+    is_trace_file,
+    names_a_file,
+    split_arrival,
+)
 from batchpilot.training.limits import MAX_REQUESTS, MAX_SEEDS, MAX_TUNING_SEEDS
 
 
@@ -209,12 +214,12 @@ def parse_workload(text: str) -> tuple[str, str]:
     if split := split_arrival(text):
         return split
     source, at, arrival = text.partition("@")
-    if source and at:
+    if source and at and not names_a_file(text):
         raise ValueError(
             f"workload {text!r}: unknown arrival process {arrival!r}; known: "
             f"{', '.join(ARRIVAL_KINDS)} (e.g. {source}@poisson:4)"
         )
-    bare_file = not at and is_trace_file(text)
+    bare_file = is_trace_file(text) and (not at or names_a_file(text))
     example = f"{text}@replay" if bare_file else "embedded:gsm8k@poisson:4"
     raise ValueError(f"workload {text!r}: use SOURCE@ARRIVAL, e.g. {example}")
 
