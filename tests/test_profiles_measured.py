@@ -4,6 +4,7 @@ GPUs are, exact in the simulator's decode fast path, listed and built by the CLI
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -740,6 +741,20 @@ LLAMA_2_7B_CONFIG = {  # the keys of meta-llama/Llama-2-7b-hf's config.json that
     "torch_dtype": "float16",
     "vocab_size": 32000,
 }
+
+
+def test_a_known_models_missing_table_is_not_sent_to_vidur_model(tmp_path: Path, capsys) -> None:
+    """A known model whose table was missing or gzipped was told to give --vidur-model (which
+    a known model refuses), naming another model's table."""
+    vidur = _small_vidur(tmp_path / "vidur")
+    table = vidur / "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv"
+    table.with_suffix(".csv.gz").write_bytes(gzip.compress(table.read_bytes()))
+    table.unlink()
+    args = ["profiles", "build", "--model", "llama-2-7b", "--gpu", "a100", "--vidur", str(vidur)]
+    assert cli([*args, "--out", str(tmp_path / "p.json")]) == 2
+    said = capsys.readouterr().err
+    assert "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv.gz is compressed: gunzip it" in said
+    assert "--vidur-model" not in said
 
 
 def test_profiles_build_from_a_hugging_face_config(tmp_path: Path, capsys) -> None:

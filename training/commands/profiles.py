@@ -224,7 +224,12 @@ def _check_shape(model: Architecture, table: Path) -> None:
 
 def _build(args: argparse.Namespace) -> int:
     from batchpilot.envs.profile_tables import derive, linear_tables
-    from batchpilot.envs.profiles import architecture, linear_table_keys, write_profile
+    from batchpilot.envs.profiles import (
+        ARCHITECTURES,
+        architecture,
+        linear_table_keys,
+        write_profile,
+    )
 
     if not args.vidur.is_dir():
         where = "" if args.vidur.is_absolute() else f"; relative to {Path.cwd()}"
@@ -253,7 +258,10 @@ def _build(args: argparse.Namespace) -> int:
         have = sorted("/".join(p.parts[-4:-1]) for p in args.vidur.glob("compute/*/*/*/mlp.csv"))
         hint = ""
         names = sorted({h.split("/", 1)[1] for h in have} - {model.vidur_name})
-        if args.vidur_model is None and names:
+        packed = [k for k in keys if (args.vidur / "compute" / k / "mlp.csv.gz").is_file()]
+        if packed:
+            hint = f"; compute/{packed[0]}/mlp.csv.gz is compressed: gunzip it"
+        elif args.model not in ARCHITECTURES and args.vidur_model is None and names:
             near = difflib.get_close_matches(model.vidur_name, names, n=1, cutoff=0)
             hint = (
                 f"; a model Vidur timed under another name: --vidur-model NAME, the name after "
