@@ -791,7 +791,23 @@ def measured_profile(
                 f"{thw.vidur_network}_dgx/all_reduce.csv) has {len(net['bytes'])} message "
                 "size(s); at least 2 are needed"
             )
+        message = arch.hidden * arch.dtype_bytes  # one token's
+        if message < net["bytes"][0]:
+            raise ValueError(
+                f"the all-reduce table for {tp} x {thw.title} (Vidur network/"
+                f"{thw.vidur_network}_dgx/all_reduce.csv) measures from {net['bytes'][0]:,.0f} "
+                f"bytes: a one-token step's message ({message:,} bytes) lies below it; measure "
+                "from smaller messages"
+            )
         all_reduce = net
+    reach = max(max_num_batched_tokens, max_num_seqs)
+    extended = []  # what the profile reads past its measurements (linearly)
+    if reach > xs[-1]:
+        extended.append(f"the linear layers from {xs[-1]:,.0f} to {reach:,} tokens a step")
+    if all_reduce is not None and reach * message > all_reduce["bytes"][-1]:
+        extended.append(
+            f"the all-reduce from {all_reduce['bytes'][-1]:,.0f} to {reach * message:,} bytes"
+        )
     if carried_from:
         # the embedding stays as measured: a gather (0.1% of a step at the median knot, at
         # most 0.6%) whose time tracks neither ratio
@@ -858,6 +874,7 @@ def measured_profile(
                 "(derived)"
             ),
             "overheads": OVERHEAD_SOURCE,
+            "extended": "; ".join(extended) or "none",
         },
     )
     weights = arch.weight_bytes_per_gpu(tp)
@@ -902,7 +919,6 @@ def measured_profile(
             f"{max_num_batched_tokens:,} tokens a step {activations / GIB:.1f} GiB, runtime "
             f"reserve {runtime_reserve_gib:g} GiB); {hint}"
         )
-    reach = max(max_num_batched_tokens, max_num_seqs)
     if reach > MAX_EXTENSION * xs[-1]:
         raise ValueError(
             f"{table} measures up to {xs[-1]:,.0f} tokens: a step of {reach:,} (the larger of "

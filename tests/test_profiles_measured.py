@@ -743,6 +743,30 @@ LLAMA_2_7B_CONFIG = {  # the keys of meta-llama/Llama-2-7b-hf's config.json that
 }
 
 
+def test_a_build_says_what_it_extends_past_the_measurements(tmp_path: Path, capsys) -> None:
+    """A table cut to 2,048 tokens built an 8,192-token step without a word."""
+    args = ["profiles", "build", "--model", "llama-2-70b", "--gpu", "a100", "--tp", "4", "--vidur", str(VIDUR)]
+    assert cli([*args, "--out", str(tmp_path / "p.json")]) == 0
+    note = "note: past the measured sizes, extended linearly: the linear layers from 4,096 to 8,192 tokens a step; the all-reduce from 67,108,864 to 134,217,728 bytes"
+    assert note in capsys.readouterr().out
+    assert get_profile(str(tmp_path / "p.json")).step.source["extended"] == note.split(": ", 2)[2]
+    assert cli([*args, "--max-num-batched-tokens", "4096", "--out", str(tmp_path / "q.json")]) == 0
+    assert "note: past" not in capsys.readouterr().out
+    assert PROFILES["llama-2-7b-a100"].step.source["extended"].startswith("the linear layers from 4,096")
+
+
+def test_an_all_reduce_table_that_misses_small_messages_is_refused() -> None:
+    """Cut to messages of 8 MiB and up, a one-token step's all-reduce took the 8 MiB time
+    (one-request decode at TP 2 +43%)."""
+    tables = dict(load_tables())
+    net = tables["all_reduce"]["a100"]["2"]
+    keep = [i for i, b in enumerate(net["bytes"]) if b >= 2**23]
+    cut = {"bytes": [net["bytes"][i] for i in keep], "ms": [net["ms"][i] for i in keep]}
+    tables["all_reduce"] = {"a100": {"2": cut}}
+    with pytest.raises(ValueError, match=r"measures from 8,388,608 bytes: a one-token step's message \(16,384 bytes\) lies below it"):
+        measured_profile(tables, "llama-2-70b", "a100", 2)
+
+
 def test_a_known_models_missing_table_is_not_sent_to_vidur_model(tmp_path: Path, capsys) -> None:
     """A known model whose table was missing or gzipped was told to give --vidur-model (which
     a known model refuses), naming another model's table."""

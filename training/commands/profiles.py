@@ -306,4 +306,6 @@ def _build(args: argparse.Namespace) -> int:
     write_profile(profile, args.out)
     one = profile.step.decode_time(1, 1) * 1e3  # a unit slip in the tables shows here
     print(f"wrote {args.out}: {profile.description}; a one-request decode step {one:.3g} ms")
+    if (extended := profile.step.source["extended"]) != "none":
+        print(f"note: past the measured sizes, extended linearly: {extended}")
     return 0
