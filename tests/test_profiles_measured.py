@@ -425,7 +425,7 @@ def test_profiles_build_from_the_vidur_directory(tmp_path: Path, capsys) -> None
     args = ["profiles", "build", "--model", "llama-2-70b", "--gpu", "a100", "--tp", "4"]
     assert cli([*args, "--vidur", str(VIDUR), "--out", str(out)]) == 0
     built, shipped = get_profile(str(out)), PROFILES["llama-2-70b-a100x4"]
-    assert capsys.readouterr().out.endswith("; a one-request decode step 31.1 ms\n")  # say a slip
+    assert "; a one-request decode step 31.1 ms\nnote: past the measured" in capsys.readouterr().out  # say a slip
     _assert_same_step(built.step, shipped.step)
     assert replace(built, step=shipped.step) == shipped  # shipped = built
     small = tmp_path / "small.json"
