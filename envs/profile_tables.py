@@ -93,6 +93,11 @@ def _rows(path: Path) -> list[tuple[int, dict[str, str]]]:
             header = reader.fieldnames or []
             if twice := sorted({h for h in header if header.count(h) > 1}):
                 raise ValueError(f"{path}:1: the header names column(s) {twice} more than once")
+            if len(header) == 1 and (sep := next((c for c in ";\t|" if c in header[0]), "")):
+                raise ValueError(
+                    f"{path}:1: one column, separated by {sep!r}: Vidur's tables are "
+                    "comma-separated (save the file as CSV with ',')"
+                )
             for row in reader:
                 if None in row:  # DictReader's key for cells past the header's columns
                     raise ValueError(

@@ -551,6 +551,7 @@ def _damage(path: Path, damage: str) -> None:
             "extra cells": f"{header}\n{first},1,2\n{rest}".encode(),
             "latin-1": f"{header}\n{first}\n\xe9,{rest}".encode("latin-1"),
             "blank lines, bad cell": f"{header}\n\n\n{first}\n\nfast,{rest.split(',', 1)[1]}".encode(),
+            "semicolons": text.replace(",", ";").encode(),
             "zero times": re.sub(r"0\.0[\d.e-]*", "0", text).encode(),
             "a column twice": "\n".join(
                 f"{line},{header.split(',')[-1] if i == 0 else 999}"
@@ -569,6 +570,7 @@ def _damage(path: Path, damage: str) -> None:
         ("latin-1", r"mlp.csv: not UTF-8 text"),
         ("blank lines, bad cell", r"mlp.csv:6: column 'num_tensor_parallel_workers' missing or not a number"),
         ("zero times", r"mlp.csv:2: column 'time_stats.input_layernorm.median' is 0; a measured time must be > 0"),
+        ("semicolons", r"mlp.csv:1: one column, separated by ';': Vidur's tables are comma-separated"),  # was: a column missing
         ("a column twice", r"mlp.csv:1: the header names column\(s\) \['time_stats.emb.median'\] more than once"),
     ],
 )
