@@ -869,9 +869,9 @@ def measured_profile(
                 "FlashAttention cost fitted to Vidur compute/a100/attention-70b-shape-tp2 "
                 f"(decode median error {dec['median_rel_error']:.1%}, prefill "
                 f"{pre['median_rel_error']:.1%}); decode scaled by KV heads per GPU x head "
-                f"dim and the A100-to-{thw.title} bandwidth ratio (x{kv_scale:.3g}), prefill "
-                f"by query heads per GPU x head dim and the FLOPs ratio (x{q_scale:.3g}) "
-                "(derived)"
+                f"dim and the A100-to-{thw.title} bandwidth ratio (together x{kv_scale:.3g}), "
+                f"prefill by query heads per GPU x head dim and the FLOPs ratio (together "
+                f"x{q_scale:.3g}) (derived)"
             ),
             "overheads": OVERHEAD_SOURCE,
             "extended": "; ".join(extended) or "none",
