@@ -135,7 +135,10 @@ class EngineProfile:
         names = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(names))
         if unknown:
-            raise ValueError(f"{origin}: {unknown[0]} is not an engine profile field")
+            hint = did_you_mean(unknown[0], names).rstrip()
+            raise ValueError(
+                f"{origin}: {unknown[0]} is not an engine profile field" + f"; {hint}" * bool(hint)
+            )
         missing = [
             n for n, f in names.items() if n not in data and f.default is dataclasses.MISSING
         ]

@@ -368,6 +368,7 @@ def zero_times(step: dict) -> dict:
         (lambda d: d.update(name="x" * 100_000), r"name 'x{40}'...: 100,000 characters, over 200"),  # titled a table with 105 KB
         (lambda d: d.update(tensor_parallel_size=1.5), "tensor_parallel_size must be an integer"),
         (lambda d: d.update(colour="red"), "colour is not an engine profile field"),
+        (lambda d: d.update(num_gpu_block=8), "num_gpu_block is not an engine profile field; did you mean 'num_gpu_blocks'[?]$"),
         (lambda d: d.pop("block_size"), "block_size missing"),
         # a list where a number goes, a number where a list goes, integers past a float
         (lambda d: d["step"].update(token_knots=5), "step.token_knots must be a list of numbers, got 5"),
