@@ -675,7 +675,13 @@ def _fast_layout(fmt: _CsvFormat, header: Sequence[str]) -> trace_fast.Layout | 
 
 def _csv_row(fmt: _CsvFormat, row: dict[str, str], where: str) -> _Row:
     if None in row or any(v is None for v in row.values()):
-        raise TraceError(f"{where}: row has the wrong number of fields")
+        columns = sum(k is not None for k in row)
+        cells = sum(v is not None for k, v in row.items() if k is not None)
+        cells += len(row.get(None) or ())  # type: ignore[call-overload]
+        raise TraceError(
+            f"{where}: {cells} field(s) where the header has {columns}"
+            + (" (a trailing comma, or a number written 1,000?)" if cells > columns else "")
+        )
     p = _parse_int(row[fmt.prompt], fmt.prompt, where)
     o = _parse_int(row[fmt.output], fmt.output, where)
     if fmt.time is None or fmt.parse_time is None:

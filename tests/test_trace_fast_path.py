@@ -181,13 +181,13 @@ BAD_ROWS = {
         "2023-11-16 18:00:00,10.5,3",
         "ContextTokens is '10.5', not a whole number",
     ),
-    "missing-field": ("2023-11-16 18:00:00,10", "row has the wrong number of fields"),
-    "extra-field": ("2023-11-16 18:00:00,10,5,1", "row has the wrong number of fields"),
+    "missing-field": ("2023-11-16 18:00:00,10", "2 field(s) where the header has 3"),
+    "extra-field": ("2023-11-16 18:00:00,10,5,1", "4 field(s) where the header has 3 (a trailing comma, or a number written 1,000?)"),
     "bad-time": ("2023-11-16 24:00:00,10,5", "TIMESTAMP is '2023-11-16 24:00:00', not a time"),
     "bad-second": ("2023-11-16 23:59:60,10,5", "TIMESTAMP is '2023-11-16 23:59:60', not a time"),
     "short-then-long": (
         "2023-11-16 18:00:00,10\r\n5,2023-11-16 18:00:00,10,5",  # 2 good rows' fields
-        "row has the wrong number of fields",
+        "2 field(s) where the header has 3",
     ),
     "bad-day": ("2023-02-29 18:00:00,10,5", "TIMESTAMP is '2023-02-29 18:00:00', not a time"),
     "bad-zone": (

@@ -63,7 +63,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,x\n", ":2: GeneratedTokens is 'x', not a number"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,0\n", ":2: GeneratedTokens is 0"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n", ":2: TIMESTAMP is 'yesterday', not a time"),
-        ("num_prefill_tokens,num_decode_tokens\n5,6\n7\n", ":3: row has the wrong number of fields"),
+        ("num_prefill_tokens,num_decode_tokens\n5,6\n7\n", ":3: 1 field(s) where the header has 2"),
         ("num_prefill_tokens,num_decode_tokens\n5,6.5\n", ":2: num_decode_tokens is '6.5', not a whole number"),
         ("num_prefill_tokens,num_decode_tokens\n1e30,6\n", ":2: num_prefill_tokens is '1e30', over 2,147,483,647 tokens"),
         ('{"timestamp": 0, "input_length": 5, "output_length": 1e19}\n', ":1: output_length is 1e+19, over 2,147,483,647"),
