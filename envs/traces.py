@@ -114,7 +114,7 @@ _CSV_FORMATS = (
         "GeneratedTokens",
         "TIMESTAMP",
         _azure_time,
-        "a date and time like '2023-11-16 18:17:03.123'",
+        "a date and time like '2023-11-16 18:17:03.123', any zone as Z or +HH:MM",
     ),
     _CsvFormat(
         "burstgpt", "Request tokens", "Response tokens", "Timestamp", _seconds, "seconds >= 0"
