@@ -7,6 +7,7 @@ is an error naming the path (`regular_file`); and the one expansion of its ``~``
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -37,4 +38,6 @@ def regular_file(path: Path, what: str, error: type[Exception] = ValueError) -> 
         raise error(f"{path}: a directory, not {what}")
     if path.exists() and not path.is_file():
         raise error(f"{path}: not a regular file (a pipe, device or socket?)")
+    if not path.exists() and path.is_symlink():  # what it points to is missing, or a loop
+        raise error(f"{path}: a symbolic link to {os.readlink(path)}, which leads to no file")
     return path.exists()

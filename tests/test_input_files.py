@@ -23,6 +23,15 @@ def test_a_regular_file_exists_and_a_missing_one_does_not(tmp_path: Path) -> Non
     assert regular_file(tmp_path / "nope.csv", "a trace file") is False
 
 
+@pytest.mark.parametrize("target", ["gone.csv", "loop.csv"])
+def test_a_link_to_nothing_is_named_as_a_link(tmp_path: Path, target: str) -> None:
+    """A broken link or a loop was 'no such trace file; the embedded workloads need no file'."""
+    link = tmp_path / "loop.csv"
+    link.symlink_to(tmp_path / target)
+    with pytest.raises(Refused, match=rf"^{link}: a symbolic link to {tmp_path / target}, which leads to no file$"):
+        regular_file(link, "a trace file", Refused)
+
+
 def test_a_directory_is_named_with_what_was_wanted(tmp_path: Path) -> None:
     with pytest.raises(Refused, match=rf"^{tmp_path}: a directory, not a trace file$"):
         regular_file(tmp_path, "a trace file", Refused)
