@@ -234,7 +234,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-requests",
         type=REQUESTS,
         default=None,
-        help="first N requests of a trace (default: all), or N drawn from an embedded table "
+        help="the first N requests of a trace by arrival time (its rows are replayed in time "
+        "order; default: all), or N drawn from an embedded table "
         f"(default: {DRAWN_REQUESTS})",
     )
     g.add_argument(
