@@ -150,8 +150,9 @@ def make_workload(
 
     `arrival` is an `Arrival` spec; ``replay`` on an embedded table replays its fitted
     Gamma process (the trace's mean rate and inter-arrival CV). `num_requests` takes the
-    first N requests of a trace by arrival time (its rows in time order; all by default; a trace that holds fewer is an
-    error) or draws N from an embedded table or a fixed source (`DRAWN_REQUESTS` by default); with
+    first N requests of a trace by arrival time (its rows in time order; all by default; a
+    trace that holds fewer is an error) or draws N from an embedded table or a fixed source
+    (`DRAWN_REQUESTS` by default); with
     `window_start`, a trace's N requests from that one on instead: a replay replays their own
     times from 0, any other process draws the N arrivals alone (a rate step or ramp falls
     within the run).
