@@ -56,6 +56,22 @@ def test_an_empty_path_is_refused_not_read_as_the_current_directory(
     assert not list(tmp_path.iterdir())
 
 
+def test_a_fine_interval_over_a_long_span_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two requests 1,000 s apart at 1 ms took a million silent decisions (13 s)."""
+    from batchpilot.training.commands import simulate
+
+    monkeypatch.setattr(simulate, "MANY_DECISIONS", 50)
+    trace = tmp_path / "gap.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,2\n60,20,2\n")
+    argv = ["simulate", "--workload", f"{trace}@replay", "--no-progress"]
+    assert main([*argv, "--interval", "1s"]) == 0
+    assert "note: the arrivals span 60 s: 60 decisions or more at --interval 1000ms" in capsys.readouterr().err
+    assert main([*argv, "--interval", "2s"]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_simulate_writes_metrics_json(tmp_path: Path, traces: Path) -> None:
     out = tmp_path / "m.json"
     code = main(
