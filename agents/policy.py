@@ -38,7 +38,7 @@ from batchpilot.envs.action_grid import BUDGET_GRID, MODES, SEQ_GRID, ActionGrid
 from batchpilot.envs.controller import ControlInterval
 from batchpilot.envs.engine import Engine
 from batchpilot.envs.input_files import regular_file, user_path
-from batchpilot.envs.json_objects import read_json_object
+from batchpilot.envs.json_objects import check_size, read_json_object
 from batchpilot.envs.metrics import SLO, goodput_slo, slo_ranges
 from batchpilot.envs.observation import OBSERVATION_FIELDS, SCALES, Observer, checked_fields
 from batchpilot.envs.telemetry import Limits, Telemetry
@@ -257,6 +257,7 @@ def read_policy_files(onnx_path: Path) -> tuple[dict[str, Any], bytes]:
         raise PolicyFileError(f"{side}: {'; '.join(problems)}")
     if not isinstance(meta.get("sha256"), str):
         raise PolicyFileError(f"{side}: no sha256 of the policy file (re-export the policy)")
+    check_size(onnx_path, "the policy file", PolicyFileError)
     data = onnx_path.read_bytes()
     if meta["sha256"] != hashlib.sha256(data).hexdigest():
         raise PolicyFileError(

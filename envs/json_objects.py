@@ -70,6 +70,26 @@ def _bad_number(document: object) -> str | None:
     return None
 
 
+MAX_FILE_BYTES = 2**28
+"""The largest JSON, YAML or policy file read whole (256 MiB): a profile of two million
+knots is 60 MB, a policy of a 2,048-wide network 17 MB; past this a read would hold the
+file in memory for a file no batchpilot command writes."""
+
+
+def check_size(file: Path, what: str, error: type[ValueError] = ValueError) -> None:
+    """An `error` naming `file` if it is over `MAX_FILE_BYTES` (a missing file passes: the
+    read says so)."""
+    try:
+        size = file.stat().st_size
+    except OSError:
+        return
+    if size > MAX_FILE_BYTES:
+        raise error(
+            f"{file}: {what} is {size:,} bytes, over the {MAX_FILE_BYTES:,} a batchpilot file "
+            "may hold: the wrong file?"
+        )
+
+
 def read_json(
     file: Path, what: str, error: type[ValueError] = ValueError, *, finite: bool = True
 ) -> object:
@@ -78,6 +98,7 @@ def read_json(
     float's range (naming the field; with `finite` False, a file others write, such as a
     model config, whose readers check the fields they use), or a key given twice in an object
     (json keeps the last silently), is an `error` naming the file and the problem."""
+    check_size(file, what, error)
     try:
         # a byte order mark (Windows editors write one) is skipped, as traces and YAML do
         text = file.read_text(encoding="utf-8-sig")

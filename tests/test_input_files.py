@@ -87,3 +87,27 @@ def test_a_model_given_with_a_tilde_is_read_from_the_home_directory(
     (tmp_path / "m" / "config.json").write_text(json.dumps(LLAMA_2_7B_CONFIG))
     assert architecture("~/m/config.json").layers == architecture("~/m").layers == 32
     assert check_model_dir("~/m") == tmp_path / "m"
+
+
+@pytest.mark.parametrize("kind", ["policy", "sidecar", "profile", "yaml"])
+def test_a_file_too_large_to_be_ours_is_refused_before_it_is_read(tmp_path: Path, kind: str) -> None:
+    """A 3 GB policy.onnx was read whole (a MemoryError traceback under a memory limit) before
+    its checksum refused it."""
+    import shutil
+
+    from batchpilot.agents.policy import load_policy
+    from batchpilot.envs.json_objects import MAX_FILE_BYTES
+    from batchpilot.envs.profiles import get_profile
+    from batchpilot.training.yaml_files import load_yaml
+
+    shipped = Path(__file__).parents[1] / "training/reports/learned/policy.onnx"
+    policy = tmp_path / "policy.onnx"
+    shutil.copy(shipped, policy)
+    shutil.copy(shipped.with_name("policy.onnx.json"), tmp_path / "policy.onnx.json")
+    big = {"policy": policy, "sidecar": tmp_path / "policy.onnx.json"}.get(kind, tmp_path / f"big.{kind}")
+    with big.open("ab") as fh:
+        fh.truncate(MAX_FILE_BYTES + 1)  # sparse: no disk written
+    read = {"policy": lambda: load_policy(policy), "sidecar": lambda: load_policy(policy),
+            "profile": lambda: get_profile(str(big)), "yaml": lambda: load_yaml(big)}[kind]  # fmt: skip
+    with pytest.raises(ValueError, match=rf"^{big}: .* is 268,435,457 bytes, over the 268,435,456"):
+        read()

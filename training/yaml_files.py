@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from batchpilot.envs.json_objects import number_problem
+from batchpilot.envs.json_objects import check_size, number_problem
 
 MAX_VALUES = 100_000
 """The most values (keys, entries and scalars, aliases counted each time they are used) a
@@ -180,7 +180,8 @@ def load_yaml(path: Path) -> Any:
     """The parsed YAML file at `path`; `ValueError` naming the file if it is not UTF-8 text,
     not valid YAML, nests too deeply, gives a key twice, holds a value PyYAML cannot convert
     (a date like 2001-13-45, an int of thousands of digits) or expands past `MAX_VALUES`
-    values."""
+    values, or is over `MAX_FILE_BYTES`."""
+    check_size(path, "the YAML file")
     try:
         text = path.read_text(encoding="utf-8")
         data = yaml.load(text, Loader=_UniqueKeyLoader)
