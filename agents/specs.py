@@ -19,6 +19,10 @@ from batchpilot.envs.controller import Controller
 def _policy(args: list[str]) -> Controller:
     from batchpilot.agents.policy import load_policy  # lazy: onnx only when asked
 
+    if not args:
+        raise baseline_specs.ControllerSpecError(
+            "policy takes the exported file: policy:PATH (e.g. policy:runs/p/policy.onnx)"
+        )
     return load_policy(":".join(args))
 
 

@@ -213,6 +213,7 @@ def test_a_trace_whose_name_holds_an_at_sign_and_a_process_is_split_after_it(
     [
         (["--controller", "static:x"], "static:x: N must be a whole number"),
         (["--controller", "magic"], "unknown controller 'magic'"),
+        (["--controller", "policy"], "policy takes the exported file: policy:PATH"),  # was "PosixPath('.') has an empty name"
         (["--controller", "static:256,alg1"], "simulate runs one (static:256+alg1 takes the "
          "smallest of their limits; to compare them: batchpilot compare --controllers static:256,alg1)"),
         (["--controller", "statc:256"], "unknown controller 'statc:256'; did you mean 'static'?"),
@@ -440,6 +441,11 @@ def test_a_policy_whose_network_overflows_is_a_clear_error(
     err = capsys.readouterr().err
     assert f"policy:{policy}: the policy's network output NaN or infinite logits" in err
     assert "weights overflow float32" in err and "Traceback" not in err
+    # as a user runs it (pytest records warnings itself): numpy's warning said it first
+    shown = subprocess.run(
+        [sys.executable, "-m", "batchpilot.training.cli", *argv], capture_output=True, text=True
+    )
+    assert shown.returncode == 2 and "RuntimeWarning" not in shown.stderr, shown.stderr
 
 
 def test_an_empty_interval_is_refused_not_read_as_the_default(capsys) -> None:
