@@ -332,11 +332,30 @@ def _load_weights(policy: Any, tensors: dict[str, Any], directory: Path) -> None
     try:
         policy.load_state_dict(weights, strict=True)
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0]
         raise CheckpointError(
-            f"{directory / WEIGHTS}: weights do not fit this model ({first}); was the config's "
-            "policy or observation changed since this checkpoint?"
+            f"{directory / WEIGHTS}: weights do not fit this model ({_misfit(policy, weights, exc)}"
+            "); was the config's policy or observation changed since this checkpoint?"
         ) from None
+
+
+def _misfit(policy: Any, weights: dict[str, Any], exc: RuntimeError) -> str:
+    """What in `weights` does not fit `policy`: the first tensor missing, extra or of another
+    shape (how many of each), else torch's own first detail."""
+    expected = policy.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected))
+    shapes = [
+        f"{k} is {tuple(weights[k].shape)}, the model's {tuple(expected[k].shape)}"
+        for k in sorted(set(weights) & set(expected))
+        if tuple(weights[k].shape) != tuple(expected[k].shape)
+    ]
+    found = [
+        f"{len(names)} {what}, the first: {names[0]}"
+        for what, names in (("of another shape", shapes), ("missing", missing), ("extra", extra))
+        if names
+    ]
+    lines = str(exc).strip().splitlines()
+    return "; ".join(found) or (lines[1] if len(lines) > 1 else lines[0]).strip()
 
 
 def _optimizer_state(

@@ -333,6 +333,35 @@ def test_corrupt_weights_are_named(run_dir: Path, tmp_path: Path, capsys) -> Non
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
+        ("shape", r"1 of another shape, the first: action_net.bias is \(3,\), the model's \(\d+,\)"),
+        ("extra", r"1 extra, the first: surplus"),
+        ("missing", r"1 missing, the first: action_net.bias"),
+    ],
+)
+def test_weights_that_do_not_fit_name_the_tensor(run_dir: Path, tmp_path: Path, capsys, edit, message) -> None:
+    """Only torch's empty first line was shown ("Error(s) in loading state_dict for
+    ActorCriticPolicy:"): no tensor, no shape."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    path = run / "final" / "policy.safetensors"
+    tensors = load_file(str(path))
+    if edit == "shape":
+        tensors["action_net.bias"] = torch.zeros(3)
+    elif edit == "extra":
+        tensors["surplus"] = torch.zeros(2)
+    else:
+        del tensors["action_net.bias"]
+    save_file(tensors, str(path))
+    assert main(["export", str(run), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]) == 2
+    assert re.search(rf"policy.safetensors: weights do not fit this model \({message}\);", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
         ({"action_nvec": [10**9, 8]}, "policy sizes over 65,536 (23 observations, 1e+09 action outputs)"),
         # was "over 65,536" of a layer of 0; a stray key was accepted as the config refuses it
         ({"policy_kwargs": {"net_arch": [0]}}, "policy_kwargs.net_arch: layer sizes [0] outside [1, 65536]"),
