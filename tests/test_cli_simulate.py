@@ -502,3 +502,25 @@ def test_an_option_given_twice_is_refused_in_every_command(argv: list[str], caps
     with pytest.raises(SystemExit):
         main(argv)
     assert "given more than once; give it once" in capsys.readouterr().err
+
+
+def test_compare_names_policies_trained_at_different_intervals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compare told the first policy to run at its interval ("not 1it"), which the user never
+    gave and the second policy would then refuse."""
+    import shutil
+
+    from batchpilot.agents.policy import seal
+
+    shipped = Path(__file__).resolve().parents[1] / "training/reports/learned/policy.onnx"
+    other = tmp_path / "other.onnx"
+    shutil.copy(shipped, other)
+    meta = json.loads(Path(f"{shipped}.json").read_text())
+    del meta["sidecar_sha256"]
+    Path(f"{other}.json").write_text(json.dumps(seal(meta | {"control_interval": "1it"})))
+    argv = ["compare", "--controllers", f"policy:{shipped},policy:{other}", "--num-requests", "5",
+            "--seeds", "1", "--no-capacity", "--no-progress", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"policy:{shipped} (500ms), policy:{other} (1it)); a run consults every controller at one" in err

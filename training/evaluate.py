@@ -765,15 +765,22 @@ def check_controllers(specs: Sequence[str], scenarios: Sequence[Scenario] = ()) 
 
 
 def trained_interval(specs: Sequence[str]) -> str | None:
-    """The control interval the learned policies among `specs` were trained at, if they all
-    were at one (None: no policy, or policies of different intervals)."""
-    intervals = set()
+    """The control interval the learned policies among `specs` were trained at (None: no
+    policy); policies trained at different intervals are a ValueError naming them: one run
+    consults every controller at one interval."""
+    intervals = {}
     for spec in specs:
         if spec not in PSEUDO:
             interval = getattr(make_controller(spec), "control_interval", None)
             if interval is not None:
-                intervals.add(str(interval))
-    return intervals.pop() if len(intervals) == 1 else None
+                intervals[spec] = str(interval)
+    if len(set(intervals.values())) > 1:
+        given = ", ".join(f"{spec} ({i})" for spec, i in intervals.items())
+        raise ValueError(
+            f"the policies were trained at different control intervals ({given}); a run "
+            "consults every controller at one: compare them in separate runs"
+        )
+    return next(iter(intervals.values()), None)
 
 
 def tuning_seed_list(count: int = DEFAULT_TUNING_SEEDS) -> list[int]:
