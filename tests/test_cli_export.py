@@ -511,6 +511,16 @@ def test_export_refuses_a_name_that_is_not_onnx(
     assert not out.parent.exists() or not any(out.parent.iterdir())
 
 
+def test_an_export_a_spec_cannot_name_says_so(run_dir: Path, tmp_path: Path, capsys) -> None:
+    """An --out holding ',' or '+' was written without a word, then refused by every spec."""
+    out = tmp_path / "a,b" / "p.onnx"
+    out.parent.mkdir()
+    assert main(["export", str(run_dir), "--checkpoint", "final", "--out", str(out)]) == 0
+    assert "; `simulate` or `compare` cannot name it as policy:PATH" in capsys.readouterr().out
+    assert main(["export", str(run_dir), "--checkpoint", "final", "--out", str(tmp_path / "p.onnx")]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
 def test_export_writes_a_policy_that_loads(policy: Path) -> None:
     meta = json.loads(sidecar_path(policy).read_text())
     assert meta["sidecar_sha256"] == seal(meta)["sidecar_sha256"]

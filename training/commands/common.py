@@ -121,10 +121,13 @@ def one_controller(command: str) -> Callable[[str], str]:
                 specs = split_specs(spec)
             except ControllerSpecError as exc:
                 raise argparse.ArgumentTypeError(f"{spec!r}: {exc}") from None
+            from batchpilot.agents.specs import SEPARATORS
+
+            path = " (if it is one policy's path: " + SEPARATORS + ")"
             raise argparse.ArgumentTypeError(
                 f"{spec!r} names several controllers; {command} runs one ({'+'.join(specs)} "
                 "takes the smallest of their limits; to compare them: batchpilot compare "
-                f"--controllers {','.join(specs)})"
+                f"--controllers {','.join(specs)})" + path * spec.startswith("policy:")
             )
         return spec
 

@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from batchpilot.agents.export import export
     from batchpilot.agents.policy import load_policy, sidecar_path
+    from batchpilot.agents.specs import policy_spec
     from batchpilot.training.commands.common import check_output
 
     check_output(args.out, "--out", directory=False, replaced=True)
@@ -48,6 +49,10 @@ def main(args: argparse.Namespace) -> int:
     sidecar = export(args.run_dirs, args.out, args.checkpoint)
     load_policy(args.out)  # the file just written must load as a controller
     print(f"wrote {args.out} and {sidecar_path(args.out)} (sha256 {sidecar['sha256'][:12]}…)")
+    try:
+        policy_spec(args.out)
+    except ValueError as exc:  # it loads by path, not as a spec
+        print(f"note: {exc}; `simulate` or `compare` cannot name it as policy:PATH")
     resolved = [run.resolve() for run in args.run_dirs]
     for run in dict.fromkeys(r for r in resolved if resolved.count(r) > 1):
         print(f"note: {run} is {resolved.count(run)} members: it counts that often in the vote")
