@@ -259,6 +259,8 @@ def read_policy_files(onnx_path: Path) -> tuple[dict[str, Any], bytes]:
         raise PolicyFileError(f"{side}: no sha256 of the policy file (re-export the policy)")
     check_size(onnx_path, "the policy file", PolicyFileError)
     data = onnx_path.read_bytes()
+    if not data:
+        raise PolicyFileError(f"{onnx_path}: the policy file is empty (re-export the policy)")
     if meta["sha256"] != hashlib.sha256(data).hexdigest():
         raise PolicyFileError(
             f"{onnx_path}: sha256 does not match its sidecar: the file was modified or "

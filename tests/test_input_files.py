@@ -111,3 +111,20 @@ def test_a_file_too_large_to_be_ours_is_refused_before_it_is_read(tmp_path: Path
             "profile": lambda: get_profile(str(big)), "yaml": lambda: load_yaml(big)}[kind]  # fmt: skip
     with pytest.raises(ValueError, match=rf"^{big}: .* is 268,435,457 bytes, over the 268,435,456"):
         read()
+
+
+def test_an_empty_policy_file_is_named_empty(tmp_path: Path) -> None:
+    """A zero-byte policy whose sidecar was re-sealed for it: onnx said 'The model does not
+    have an ir_version set properly'."""
+    import json
+
+    from batchpilot.agents.policy import PolicyFileError, load_policy, seal, sha256
+
+    shipped = Path(__file__).parents[1] / "training/reports/learned/policy.onnx.json"
+    policy = tmp_path / "policy.onnx"
+    policy.write_bytes(b"")
+    meta = json.loads(shipped.read_text())
+    del meta["sidecar_sha256"]
+    (tmp_path / "policy.onnx.json").write_text(json.dumps(seal(meta | {"sha256": sha256(policy)})))
+    with pytest.raises(PolicyFileError, match=rf"^{policy}: the policy file is empty"):
+        load_policy(policy)
