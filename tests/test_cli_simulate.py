@@ -214,6 +214,7 @@ def test_a_trace_whose_name_holds_an_at_sign_and_a_process_is_split_after_it(
         (["--controller", "static:x"], "static:x: N must be a whole number"),
         (["--controller", "magic"], "unknown controller 'magic'"),
         (["--controller", "policy"], "policy takes the exported file: policy:PATH"),  # was "PosixPath('.') has an empty name"
+        (["--controller", "policy:/p/a,b/p.onnx"], "(if it is one policy's path: ',' separates controller specs"),
         (["--controller", "static:256,alg1"], "simulate runs one (static:256+alg1 takes the "
          "smallest of their limits; to compare them: batchpilot compare --controllers static:256,alg1)"),
         (["--controller", "statc:256"], "unknown controller 'statc:256'; did you mean 'static'?"),

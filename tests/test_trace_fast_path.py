@@ -194,6 +194,11 @@ BAD_ROWS = {
         "2023-11-16 18:00:00+24:00,10,5",
         "TIMESTAMP is '2023-11-16 18:00:00+24:00', not a time",
     ),
+    "basic-zone": (  # the ISO basic form: the message said nothing of how to write a zone
+        "2023-11-16 18:00:00+0000,10,5",
+        "TIMESTAMP is '2023-11-16 18:00:00+0000', not a time (a date and time like "
+        "'2023-11-16 18:17:03.123', any zone as Z or +HH:MM)",
+    ),
     "no-date": ("1700000000,10,5", "TIMESTAMP is '1700000000', not a time"),
     "latin-1": ("2023-11-16 18:00:00,10,5\udce9", "not UTF-8 text"),
     "nul": ("2023-11-16 18:00:00,10,5\x00", "binary data (NUL bytes)"),
