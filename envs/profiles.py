@@ -774,6 +774,7 @@ def measured_profile(
             "token) lies below it; measure from 1 token"
         )
     all_reduce = None
+    message = arch.hidden * arch.dtype_bytes  # one token's all-reduce, in bytes
     if tp > 1:
         nets = tables.get("all_reduce", {})
         net = (nets.get(thw.vidur_network or "") or {}).get(str(tp))
@@ -794,7 +795,6 @@ def measured_profile(
                 f"{thw.vidur_network}_dgx/all_reduce.csv) has {len(net['bytes'])} message "
                 "size(s); at least 2 are needed"
             )
-        message = arch.hidden * arch.dtype_bytes  # one token's
         if message < net["bytes"][0]:
             raise ValueError(
                 f"the all-reduce table for {tp} x {thw.title} (Vidur network/"

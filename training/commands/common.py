@@ -123,11 +123,11 @@ def one_controller(command: str) -> Callable[[str], str]:
                 raise argparse.ArgumentTypeError(f"{spec!r}: {exc}") from None
             from batchpilot.agents.specs import SEPARATORS
 
-            path = " (if it is one policy's path: " + SEPARATORS + ")"
+            hint = f" (if it is one policy's path: {SEPARATORS})" * spec.startswith("policy:")
             raise argparse.ArgumentTypeError(
                 f"{spec!r} names several controllers; {command} runs one ({'+'.join(specs)} "
                 "takes the smallest of their limits; to compare them: batchpilot compare "
-                f"--controllers {','.join(specs)})" + path * spec.startswith("policy:")
+                f"--controllers {','.join(specs)}){hint}"
             )
         return spec
 
